@@ -1,0 +1,23 @@
+//! `tier.v1`: the protocol between tierd and its clients.
+//!
+//! The messages and the `TierService` gRPC service are generated from
+//! `tier.proto` (documented field by field there). This crate adds the
+//! protocol version, small conversions, and a client that connects over a
+//! unix socket or TCP.
+
+/// Generated code for package `tier.v1`.
+#[allow(missing_debug_implementations, clippy::all, rust_2018_idioms)]
+pub mod v1 {
+    tonic::include_proto!("tier.v1");
+}
+
+mod client;
+mod kind;
+
+pub use client::{ConnectError, Endpoint, connect};
+
+/// Bumped on incompatible changes of `tier.v1`; reported in `DaemonInfo`.
+pub const PROTOCOL_VERSION: u32 = 1;
+
+/// Default unix socket of tierd.
+pub const DEFAULT_SOCKET: &str = "/run/tierd/tierd.sock";
