@@ -1,0 +1,262 @@
+//! Flat per-VM, per-tier rows built from a `StatsUpdate`, and their table,
+//! JSON and CSV forms for `tierctl top --once`.
+
+use std::fmt::Write as _;
+
+use serde::Serialize;
+use tier_proto::v1::{StatsUpdate, TierKind};
+
+/// One tier of one VM in one interval.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct TierRow {
+    pub vm_id: String,
+    pub vm_name: String,
+    pub vcpus: u32,
+    pub tier: String,
+    pub kind: &'static str,
+    pub size_bytes: u64,
+    pub resident_bytes: u64,
+    pub balloon_target_bytes: u64,
+    pub balloon_actual_bytes: u64,
+    pub young_pages: u64,
+    pub sampled_pages: u64,
+    pub source: &'static str,
+    /// Guest-reported accesses per second in the interval, if the guest reports.
+    pub guest_accesses_per_s: Option<f64>,
+    /// The VM's host-sampled DRAM-hit ratio (same on every row of a VM).
+    pub dram_hit_ratio: Option<f64>,
+}
+
+/// Rows of every VM in the update, in VM order then tier order.
+pub fn rows(update: &StatsUpdate) -> Vec<TierRow> {
+    let secs = update.interval_ns as f64 / 1e9;
+    let mut out = Vec::new();
+    for vm in &update.vms {
+        let stats = update.stats.iter().find(|s| s.vm_id == vm.id);
+        for (i, tier) in vm.tiers.iter().enumerate() {
+            let sample = stats.and_then(|s| s.tiers.iter().find(|t| t.tier == tier.name));
+            let guest = stats
+                .and_then(|s| s.guest_reported_accesses.get(i))
+                .filter(|_| secs > 0.0)
+                .map(|&a| a as f64 / secs);
+            out.push(TierRow {
+                vm_id: vm.id.clone(),
+                vm_name: vm.name.clone(),
+                vcpus: vm.vcpus,
+                tier: tier.name.clone(),
+                kind: TierKind::try_from(tier.kind).unwrap_or(TierKind::Unknown).short_name(),
+                size_bytes: tier.size_bytes,
+                resident_bytes: sample.map_or(0, |s| s.resident_bytes),
+                balloon_target_bytes: sample.map_or(0, |s| s.balloon_target_bytes),
+                balloon_actual_bytes: sample.map_or(0, |s| s.balloon_actual_bytes),
+                young_pages: sample.map_or(0, |s| s.young_pages),
+                sampled_pages: sample.map_or(0, |s| s.sampled_pages),
+                source: sample.map_or("-", |s| s.source().short_name()),
+                guest_accesses_per_s: guest,
+                dram_hit_ratio: stats.filter(|s| s.has_accesses).map(|s| s.dram_hit_ratio),
+            });
+        }
+    }
+    out
+}
+
+/// Bytes as a short binary size: 16.0M, 512K, 3.5G.
+pub fn human_bytes(b: u64) -> String {
+    const UNITS: [(&str, u64); 4] = [("T", 1 << 40), ("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)];
+    for (u, scale) in UNITS {
+        if b >= scale {
+            return format!("{:.1}{u}", b as f64 / scale as f64);
+        }
+    }
+    format!("{b}B")
+}
+
+fn rate(r: Option<f64>) -> String {
+    match r {
+        Some(r) if r >= 1e6 => format!("{:.1}M", r / 1e6),
+        Some(r) if r >= 1e3 => format!("{:.1}k", r / 1e3),
+        Some(r) => format!("{r:.0}"),
+        None => "-".into(),
+    }
+}
+
+const HEADER: [&str; 11] = [
+    "VM", "VCPU", "TIER", "KIND", "SIZE", "RESIDENT", "BALLOON T/A", "YOUNG/SAMPLED", "SOURCE", "GUEST ACC/s", "DRAM-HIT",
+];
+
+/// Aligned plain-text table; VM columns only on a VM's first row.
+pub fn table(rows: &[TierRow]) -> String {
+    let mut cells: Vec<[String; 11]> = Vec::with_capacity(rows.len());
+    for (i, r) in rows.iter().enumerate() {
+        let first = i == 0 || rows[i - 1].vm_id != r.vm_id;
+        let vm = if first { r.vm_name.clone() } else { String::new() };
+        let vcpu = if first { r.vcpus.to_string() } else { String::new() };
+        let hit = match (first, r.dram_hit_ratio) {
+            (true, Some(h)) => format!("{:.1}%", h * 100.0),
+            (true, None) => "-".into(),
+            (false, _) => String::new(),
+        };
+        let young = if r.sampled_pages == 0 {
+            "-".into()
+        } else {
+            format!("{}/{}", r.young_pages, r.sampled_pages)
+        };
+        cells.push([
+            vm,
+            vcpu,
+            r.tier.clone(),
+            r.kind.into(),
+            human_bytes(r.size_bytes),
+            human_bytes(r.resident_bytes),
+            format!("{}/{}", human_bytes(r.balloon_target_bytes), human_bytes(r.balloon_actual_bytes)),
+            young,
+            r.source.into(),
+            rate(r.guest_accesses_per_s),
+            hit,
+        ]);
+    }
+    let mut width = HEADER.map(str::len);
+    for row in &cells {
+        for (w, c) in width.iter_mut().zip(row) {
+            *w = (*w).max(c.len());
+        }
+    }
+    let mut out = String::new();
+    let line = |out: &mut String, cols: &[String]| {
+        let joined: Vec<String> = cols.iter().zip(width).map(|(c, w)| format!("{c:<w$}")).collect();
+        let _ = writeln!(out, "{}", joined.join("  ").trim_end());
+    };
+    line(&mut out, &HEADER.map(String::from));
+    for row in &cells {
+        line(&mut out, row);
+    }
+    out
+}
+
+/// CSV with a header row; numbers unformatted.
+pub fn csv(rows: &[TierRow]) -> String {
+    let mut out = String::from(
+        "vm_id,vm_name,vcpus,tier,kind,size_bytes,resident_bytes,balloon_target_bytes,balloon_actual_bytes,young_pages,sampled_pages,source,guest_accesses_per_s,dram_hit_ratio\n",
+    );
+    let opt = |v: Option<f64>| v.map(|x| format!("{x}")).unwrap_or_default();
+    for r in rows {
+        let _ = writeln!(
+            out,
+            "{},{},{},{},{},{},{},{},{},{},{},{},{},{}",
+            csv_field(&r.vm_id),
+            csv_field(&r.vm_name),
+            r.vcpus,
+            csv_field(&r.tier),
+            r.kind,
+            r.size_bytes,
+            r.resident_bytes,
+            r.balloon_target_bytes,
+            r.balloon_actual_bytes,
+            r.young_pages,
+            r.sampled_pages,
+            r.source,
+            opt(r.guest_accesses_per_s),
+            opt(r.dram_hit_ratio),
+        );
+    }
+    out
+}
+
+/// Quotes a field when it holds a comma, quote or newline (RFC 4180).
+fn csv_field(s: &str) -> String {
+    if s.contains([',', '"', '\n']) {
+        format!("\"{}\"", s.replace('"', "\"\""))
+    } else {
+        s.to_string()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tier_proto::v1::{GpaRange, Tier, TierSample, Vm, VmStats};
+
+    fn update() -> StatsUpdate {
+        let tier = |name: &str, kind: TierKind| Tier {
+            name: name.into(),
+            kind: kind as i32,
+            size_bytes: 16 << 20,
+            ranges: vec![GpaRange {
+                gpa_start: 0,
+                length: 16 << 20,
+                hva_start: 0,
+            }],
+            ..Default::default()
+        };
+        StatsUpdate {
+            sequence: 3,
+            interval_ns: 500_000_000,
+            vms: vec![Vm {
+                id: "demo:1".into(),
+                name: "demo, one".into(),
+                vcpus: 1,
+                tiers: vec![tier("dram", TierKind::Dram), tier("slow", TierKind::Cxl)],
+                ..Default::default()
+            }],
+            stats: vec![VmStats {
+                vm_id: "demo:1".into(),
+                tiers: vec![
+                    TierSample {
+                        tier: "dram".into(),
+                        resident_bytes: 2 << 20,
+                        ..Default::default()
+                    },
+                    TierSample {
+                        tier: "slow".into(),
+                        resident_bytes: 1 << 20,
+                        ..Default::default()
+                    },
+                ],
+                guest_reported_accesses: vec![1000, 250],
+                ..Default::default()
+            }],
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn rows_join_vm_tiers_and_stats() {
+        let r = rows(&update());
+        assert_eq!(r.len(), 2);
+        assert_eq!((r[0].tier.as_str(), r[0].kind), ("dram", "dram"));
+        assert_eq!((r[1].tier.as_str(), r[1].kind), ("slow", "cxl"));
+        assert_eq!(r[1].resident_bytes, 1 << 20);
+        // 250 accesses in 0.5 s.
+        assert_eq!(r[1].guest_accesses_per_s, Some(500.0));
+        assert_eq!(r[0].dram_hit_ratio, None);
+    }
+
+    #[test]
+    fn table_shows_vm_once_and_aligns() {
+        let t = table(&rows(&update()));
+        let lines: Vec<&str> = t.lines().collect();
+        assert!(lines[0].starts_with("VM"));
+        assert!(lines[1].starts_with("demo, one") && lines[1].contains("dram") && lines[1].contains("2.0M"));
+        assert!(lines[2].starts_with(' ') && lines[2].contains("slow") && lines[2].contains("cxl"));
+        let col = |l: &str| l.find("dram").or_else(|| l.find("slow")).unwrap();
+        assert_eq!(col(lines[1]), col(lines[2]));
+    }
+
+    #[test]
+    fn csv_has_header_and_quotes() {
+        let c = csv(&rows(&update()));
+        let mut lines = c.lines();
+        assert!(lines.next().unwrap().starts_with("vm_id,vm_name,vcpus,tier"));
+        let first = lines.next().unwrap();
+        assert!(first.starts_with("demo:1,\"demo, one\",1,dram,dram,16777216,2097152"), "{first}");
+        assert_eq!(c.lines().count(), 3);
+    }
+
+    #[test]
+    fn human_sizes() {
+        assert_eq!(human_bytes(0), "0B");
+        assert_eq!(human_bytes(16 << 20), "16.0M");
+        assert_eq!(human_bytes(1536), "1.5K");
+        assert_eq!(human_bytes(3 << 30), "3.0G");
+    }
+}

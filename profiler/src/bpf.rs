@@ -1,0 +1,27 @@
+//! Generated libbpf-rs skeletons of the programs in ../bpf, and libbpf's
+//! own messages routed into tracing (debug level: the probe reports refusals
+//! itself, in one line each).
+
+/// Sends libbpf's messages to `tracing` instead of stderr.
+pub fn route_libbpf_logs() {
+    fn print(level: libbpf_rs::PrintLevel, msg: String) {
+        let msg = msg.trim_end();
+        match level {
+            libbpf_rs::PrintLevel::Warn => tracing::debug!(target: "libbpf", "{msg}"),
+            _ => tracing::trace!(target: "libbpf", "{msg}"),
+        }
+    }
+    libbpf_rs::set_print(Some((libbpf_rs::PrintLevel::Debug, print)));
+}
+
+/// `bpf/probe.bpf.c`: capability probes.
+#[allow(
+    missing_debug_implementations,
+    clippy::all,
+    clippy::undocumented_unsafe_blocks,
+    unsafe_op_in_unsafe_fn,
+    rust_2018_idioms
+)]
+pub mod probe {
+    include!(concat!(env!("OUT_DIR"), "/probe.skel.rs"));
+}

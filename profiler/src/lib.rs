@@ -1,0 +1,22 @@
+//! tierd: host-side measurement of how each VM's memory accesses split
+//! across memory tiers.
+//!
+//! Data flow: `registry` (which VMs exist, their tier maps) -> `aggregate`
+//! (one `StatsUpdate` per interval) -> `server` (gRPC fan-out to watchers).
+//! `probe` decides which sampler backends this host supports.
+
+pub mod aggregate;
+pub mod bpf;
+pub mod demo_vm;
+pub mod policy;
+pub mod probe;
+pub mod registry;
+pub mod server;
+
+/// Nanoseconds since the Unix epoch, saturating (clock before 1970 -> 0).
+pub fn unix_now_ns() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
+        .unwrap_or(0)
+}

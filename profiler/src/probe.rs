@@ -1,0 +1,293 @@
+//! Capability probe: what this host lets tierd measure, each answer from a
+//! real attempt (BPF load/attach, perf_event_open, files the kernel exposes).
+
+use std::mem::MaybeUninit;
+use std::path::Path;
+
+use libbpf_rs::skel::{OpenSkel, SkelBuilder};
+use tier_proto::v1::{Backend, Capability};
+
+use crate::bpf::probe::ProbeSkelBuilder;
+
+/// One line of the report.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Check {
+    pub name: &'static str,
+    #[serde(serialize_with = "ser_backend")]
+    pub backend: Backend,
+    pub available: bool,
+    pub reason: String,
+}
+
+fn ser_backend<S: serde::Serializer>(b: &Backend, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(b.short_name())
+}
+
+impl Check {
+    fn yes(name: &'static str, backend: Backend, reason: impl Into<String>) -> Check {
+        Check { name, backend, available: true, reason: reason.into() }
+    }
+    fn no(name: &'static str, backend: Backend, reason: impl Into<String>) -> Check {
+        Check { name, backend, available: false, reason: reason.into() }
+    }
+}
+
+/// The whole report, in the order it is printed.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Report {
+    pub kvm_impl: Option<String>,
+    pub checks: Vec<Check>,
+}
+
+impl Report {
+    pub fn get(&self, name: &str) -> Option<&Check> {
+        self.checks.iter().find(|c| c.name == name)
+    }
+
+    fn ok(&self, name: &str) -> bool {
+        self.get(name).is_some_and(|c| c.available)
+    }
+
+    /// The sampler tierd would pick: EPT ageing with an ageing driver beats
+    /// host page tables, which are exact only for emulated guests.
+    pub fn best_backend(&self) -> Option<Backend> {
+        let driver = self.ok("page_idle");
+        if self.ok("ept-fexit") && driver {
+            Some(Backend::EptFexit)
+        } else if self.ok("ept-tracepoint") && driver {
+            Some(Backend::EptTracepoint)
+        } else if self.ok("hostpte") {
+            Some(Backend::Hostpte)
+        } else {
+            None
+        }
+    }
+
+    /// Protocol form; `selected` marks the backend the daemon runs.
+    pub fn to_proto(&self, selected: Option<Backend>) -> Vec<Capability> {
+        self.checks
+            .iter()
+            .map(|c| Capability {
+                name: c.name.to_string(),
+                backend: c.backend as i32,
+                available: c.available,
+                reason: c.reason.clone(),
+                selected: c.available && Some(c.backend) == selected && c.backend != Backend::Unspecified,
+            })
+            .collect()
+    }
+
+    /// Aligned text for `tierd probe` and the demo.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        let width = self.checks.iter().map(|c| c.name.len()).max().unwrap_or(0);
+        for c in &self.checks {
+            let state = if c.available { "available  " } else { "unavailable" };
+            out.push_str(&format!("  {:width$}  {state}  {}\n", c.name, c.reason));
+        }
+        match self.best_backend() {
+            Some(b) => out.push_str(&format!("  best sampler backend here: {}\n", b.short_name())),
+            None => out.push_str("  best sampler backend here: none\n"),
+        }
+        out
+    }
+}
+
+/// Runs every check. Never fails: a check that cannot run says why.
+pub fn run() -> Report {
+    let kvm_impl = kvm_implementation();
+    let checks = vec![
+        check_kvm(kvm_impl.as_deref()),
+        check_btf(),
+        check_fexit(),
+        check_tracepoint(),
+        check_page_idle(),
+        check_damon(),
+        check_hostpte(kvm_impl.as_deref()),
+        check_pmu(),
+    ];
+    Report { kvm_impl, checks }
+}
+
+/// Which KVM module backs /dev/kvm: kvm_intel, kvm_amd or kvm_pvm.
+fn kvm_implementation() -> Option<String> {
+    ["kvm_intel", "kvm_amd", "kvm_pvm"]
+        .into_iter()
+        .find(|m| Path::new("/sys/module").join(m).exists())
+        .map(str::to_string)
+}
+
+fn check_kvm(implementation: Option<&str>) -> Check {
+    let name = "kvm";
+    match std::fs::OpenOptions::new().read(true).write(true).open("/dev/kvm") {
+        Ok(_) => {
+            let how = match implementation {
+                Some("kvm_pvm") => "kvm_pvm: guest code is emulated, no EPT",
+                Some("kvm_intel") => "kvm_intel (VMX)",
+                Some("kvm_amd") => "kvm_amd (SVM)",
+                _ => "unknown KVM module",
+            };
+            Check::yes(name, Backend::Unspecified, format!("/dev/kvm opens; {how}"))
+        }
+        Err(e) => Check::no(name, Backend::Unspecified, format!("/dev/kvm: {e}")),
+    }
+}
+
+fn check_btf() -> Check {
+    if Path::new("/sys/kernel/btf/vmlinux").exists() {
+        Check::yes("btf", Backend::Unspecified, "/sys/kernel/btf/vmlinux present (CO-RE works)")
+    } else {
+        Check::no("btf", Backend::Unspecified, "/sys/kernel/btf/vmlinux absent: kernel built without CONFIG_DEBUG_INFO_BTF")
+    }
+}
+
+/// Which probe program to load; the others get autoload off so that one
+/// refused hook does not hide another.
+#[derive(Clone, Copy)]
+enum ProbeProg {
+    Fexit,
+    RawTp,
+}
+
+/// Loads one program of probe.bpf.c and attaches it; returns the error text
+/// with the stage (load or attach) that failed.
+fn load_and_attach(which: ProbeProg) -> Result<(), String> {
+    let mut storage = MaybeUninit::uninit();
+    let mut open = ProbeSkelBuilder::default()
+        .open(&mut storage)
+        .map_err(|e| format!("open: {e}"))?;
+    open.progs.probe_fexit_age_gfn.set_autoload(matches!(which, ProbeProg::Fexit));
+    open.progs.probe_raw_tp_spte.set_autoload(matches!(which, ProbeProg::RawTp));
+    let skel = open.load().map_err(|e| format!("load: {e}"))?;
+    let attached = match which {
+        ProbeProg::Fexit => skel.progs.probe_fexit_age_gfn.attach(),
+        ProbeProg::RawTp => skel.progs.probe_raw_tp_spte.attach(),
+    };
+    attached.map(drop).map_err(|e| format!("attach: {e}"))
+}
+
+fn check_fexit() -> Check {
+    let name = "ept-fexit";
+    match load_and_attach(ProbeProg::Fexit) {
+        Ok(()) => Check::yes(name, Backend::EptFexit, "fexit on kvm_age_gfn loads and attaches"),
+        Err(e) => Check::no(name, Backend::EptFexit, format!("fexit on kvm_age_gfn: {e}")),
+    }
+}
+
+fn check_tracepoint() -> Check {
+    let name = "ept-tracepoint";
+    if let Err(e) = load_and_attach(ProbeProg::RawTp) {
+        return Check::no(name, Backend::EptTracepoint, format!("raw_tp kvm_tdp_mmu_spte_changed: {e}"));
+    }
+    match std::fs::read_to_string("/sys/module/kvm/parameters/tdp_mmu") {
+        Ok(v) if v.trim() == "Y" => Check::yes(
+            name,
+            Backend::EptTracepoint,
+            "raw_tp kvm_tdp_mmu_spte_changed attaches; kvm.tdp_mmu=Y",
+        ),
+        Ok(v) => Check::no(
+            name,
+            Backend::EptTracepoint,
+            format!(
+                "raw_tp attaches, but kvm.tdp_mmu={}: no TDP MMU on this KVM, the tracepoint never fires",
+                v.trim()
+            ),
+        ),
+        Err(e) => Check::no(name, Backend::EptTracepoint, format!("raw_tp attaches, but kvm.tdp_mmu unreadable: {e}")),
+    }
+}
+
+fn check_page_idle() -> Check {
+    let p = Path::new("/sys/kernel/mm/page_idle/bitmap");
+    if p.exists() {
+        Check::yes("page_idle", Backend::Unspecified, "ageing driver: /sys/kernel/mm/page_idle/bitmap present")
+    } else {
+        Check::no(
+            "page_idle",
+            Backend::Unspecified,
+            "ageing driver: /sys/kernel/mm/page_idle/bitmap absent (CONFIG_IDLE_PAGE_TRACKING off)",
+        )
+    }
+}
+
+/// Read-only: tierd never writes /sys/kernel/mm/damon it did not set up.
+fn check_damon() -> Check {
+    let name = "damon";
+    let nr = std::fs::read_to_string("/sys/kernel/mm/damon/admin/kdamonds/nr_kdamonds");
+    match nr.map(|s| s.trim().parse::<u32>()) {
+        Err(_) => Check::no(name, Backend::Unspecified, "ageing driver: DAMON sysfs absent (CONFIG_DAMON_SYSFS off)"),
+        Ok(Ok(0)) => Check::no(
+            name,
+            Backend::Unspecified,
+            "ageing driver: DAMON sysfs present and unused; tierd does not create kdamonds yet",
+        ),
+        Ok(Ok(n)) => Check::no(
+            name,
+            Backend::Unspecified,
+            format!("ageing driver: {n} kdamond(s) not created by tierd are configured; tierd never touches them"),
+        ),
+        Ok(Err(e)) => Check::no(name, Backend::Unspecified, format!("ageing driver: nr_kdamonds unreadable: {e}")),
+    }
+}
+
+fn check_hostpte(implementation: Option<&str>) -> Check {
+    let name = "hostpte";
+    if let Err(e) = std::fs::OpenOptions::new().write(true).open("/proc/self/clear_refs") {
+        return Check::no(name, Backend::Hostpte, format!("/proc/self/clear_refs: {e}"));
+    }
+    match std::fs::read_to_string("/proc/self/smaps") {
+        Ok(s) if s.contains("Referenced:") => {
+            let scope = match implementation {
+                Some("kvm_pvm") => "guest accesses fault through host page tables here",
+                _ => "guest accesses are seen only when KVM faults pages in (under EPT/NPT after an invalidation)",
+            };
+            Check::yes(name, Backend::Hostpte, format!("clear_refs + smaps Referenced present; {scope}"))
+        }
+        Ok(_) => Check::no(name, Backend::Hostpte, "/proc/self/smaps has no Referenced: field"),
+        Err(e) => Check::no(name, Backend::Hostpte, format!("/proc/self/smaps: {e}")),
+    }
+}
+
+/// Opens a guest-only cycles counter on this thread: the least any PMU
+/// backend needs.
+fn check_pmu() -> Check {
+    let name = "pmu";
+    // SAFETY: perf_event_attr is a plain C struct for which all-zero is valid.
+    let mut attr: PerfEventAttr = unsafe { std::mem::zeroed() };
+    attr.type_ = 0; // PERF_TYPE_HARDWARE
+    attr.size = std::mem::size_of::<PerfEventAttr>() as u32;
+    attr.config = 0; // PERF_COUNT_HW_CPU_CYCLES
+    attr.flags = 1 | (1 << 19); // bit 0 disabled, bit 19 exclude_host
+    // SAFETY: attr is initialised and outlives the call; pid 0 / cpu -1 is
+    // "this thread on any CPU"; the returned fd is closed below.
+    let fd = unsafe { libc::syscall(libc::SYS_perf_event_open, &attr as *const PerfEventAttr, 0, -1, -1, 0) };
+    if fd >= 0 {
+        // SAFETY: fd was just returned by perf_event_open and is ours.
+        unsafe { libc::close(fd as i32) };
+        return Check::yes(name, Backend::Pmu, "guest-only (exclude_host) cycles counter opens");
+    }
+    let err = std::io::Error::last_os_error();
+    let why = match err.raw_os_error() {
+        Some(libc::ENOENT) | Some(libc::EOPNOTSUPP) | Some(libc::ENODEV) => "no hardware PMU",
+        Some(libc::EACCES) | Some(libc::EPERM) => "not permitted (perf_event_paranoid or missing CAP_PERFMON)",
+        _ => "perf_event_open failed",
+    };
+    Check::no(name, Backend::Pmu, format!("{why} (perf_event_open cycles, exclude_host: {err})"))
+}
+
+/// The prefix of `struct perf_event_attr` (PERF_ATTR_SIZE_VER0 plus the
+/// fields up to config2), enough for a counting event.
+#[repr(C)]
+struct PerfEventAttr {
+    type_: u32,
+    size: u32,
+    config: u64,
+    sample_period: u64,
+    sample_type: u64,
+    read_format: u64,
+    flags: u64,
+    wakeup_events: u32,
+    bp_type: u32,
+    config1: u64,
+    config2: u64,
+}

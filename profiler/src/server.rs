@@ -1,0 +1,234 @@
+//! tier.v1 gRPC service. Stats fan out through a broadcast channel: each
+//! watcher has its own bounded queue, so a slow watcher only loses its own
+//! updates (seen as a gap in sequence numbers) and never stalls the others.
+
+use std::pin::Pin;
+use std::sync::{Arc, RwLock};
+
+use tokio::sync::{broadcast, mpsc};
+use tokio_stream::Stream;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Response, Status};
+
+use tier_proto::v1::tier_service_server::TierService;
+use tier_proto::v1::*;
+
+use crate::policy;
+
+/// Updates a watcher may fall behind before it starts losing them.
+const WATCH_BACKLOG: usize = 8;
+
+/// State shared by the sampling loop and the gRPC handlers.
+#[derive(Debug)]
+pub struct Shared {
+    info: DaemonInfo,
+    latest: RwLock<Option<Arc<StatsUpdate>>>,
+    /// Known VMs; set at start-up and by every update, so ListVms answers
+    /// before the first interval has passed.
+    vms: RwLock<Arc<Vec<Vm>>>,
+    stats_tx: broadcast::Sender<Arc<StatsUpdate>>,
+    decisions_tx: broadcast::Sender<Arc<Decision>>,
+    policy: RwLock<Policy>,
+    /// Set once at shutdown: every open stream ends so connections drain.
+    closing: tokio::sync::watch::Sender<bool>,
+}
+
+impl Shared {
+    pub fn new(info: DaemonInfo) -> Arc<Shared> {
+        let (stats_tx, _) = broadcast::channel(WATCH_BACKLOG);
+        let (decisions_tx, _) = broadcast::channel(256);
+        Arc::new(Shared {
+            info,
+            latest: RwLock::new(None),
+            vms: RwLock::new(Arc::new(Vec::new())),
+            stats_tx,
+            decisions_tx,
+            policy: RwLock::new(policy::default_policy()),
+            closing: tokio::sync::watch::Sender::new(false),
+        })
+    }
+
+    /// Replaces the list of known VMs.
+    pub fn set_vms(&self, vms: Vec<Vm>) {
+        if let Ok(mut v) = self.vms.write() {
+            *v = Arc::new(vms);
+        }
+    }
+
+    fn vms(&self) -> Arc<Vec<Vm>> {
+        self.vms.read().map(|v| v.clone()).unwrap_or_default()
+    }
+
+    /// Publishes one interval's update to every watcher.
+    pub fn publish(&self, update: StatsUpdate) {
+        self.set_vms(update.vms.clone());
+        let update = Arc::new(update);
+        if let Ok(mut latest) = self.latest.write() {
+            *latest = Some(update.clone());
+        }
+        // No receivers is fine: nobody watches right now.
+        let _ = self.stats_tx.send(update);
+    }
+
+    /// Publishes one controller decision.
+    pub fn publish_decision(&self, d: Decision) {
+        let _ = self.decisions_tx.send(Arc::new(d));
+    }
+
+    /// Ends every open stream (graceful shutdown).
+    pub fn close_streams(&self) {
+        self.closing.send_replace(true);
+    }
+
+    fn latest(&self) -> Option<Arc<StatsUpdate>> {
+        self.latest.read().ok().and_then(|l| l.clone())
+    }
+}
+
+/// The service handed to tonic.
+#[derive(Debug, Clone)]
+pub struct TierServer {
+    shared: Arc<Shared>,
+}
+
+impl TierServer {
+    pub fn new(shared: Arc<Shared>) -> TierServer {
+        TierServer { shared }
+    }
+}
+
+type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
+
+fn check_ids(ids: &[String]) -> Result<(), Status> {
+    if let Some(i) = ids.iter().position(|s| s.is_empty()) {
+        return Err(Status::invalid_argument(format!("vm_ids[{i}] is empty")));
+    }
+    Ok(())
+}
+
+/// The part of an update a watcher asked for.
+fn filter(update: &StatsUpdate, ids: &[String]) -> StatsUpdate {
+    if ids.is_empty() {
+        return update.clone();
+    }
+    let wanted = |id: &String| ids.contains(id);
+    StatsUpdate {
+        vms: update.vms.iter().filter(|v| wanted(&v.id)).cloned().collect(),
+        stats: update.stats.iter().filter(|s| wanted(&s.vm_id)).cloned().collect(),
+        departed_vm_ids: update.departed_vm_ids.iter().filter(|i| wanted(i)).cloned().collect(),
+        ..update.clone()
+    }
+}
+
+/// Forwards a broadcast into a per-watcher bounded queue until the watcher
+/// goes away; lagging skips updates instead of blocking the sender.
+fn forward<T, U, F>(
+    mut rx: broadcast::Receiver<Arc<T>>,
+    mut closing: tokio::sync::watch::Receiver<bool>,
+    first: Option<Arc<T>>,
+    map: F,
+) -> BoxStream<U>
+where
+    T: Send + Sync + 'static,
+    U: Send + 'static,
+    F: Fn(&T) -> Option<U> + Send + 'static,
+{
+    let (tx, out) = mpsc::channel(WATCH_BACKLOG);
+    tokio::spawn(async move {
+        if let Some(item) = first.as_deref().and_then(&map) {
+            if tx.send(Ok(item)).await.is_err() {
+                return;
+            }
+        }
+        loop {
+            let received = tokio::select! {
+                r = rx.recv() => r,
+                _ = closing.wait_for(|c| *c) => return,
+            };
+            let item = match received {
+                Ok(item) => item,
+                Err(broadcast::error::RecvError::Lagged(n)) => {
+                    tracing::debug!(skipped = n, "watcher lagged");
+                    continue;
+                }
+                Err(broadcast::error::RecvError::Closed) => return,
+            };
+            if let Some(u) = map(&item) {
+                if tx.send(Ok(u)).await.is_err() {
+                    return;
+                }
+            }
+        }
+    });
+    Box::pin(ReceiverStream::new(out))
+}
+
+#[tonic::async_trait]
+impl TierService for TierServer {
+    async fn get_info(&self, _: Request<GetInfoRequest>) -> Result<Response<DaemonInfo>, Status> {
+        Ok(Response::new(self.shared.info.clone()))
+    }
+
+    async fn list_vms(&self, _: Request<ListVmsRequest>) -> Result<Response<ListVmsResponse>, Status> {
+        Ok(Response::new(ListVmsResponse {
+            vms: self.shared.vms().to_vec(),
+        }))
+    }
+
+    async fn get_vm(&self, req: Request<GetVmRequest>) -> Result<Response<Vm>, Status> {
+        let id = req.into_inner().id;
+        if id.is_empty() {
+            return Err(Status::invalid_argument("id is empty"));
+        }
+        self.shared
+            .vms()
+            .iter()
+            .find(|v| v.id == id)
+            .cloned()
+            .map(Response::new)
+            .ok_or_else(|| Status::not_found(format!("no VM with id {id:?}")))
+    }
+
+    type WatchStatsStream = BoxStream<StatsUpdate>;
+
+    async fn watch_stats(&self, req: Request<WatchStatsRequest>) -> Result<Response<Self::WatchStatsStream>, Status> {
+        let ids = req.into_inner().vm_ids;
+        check_ids(&ids)?;
+        let rx = self.shared.stats_tx.subscribe();
+        let first = self.shared.latest();
+        let closing = self.shared.closing.subscribe();
+        Ok(Response::new(forward(rx, closing, first, move |u| Some(filter(u, &ids)))))
+    }
+
+    async fn get_policy(&self, _: Request<GetPolicyRequest>) -> Result<Response<Policy>, Status> {
+        let p = self.shared.policy.read().map_err(|_| Status::internal("policy lock poisoned"))?;
+        Ok(Response::new(p.clone()))
+    }
+
+    async fn set_policy(&self, req: Request<SetPolicyRequest>) -> Result<Response<Policy>, Status> {
+        let new = req
+            .into_inner()
+            .policy
+            .ok_or_else(|| Status::invalid_argument("policy: required"))?;
+        policy::validate(&new).map_err(|e| Status::invalid_argument(format!("policy.{e}")))?;
+        let mut p = self.shared.policy.write().map_err(|_| Status::internal("policy lock poisoned"))?;
+        *p = new;
+        tracing::info!(policy = ?*p, "policy replaced");
+        Ok(Response::new(p.clone()))
+    }
+
+    type WatchDecisionsStream = BoxStream<Decision>;
+
+    async fn watch_decisions(
+        &self,
+        req: Request<WatchDecisionsRequest>,
+    ) -> Result<Response<Self::WatchDecisionsStream>, Status> {
+        let ids = req.into_inner().vm_ids;
+        check_ids(&ids)?;
+        let rx = self.shared.decisions_tx.subscribe();
+        let closing = self.shared.closing.subscribe();
+        Ok(Response::new(forward(rx, closing, None, move |d: &Decision| {
+            (ids.is_empty() || ids.contains(&d.vm_id)).then(|| d.clone())
+        })))
+    }
+}

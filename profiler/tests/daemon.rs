@@ -1,0 +1,232 @@
+//! tierd as a real process on a temporary socket, driven by a tonic client.
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use tier_proto::v1::*;
+use tier_proto::{Endpoint, PROTOCOL_VERSION};
+use tokio_stream::StreamExt;
+
+struct Tierd {
+    child: Child,
+    socket: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Tierd {
+    fn start(extra: &[&str]) -> Tierd {
+        let dir = tempfile::tempdir().unwrap();
+        let socket = dir.path().join("run/tierd.sock");
+        let log = std::fs::File::create(dir.path().join("tierd.log")).unwrap();
+        let child = Command::new(env!("CARGO_BIN_EXE_tierd"))
+            .arg("run")
+            .arg("--socket")
+            .arg(&socket)
+            .args(extra)
+            .stderr(Stdio::from(log))
+            .spawn()
+            .unwrap();
+        let mut t = Tierd {
+            child,
+            socket,
+            _dir: dir,
+        };
+        t.wait_ready();
+        t
+    }
+
+    fn wait_ready(&mut self) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while Instant::now() < deadline {
+            if std::os::unix::net::UnixStream::connect(&self.socket).is_ok() {
+                return;
+            }
+            if let Some(st) = self.child.try_wait().unwrap() {
+                panic!("tierd exited early: {st}");
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!("tierd did not listen on {}", self.socket.display());
+    }
+
+    fn endpoint(&self) -> Endpoint {
+        Endpoint::Unix(self.socket.clone())
+    }
+
+    /// SIGTERM by PID; returns the exit status.
+    fn terminate(mut self) -> std::process::ExitStatus {
+        // SAFETY: kill(2) on our own child's PID, not yet reaped.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Some(st) = self.child.try_wait().unwrap() {
+                return st;
+            }
+            assert!(Instant::now() < deadline, "tierd ignored SIGTERM");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Tierd {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn socket_mode(p: &Path) -> u32 {
+    std::fs::metadata(p).unwrap().permissions().mode() & 0o777
+}
+
+#[tokio::test]
+#[cfg_attr(not(has_kvm), ignore = "needs a usable /dev/kvm for the demo VM")]
+async fn serves_the_demo_vm_with_increasing_sequence_numbers() {
+    let tierd = Tierd::start(&["--demo-vm", "--interval-ms", "200"]);
+    assert_eq!(socket_mode(&tierd.socket), 0o660);
+    let mut client = tier_proto::connect(&tierd.endpoint()).await.unwrap();
+
+    let info = client.get_info(GetInfoRequest {}).await.unwrap().into_inner();
+    assert_eq!(info.protocol_version, PROTOCOL_VERSION);
+    assert_eq!(info.interval_ns, 200_000_000);
+    let names: Vec<&str> = info.capabilities.iter().map(|c| c.name.as_str()).collect();
+    for want in ["kvm", "ept-fexit", "ept-tracepoint", "page_idle", "hostpte", "pmu"] {
+        assert!(names.contains(&want), "capability {want} missing from {names:?}");
+    }
+    assert!(
+        info.capabilities.iter().all(|c| c.available || !c.reason.is_empty()),
+        "every unavailable capability says why"
+    );
+
+    // Known before the first interval has passed.
+    let vms = client.list_vms(ListVmsRequest {}).await.unwrap().into_inner().vms;
+    assert_eq!(vms.len(), 1);
+    let vm = &vms[0];
+    assert_eq!(vm.source(), VmSource::Demo);
+    let layout: Vec<(&str, TierKind, u64)> = vm
+        .tiers
+        .iter()
+        .map(|t| (t.name.as_str(), t.kind(), t.ranges[0].gpa_start))
+        .collect();
+    assert_eq!(
+        layout,
+        vec![("dram", TierKind::Dram, 0), ("slow", TierKind::Cxl, 0x1000_0000)]
+    );
+    let got = client.get_vm(GetVmRequest { id: vm.id.clone() }).await.unwrap().into_inner();
+    assert_eq!(&got, vm);
+
+    let mut stream = client
+        .watch_stats(WatchStatsRequest { vm_ids: vec![] })
+        .await
+        .unwrap()
+        .into_inner();
+    let mut last = 0;
+    for _ in 0..4 {
+        let u = stream.next().await.unwrap().unwrap();
+        assert!(u.sequence > last, "sequence {} after {last}", u.sequence);
+        last = u.sequence;
+        assert_eq!(u.stats.len(), 1);
+        let s = &u.stats[0];
+        assert_eq!(s.tiers.len(), 2);
+        // The guest runs: it reports accesses to both tiers, both resident.
+        assert!(s.guest_reported_accesses.iter().all(|&a| a > 0), "{s:?}");
+        assert!(s.tiers.iter().all(|t| t.resident_bytes >= 4096), "{s:?}");
+    }
+
+    drop((stream, client));
+    let status = tierd.terminate();
+    assert!(status.success(), "tierd exit after SIGTERM: {status}");
+}
+
+#[tokio::test]
+async fn bad_requests_get_clear_status_and_the_daemon_keeps_serving() {
+    let tierd = Tierd::start(&["--interval-ms", "100"]);
+    let mut client = tier_proto::connect(&tierd.endpoint()).await.unwrap();
+
+    let e = client.get_vm(GetVmRequest { id: String::new() }).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::InvalidArgument);
+    let e = client.get_vm(GetVmRequest { id: "nope".into() }).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::NotFound);
+    assert!(e.message().contains("nope"));
+
+    let e = client
+        .watch_stats(WatchStatsRequest { vm_ids: vec!["".into()] })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::InvalidArgument);
+
+    let before = client.get_policy(GetPolicyRequest {}).await.unwrap().into_inner();
+    let e = client.set_policy(SetPolicyRequest { policy: None }).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::InvalidArgument);
+    let bad = Policy {
+        epsilon: 0.9,
+        ..before.clone()
+    };
+    let e = client.set_policy(SetPolicyRequest { policy: Some(bad) }).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::InvalidArgument);
+    assert!(e.message().contains("epsilon"), "{}", e.message());
+    let after = client.get_policy(GetPolicyRequest {}).await.unwrap().into_inner();
+    assert_eq!(before, after, "a rejected policy changes nothing");
+
+    let good = Policy {
+        default_target: 0.8,
+        ..before
+    };
+    let set = client.set_policy(SetPolicyRequest { policy: Some(good.clone()) }).await.unwrap().into_inner();
+    assert_eq!(set, good);
+
+    // Still serving, with no VMs, sequence moving.
+    let mut stream = client.watch_stats(WatchStatsRequest::default()).await.unwrap().into_inner();
+    let a = stream.next().await.unwrap().unwrap().sequence;
+    let b = stream.next().await.unwrap().unwrap().sequence;
+    assert!(b > a);
+    // A client that still holds a stream does not keep tierd from stopping.
+    let socket = tierd.socket.clone();
+    assert!(tierd.terminate().success());
+    assert!(!socket.exists(), "socket removed at shutdown");
+    drop((stream, client));
+}
+
+#[test]
+fn refuses_a_live_socket_and_a_non_socket_path() {
+    let first = Tierd::start(&[]);
+    let out = Command::new(env!("CARGO_BIN_EXE_tierd"))
+        .args(["run", "--socket"])
+        .arg(&first.socket)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("already serving"), "{err}");
+
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("not-a-socket");
+    std::fs::write(&file, "keep me").unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_tierd"))
+        .args(["run", "--socket"])
+        .arg(&file)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("is not a socket"));
+    assert_eq!(std::fs::read_to_string(&file).unwrap(), "keep me");
+    assert!(first.terminate().success());
+}
+
+#[test]
+fn probe_reports_every_backend() {
+    let out = Command::new(env!("CARGO_BIN_EXE_tierd")).args(["probe", "--json"]).output().unwrap();
+    assert!(out.status.success());
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let checks = v["checks"].as_array().unwrap();
+    for c in checks {
+        let reason = c["reason"].as_str().unwrap();
+        assert!(!reason.is_empty(), "{c}");
+    }
+    let backends: Vec<&str> = checks.iter().filter_map(|c| c["backend"].as_str()).collect();
+    for b in ["ept-fexit", "ept-tracepoint", "hostpte", "pmu"] {
+        assert!(backends.contains(&b), "{b} missing");
+    }
+}

@@ -1,0 +1,109 @@
+//! `cargo xtask demo`: tierd with its demo VM, its capability report, and
+//! `tierctl top` (live on a terminal, one plain table otherwise).
+
+use std::io::IsTerminal;
+use std::path::{Path, PathBuf};
+use std::os::unix::process::CommandExt;
+use std::process::{Child, Command};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+
+use crate::run;
+
+/// Stops tierd by its PID when the demo ends, however it ends.
+struct Daemon(Child);
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let pid = self.0.id() as i32;
+        // SAFETY: kill(2) on the PID of a child we spawned and have not reaped.
+        unsafe { libc::kill(pid, libc::SIGTERM) };
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.0.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+pub fn run(updates: Option<u64>) -> anyhow::Result<()> {
+    run::cargo(&["build", "--quiet", "-p", "tier-profiler", "-p", "tier-controller"]).context("building tierd and tierctl")?;
+    let bin = run::workspace_root()?.join("target/debug");
+    let tierd = bin.join("tierd");
+    let tierctl = bin.join("tierctl");
+
+    println!("== what this host can measure (tierd probe)");
+    run::status(Command::new(&tierd).arg("probe"))?;
+
+    let dir = std::env::temp_dir().join(format!("tierd-demo-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    let socket = dir.join("tierd.sock");
+    let endpoint = format!("unix:{}", socket.display());
+    let log = dir.join("tierd.log");
+    println!("\n== starting tierd with the demo VM (log: {})", log.display());
+    let child = Command::new(&tierd)
+        .args(["run", "--demo-vm", "--interval-ms", "1000", "--socket"])
+        .arg(&socket)
+        .stderr(std::fs::File::create(&log).context("creating the log file")?)
+        .process_group(0) // Ctrl-C in the demo stops tierctl; we stop tierd.
+        .spawn()
+        .context("starting tierd")?;
+    let mut daemon = Daemon(child);
+    wait_for_socket(&socket, &mut daemon, &log)?;
+
+    println!("\n== tierctl info");
+    run::status(Command::new(&tierctl).args(["--endpoint", &endpoint, "info"]))?;
+    println!("\n== tierctl vms");
+    run::status(Command::new(&tierctl).args(["--endpoint", &endpoint, "vms"]))?;
+
+    let terminal = std::io::stdout().is_terminal();
+    let mut top = Command::new(&tierctl);
+    top.args(["--endpoint", &endpoint, "top"]);
+    match (terminal, updates) {
+        (true, Some(n)) => top.args(["-n", &n.to_string()]),
+        (true, None) => {
+            println!("\n== tierctl top (Ctrl-C to stop)");
+            &mut top
+        }
+        (false, _) => {
+            // Let two intervals pass so the table has a full interval of numbers.
+            std::thread::sleep(Duration::from_millis(2100));
+            println!("\n== tierctl top --once");
+            top.arg("--once")
+        }
+    };
+    let result = top.spawn().context("starting tierctl top").and_then(|mut c| {
+        // Ctrl-C is for tierctl; this process must live on to stop tierd.
+        // SAFETY: setting SIGINT to SIG_IGN has no preconditions; the child
+        // already runs with the default disposition.
+        unsafe { libc::signal(libc::SIGINT, libc::SIG_IGN) };
+        c.wait().context("waiting for tierctl top")
+    });
+    drop(daemon);
+    println!("\ntierd stopped; demo files in {}", dir.display());
+    match result {
+        Ok(st) if st.success() || (terminal && updates.is_none()) => Ok(()),
+        Ok(st) => bail!("tierctl top failed: {st}"),
+        Err(e) => Err(e),
+    }
+}
+
+fn wait_for_socket(socket: &Path, daemon: &mut Daemon, log: &PathBuf) -> anyhow::Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while Instant::now() < deadline {
+        if std::os::unix::net::UnixStream::connect(socket).is_ok() {
+            return Ok(());
+        }
+        if let Ok(Some(st)) = daemon.0.try_wait() {
+            let text = std::fs::read_to_string(log).unwrap_or_default();
+            bail!("tierd exited ({st}) before serving:\n{text}");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    bail!("tierd did not open {} within 20 s; see {}", socket.display(), log.display())
+}

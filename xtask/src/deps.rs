@@ -1,0 +1,82 @@
+//! `cargo xtask deps`: the Debian packages the build and the tests need.
+
+use std::process::Command;
+
+use anyhow::{Context, bail};
+
+/// Package and why it is needed.
+pub const PACKAGES: &[(&str, &str)] = &[
+    ("clang", "compiles bpf/*.bpf.c"),
+    ("llvm", "llvm-strip for BPF objects"),
+    ("libelf-dev", "libbpf-sys links libelf"),
+    ("zlib1g-dev", "libbpf-sys links zlib"),
+    ("pkg-config", "libbpf-sys finds libelf and zlib"),
+    ("make", "libbpf-sys builds the vendored libbpf"),
+    ("tmux", "terminal tests of tierctl top"),
+    ("binutils", "as/objcopy check the demo guest's machine code"),
+    ("bpftool", "cargo xtask vmlinux regenerates vmlinux.h"),
+];
+
+fn installed(pkg: &str) -> bool {
+    Command::new("dpkg-query")
+        .args(["-W", "-f=${Status}", pkg])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).contains("install ok installed"))
+        .unwrap_or(false)
+}
+
+fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// Installs what is missing (or, with `check_only`, reports it).
+pub fn ensure(check_only: bool) -> anyhow::Result<()> {
+    let missing: Vec<&str> = PACKAGES
+        .iter()
+        .map(|(p, _)| *p)
+        .filter(|p| !installed(p))
+        .collect();
+    if missing.is_empty() {
+        eprintln!("deps: all {} packages present", PACKAGES.len());
+        return ensure_components();
+    }
+    for (p, why) in PACKAGES.iter().filter(|(p, _)| missing.contains(p)) {
+        eprintln!("deps: missing {p:12} ({why})");
+    }
+    let line = format!("apt-get install -y --no-install-recommends {}", missing.join(" "));
+    if check_only {
+        bail!("missing packages; install them with: {line}");
+    }
+    if !is_root() {
+        bail!("not root: install the packages yourself with `sudo apt-get update && sudo {line}`, then run again");
+    }
+    eprintln!("deps: installing {}", missing.join(" "));
+    crate::run::status(Command::new("apt-get").args(["update", "-qq"]).env("DEBIAN_FRONTEND", "noninteractive"))
+        .context("apt-get update")?;
+    crate::run::status(
+        Command::new("apt-get")
+            .args(["install", "-y", "-qq", "--no-install-recommends"])
+            .args(&missing)
+            .env("DEBIAN_FRONTEND", "noninteractive"),
+    )
+    .context("apt-get install")?;
+    ensure_components()
+}
+
+/// rustfmt and clippy are part of `cargo xtask test`.
+fn ensure_components() -> anyhow::Result<()> {
+    let have = |sub: &str| {
+        Command::new("cargo")
+            .args([sub, "--version"])
+            .output()
+            .map(|o| o.status.success())
+            .unwrap_or(false)
+    };
+    if have("fmt") && have("clippy") {
+        return Ok(());
+    }
+    eprintln!("deps: adding rustfmt and clippy");
+    crate::run::status(Command::new("rustup").args(["component", "add", "rustfmt", "clippy"]))
+        .context("rustup component add rustfmt clippy")
+}

@@ -1,0 +1,179 @@
+//! `cargo xtask <task>`: everything a fresh machine needs, in one place.
+
+mod deps;
+mod demo;
+mod run;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::{Context, bail};
+use clap::{Parser, Subcommand};
+
+#[derive(Debug, Parser)]
+#[command(name = "cargo xtask", about = "tierd project tasks")]
+struct Cli {
+    #[command(subcommand)]
+    task: Task,
+}
+
+#[derive(Debug, PartialEq, Eq, Subcommand)]
+enum Task {
+    /// Install the Debian packages the build and tests need (idempotent).
+    Deps {
+        /// Only report what is missing; install nothing.
+        #[arg(long)]
+        check: bool,
+    },
+    /// fmt check, clippy -D warnings, and every test (runs `deps` first).
+    Test,
+    /// Build, start tierd with the demo VM, show the capability report and `tierctl top`.
+    Demo {
+        /// Live view for this many updates instead of until Ctrl-C (terminal only).
+        #[arg(long)]
+        updates: Option<u64>,
+    },
+    /// Run one benchmark from benches/ (prints a table and a RESULT line).
+    Bench {
+        /// Benchmark name; `list` shows them.
+        name: String,
+    },
+    /// Closed loop against a patched cloud-hypervisor (needs a v53.0 checkout).
+    E2e {
+        /// cloud-hypervisor v53.0 source checkout.
+        #[arg(long)]
+        ch_src: Option<PathBuf>,
+    },
+    /// Regenerate bpf/include/x86_64/vmlinux.h from this kernel's BTF.
+    Vmlinux,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match dispatch(cli.task) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("xtask: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn dispatch(task: Task) -> anyhow::Result<()> {
+    match task {
+        Task::Deps { check } => deps::ensure(check),
+        Task::Test => test(),
+        Task::Demo { updates } => {
+            deps::ensure(false)?;
+            demo::run(updates)
+        }
+        Task::Bench { name } => bench(&name),
+        Task::E2e { ch_src } => e2e(ch_src),
+        Task::Vmlinux => vmlinux(),
+    }
+}
+
+fn test() -> anyhow::Result<()> {
+    deps::ensure(false)?;
+    run::cargo(&["fmt", "--all", "--check"]).context("cargo fmt --check (run `cargo fmt --all`)")?;
+    run::cargo(&["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"]).context("clippy")?;
+    run::cargo(&["test", "--workspace", "--all-targets"]).context("tests")?;
+    Ok(())
+}
+
+/// Benchmarks are binaries of the tier-benches crate, built in release.
+const BENCHES: &[(&str, &str)] = &[];
+
+fn bench(name: &str) -> anyhow::Result<()> {
+    let known: Vec<&str> = BENCHES.iter().map(|(n, _)| *n).collect();
+    if name == "list" {
+        for (n, what) in BENCHES {
+            println!("{n:16} {what}");
+        }
+        return Ok(());
+    }
+    if !known.contains(&name) {
+        bail!("no bench named {name:?}; available: {}", if known.is_empty() { "none yet".to_string() } else { known.join(", ") });
+    }
+    run::cargo(&["run", "--release", "--quiet", "-p", "tier-benches", "--bin", name])
+}
+
+fn e2e(ch_src: Option<PathBuf>) -> anyhow::Result<()> {
+    let Some(dir) = ch_src else {
+        bail!(
+            "e2e needs a cloud-hypervisor v53.0 checkout (commit 9ed824d6) with micro_http at 5c2254d6 beside it: \
+             cargo xtask e2e --ch-src DIR"
+        );
+    };
+    if !dir.join("vmm").is_dir() || !dir.join("virtio-devices").is_dir() {
+        bail!("{} does not look like a cloud-hypervisor checkout (no vmm/ or virtio-devices/)", dir.display());
+    }
+    bail!(
+        "the closed-loop run is not built yet: it needs the vmm-patch series and the PVH test guest (issues 8 and 10); \
+         nothing was run against {}",
+        dir.display()
+    )
+}
+
+fn vmlinux() -> anyhow::Result<()> {
+    let out = run::workspace_root()?.join("bpf/include/x86_64/vmlinux.h");
+    let dump = std::process::Command::new("bpftool")
+        .args(["btf", "dump", "file", "/sys/kernel/btf/vmlinux", "format", "c"])
+        .output()
+        .context("running bpftool (apt-get install bpftool)")?;
+    if !dump.status.success() {
+        bail!("bpftool failed: {}", String::from_utf8_lossy(&dump.stderr));
+    }
+    std::fs::write(&out, &dump.stdout).with_context(|| format!("writing {}", out.display()))?;
+    println!("wrote {} ({} bytes)", out.display(), dump.stdout.len());
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<Task, clap::Error> {
+        let mut all = vec!["cargo-xtask"];
+        all.extend_from_slice(args);
+        Cli::try_parse_from(all).map(|c| c.task)
+    }
+
+    #[test]
+    fn parses_every_task() {
+        assert_eq!(parse(&["deps"]).unwrap(), Task::Deps { check: false });
+        assert_eq!(parse(&["deps", "--check"]).unwrap(), Task::Deps { check: true });
+        assert_eq!(parse(&["test"]).unwrap(), Task::Test);
+        assert_eq!(parse(&["demo"]).unwrap(), Task::Demo { updates: None });
+        assert_eq!(parse(&["demo", "--updates", "3"]).unwrap(), Task::Demo { updates: Some(3) });
+        assert_eq!(parse(&["bench", "balloon"]).unwrap(), Task::Bench { name: "balloon".into() });
+        assert_eq!(
+            parse(&["e2e", "--ch-src", "/src/ch"]).unwrap(),
+            Task::E2e { ch_src: Some("/src/ch".into()) }
+        );
+        assert_eq!(parse(&["vmlinux"]).unwrap(), Task::Vmlinux);
+    }
+
+    #[test]
+    fn rejects_bad_arguments() {
+        assert!(parse(&[]).is_err());
+        assert!(parse(&["bench"]).is_err(), "bench needs a name");
+        assert!(parse(&["demo", "--updates", "x"]).is_err());
+        assert!(parse(&["frobnicate"]).is_err());
+    }
+
+    #[test]
+    fn unknown_bench_lists_the_known_ones() {
+        let err = bench("no-such-bench").unwrap_err().to_string();
+        assert!(err.contains("no bench named \"no-such-bench\""), "{err}");
+    }
+
+    #[test]
+    fn e2e_without_checkout_says_what_it_needs() {
+        let err = e2e(None).unwrap_err().to_string();
+        assert!(err.contains("--ch-src") && err.contains("v53.0"), "{err}");
+        let dir = std::env::temp_dir();
+        let err = e2e(Some(dir)).unwrap_err().to_string();
+        assert!(err.contains("does not look like a cloud-hypervisor checkout"), "{err}");
+    }
+}

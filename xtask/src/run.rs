@@ -1,0 +1,32 @@
+//! Running commands with their output shown and their failure explained.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use anyhow::{Context, bail};
+
+/// The workspace root (xtask lives one level below it).
+pub fn workspace_root() -> anyhow::Result<PathBuf> {
+    let manifest = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    manifest
+        .parent()
+        .map(PathBuf::from)
+        .context("xtask has no parent directory")
+}
+
+/// Runs `cargo ARGS` in the workspace root; an error names the command.
+pub fn cargo(args: &[&str]) -> anyhow::Result<()> {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    status(Command::new(cargo).args(args).current_dir(workspace_root()?))
+}
+
+/// Runs a command to completion; non-zero exit is an error naming it.
+pub fn status(cmd: &mut Command) -> anyhow::Result<()> {
+    let shown = format!("{cmd:?}");
+    eprintln!("+ {shown}");
+    let st = cmd.status().with_context(|| format!("starting {shown}"))?;
+    if !st.success() {
+        bail!("{shown} failed: {st}");
+    }
+    Ok(())
+}
