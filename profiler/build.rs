@@ -22,7 +22,12 @@ fn main() -> Result<(), Box<dyn Error>> {
                 "-O2".as_ref(),
             ])
             .build_and_generate(out.join(format!("{name}.skel.rs")))
-            .map_err(|e| format!("building {}: {e:#} (needs clang: `cargo xtask deps`)", src.display()))?;
+            .map_err(|e| {
+                format!(
+                    "building {}: {e:#} (needs clang: `cargo xtask deps`)",
+                    src.display()
+                )
+            })?;
         println!("cargo:rerun-if-changed={}", src.display());
     }
     println!("cargo:rerun-if-changed={}", include.display());
@@ -35,7 +40,10 @@ fn main() -> Result<(), Box<dyn Error>> {
 fn capability_cfgs() {
     println!("cargo:rustc-check-cfg=cfg(has_kvm)");
     println!("cargo:rerun-if-changed=/dev/kvm");
-    let kvm = std::fs::OpenOptions::new().read(true).write(true).open("/dev/kvm");
+    let kvm = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/kvm");
     if kvm.is_ok() {
         println!("cargo:rustc-cfg=has_kvm");
     }

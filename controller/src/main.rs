@@ -10,7 +10,9 @@ use tonic::transport::Channel;
 
 use tier_controller::view;
 use tier_proto::v1::tier_service_client::TierServiceClient;
-use tier_proto::v1::{GetInfoRequest, GetVmRequest, ListVmsRequest, StatsUpdate, TierKind, WatchStatsRequest};
+use tier_proto::v1::{
+    GetInfoRequest, GetVmRequest, ListVmsRequest, StatsUpdate, TierKind, WatchStatsRequest,
+};
 use tier_proto::{Endpoint, PROTOCOL_VERSION};
 
 #[derive(Debug, Parser)]
@@ -54,7 +56,10 @@ enum Cmd {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+    let rt = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("tierctl: starting the runtime: {e}");
@@ -98,7 +103,12 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 if info.controller_enabled { "on" } else { "off" }
             );
             println!("capabilities:");
-            let width = info.capabilities.iter().map(|c| c.name.len()).max().unwrap_or(0);
+            let width = info
+                .capabilities
+                .iter()
+                .map(|c| c.name.len())
+                .max()
+                .unwrap_or(0);
             for c in &info.capabilities {
                 let state = match (c.available, c.selected) {
                     (true, true) => "selected   ",
@@ -109,27 +119,59 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             }
         }
         Cmd::Vms => {
-            let vms = client.list_vms(ListVmsRequest {}).await.context("ListVms")?.into_inner().vms;
-            println!("{:<24} {:<12} {:>8} {:>5}  TIERS", "ID", "NAME", "PID", "VCPU");
+            let vms = client
+                .list_vms(ListVmsRequest {})
+                .await
+                .context("ListVms")?
+                .into_inner()
+                .vms;
+            println!(
+                "{:<24} {:<12} {:>8} {:>5}  TIERS",
+                "ID", "NAME", "PID", "VCPU"
+            );
             for vm in vms {
                 let tiers: Vec<String> = vm
                     .tiers
                     .iter()
                     .map(|t| {
                         let kind = TierKind::try_from(t.kind).unwrap_or(TierKind::Unknown);
-                        format!("{}({}, {})", t.name, kind.short_name(), view::human_bytes(t.size_bytes))
+                        format!(
+                            "{}({}, {})",
+                            t.name,
+                            kind.short_name(),
+                            view::human_bytes(t.size_bytes)
+                        )
                     })
                     .collect();
-                println!("{:<24} {:<12} {:>8} {:>5}  {}", vm.id, vm.name, vm.vmm_pid, vm.vcpus, tiers.join(" "));
+                println!(
+                    "{:<24} {:<12} {:>8} {:>5}  {}",
+                    vm.id,
+                    vm.name,
+                    vm.vmm_pid,
+                    vm.vcpus,
+                    tiers.join(" ")
+                );
             }
         }
         Cmd::Vm { id } => {
-            let vm = client.get_vm(GetVmRequest { id }).await.context("GetVm")?.into_inner();
+            let vm = client
+                .get_vm(GetVmRequest { id })
+                .await
+                .context("GetVm")?
+                .into_inner();
             println!("{}", vm_json(&vm));
         }
-        Cmd::Top { once, iterations, output } => {
+        Cmd::Top {
+            once,
+            iterations,
+            output,
+        } => {
             let batch = once || iterations.is_some() || !std::io::stdout().is_terminal();
-            let limit = if once || (iterations.is_none() && batch) { Some(1) } else { iterations };
+            let limit = if once || (iterations.is_none() && batch) {
+                Some(1)
+            } else {
+                iterations
+            };
             top(&mut client, limit, output, !batch).await?;
         }
     }
@@ -138,7 +180,12 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
 
 /// Streams updates; `live` redraws in place (a plain refreshing table until
 /// the full TUI lands), batch prints `limit` updates.
-async fn top(client: &mut TierServiceClient<Channel>, limit: Option<u64>, output: Output, live: bool) -> anyhow::Result<()> {
+async fn top(
+    client: &mut TierServiceClient<Channel>,
+    limit: Option<u64>,
+    output: Output,
+    live: bool,
+) -> anyhow::Result<()> {
     let mut stream = client
         .watch_stats(WatchStatsRequest { vm_ids: Vec::new() })
         .await

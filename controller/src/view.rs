@@ -44,7 +44,9 @@ pub fn rows(update: &StatsUpdate) -> Vec<TierRow> {
                 vm_name: vm.name.clone(),
                 vcpus: vm.vcpus,
                 tier: tier.name.clone(),
-                kind: TierKind::try_from(tier.kind).unwrap_or(TierKind::Unknown).short_name(),
+                kind: TierKind::try_from(tier.kind)
+                    .unwrap_or(TierKind::Unknown)
+                    .short_name(),
                 size_bytes: tier.size_bytes,
                 resident_bytes: sample.map_or(0, |s| s.resident_bytes),
                 balloon_target_bytes: sample.map_or(0, |s| s.balloon_target_bytes),
@@ -62,7 +64,12 @@ pub fn rows(update: &StatsUpdate) -> Vec<TierRow> {
 
 /// Bytes as a short binary size: 16.0M, 512K, 3.5G.
 pub fn human_bytes(b: u64) -> String {
-    const UNITS: [(&str, u64); 4] = [("T", 1 << 40), ("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)];
+    const UNITS: [(&str, u64); 4] = [
+        ("T", 1 << 40),
+        ("G", 1 << 30),
+        ("M", 1 << 20),
+        ("K", 1 << 10),
+    ];
     for (u, scale) in UNITS {
         if b >= scale {
             return format!("{:.1}{u}", b as f64 / scale as f64);
@@ -81,7 +88,17 @@ fn rate(r: Option<f64>) -> String {
 }
 
 const HEADER: [&str; 11] = [
-    "VM", "VCPU", "TIER", "KIND", "SIZE", "RESIDENT", "BALLOON T/A", "YOUNG/SAMPLED", "SOURCE", "GUEST ACC/s", "DRAM-HIT",
+    "VM",
+    "VCPU",
+    "TIER",
+    "KIND",
+    "SIZE",
+    "RESIDENT",
+    "BALLOON T/A",
+    "YOUNG/SAMPLED",
+    "SOURCE",
+    "GUEST ACC/s",
+    "DRAM-HIT",
 ];
 
 /// Aligned plain-text table; VM columns only on a VM's first row.
@@ -89,8 +106,16 @@ pub fn table(rows: &[TierRow]) -> String {
     let mut cells: Vec<[String; 11]> = Vec::with_capacity(rows.len());
     for (i, r) in rows.iter().enumerate() {
         let first = i == 0 || rows[i - 1].vm_id != r.vm_id;
-        let vm = if first { r.vm_name.clone() } else { String::new() };
-        let vcpu = if first { r.vcpus.to_string() } else { String::new() };
+        let vm = if first {
+            r.vm_name.clone()
+        } else {
+            String::new()
+        };
+        let vcpu = if first {
+            r.vcpus.to_string()
+        } else {
+            String::new()
+        };
         let hit = match (first, r.dram_hit_ratio) {
             (true, Some(h)) => format!("{:.1}%", h * 100.0),
             (true, None) => "-".into(),
@@ -108,7 +133,11 @@ pub fn table(rows: &[TierRow]) -> String {
             r.kind.into(),
             human_bytes(r.size_bytes),
             human_bytes(r.resident_bytes),
-            format!("{}/{}", human_bytes(r.balloon_target_bytes), human_bytes(r.balloon_actual_bytes)),
+            format!(
+                "{}/{}",
+                human_bytes(r.balloon_target_bytes),
+                human_bytes(r.balloon_actual_bytes)
+            ),
             young,
             r.source.into(),
             rate(r.guest_accesses_per_s),
@@ -123,7 +152,11 @@ pub fn table(rows: &[TierRow]) -> String {
     }
     let mut out = String::new();
     let line = |out: &mut String, cols: &[String]| {
-        let joined: Vec<String> = cols.iter().zip(width).map(|(c, w)| format!("{c:<w$}")).collect();
+        let joined: Vec<String> = cols
+            .iter()
+            .zip(width)
+            .map(|(c, w)| format!("{c:<w$}"))
+            .collect();
         let _ = writeln!(out, "{}", joined.join("  ").trim_end());
     };
     line(&mut out, &HEADER.map(String::from));
@@ -236,7 +269,11 @@ mod tests {
         let t = table(&rows(&update()));
         let lines: Vec<&str> = t.lines().collect();
         assert!(lines[0].starts_with("VM"));
-        assert!(lines[1].starts_with("demo, one") && lines[1].contains("dram") && lines[1].contains("2.0M"));
+        assert!(
+            lines[1].starts_with("demo, one")
+                && lines[1].contains("dram")
+                && lines[1].contains("2.0M")
+        );
         assert!(lines[2].starts_with(' ') && lines[2].contains("slow") && lines[2].contains("cxl"));
         let col = |l: &str| l.find("dram").or_else(|| l.find("slow")).unwrap();
         assert_eq!(col(lines[1]), col(lines[2]));
@@ -246,9 +283,17 @@ mod tests {
     fn csv_has_header_and_quotes() {
         let c = csv(&rows(&update()));
         let mut lines = c.lines();
-        assert!(lines.next().unwrap().starts_with("vm_id,vm_name,vcpus,tier"));
+        assert!(
+            lines
+                .next()
+                .unwrap()
+                .starts_with("vm_id,vm_name,vcpus,tier")
+        );
         let first = lines.next().unwrap();
-        assert!(first.starts_with("demo:1,\"demo, one\",1,dram,dram,16777216,2097152"), "{first}");
+        assert!(
+            first.starts_with("demo:1,\"demo, one\",1,dram,dram,16777216,2097152"),
+            "{first}"
+        );
         assert_eq!(c.lines().count(), 3);
     }
 

@@ -16,7 +16,12 @@ pub struct Aggregator {
 
 impl Aggregator {
     /// Reaps dead VMs, reads the live ones and returns the next update.
-    pub fn tick(&mut self, registry: &mut Registry, interval_ns: u64, health: Vec<SamplerHealth>) -> StatsUpdate {
+    pub fn tick(
+        &mut self,
+        registry: &mut Registry,
+        interval_ns: u64,
+        health: Vec<SamplerHealth>,
+    ) -> StatsUpdate {
         let departed = registry.reap();
         for id in &departed {
             self.last_guest.remove(id);

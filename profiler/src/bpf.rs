@@ -19,6 +19,8 @@ pub fn route_libbpf_logs() {
     missing_debug_implementations,
     clippy::all,
     clippy::undocumented_unsafe_blocks,
+    clippy::unwrap_used,
+    clippy::expect_used,
     unsafe_op_in_unsafe_fn,
     rust_2018_idioms
 )]

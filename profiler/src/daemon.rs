@@ -134,7 +134,10 @@ async fn sample_loop(registry: Arc<Mutex<Registry>>, shared: Arc<Shared>, interv
 
 async fn shutdown_signal() {
     use tokio::signal::unix::{SignalKind, signal};
-    let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
         tracing::error!("cannot install signal handlers; stop tierd with SIGKILL");
         return std::future::pending().await;
     };
@@ -152,14 +155,19 @@ fn bind(path: &Path, mode: u32) -> anyhow::Result<UnixListener> {
     }
     if let Ok(meta) = std::fs::symlink_metadata(path) {
         if !meta.file_type().is_socket() {
-            bail!("{} exists and is not a socket; not touching it", path.display());
+            bail!(
+                "{} exists and is not a socket; not touching it",
+                path.display()
+            );
         }
         if std::os::unix::net::UnixStream::connect(path).is_ok() {
             bail!("another tierd is already serving on {}", path.display());
         }
-        std::fs::remove_file(path).with_context(|| format!("removing stale socket {}", path.display()))?;
+        std::fs::remove_file(path)
+            .with_context(|| format!("removing stale socket {}", path.display()))?;
     }
-    let listener = UnixListener::bind(path).with_context(|| format!("binding {}", path.display()))?;
+    let listener =
+        UnixListener::bind(path).with_context(|| format!("binding {}", path.display()))?;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
         .with_context(|| format!("chmod {mode:o} {}", path.display()))?;
     Ok(listener)

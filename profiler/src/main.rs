@@ -10,7 +10,11 @@ use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
 
 #[derive(Debug, Parser)]
-#[command(name = "tierd", version, about = "Per-VM, per-memory-tier access sampling daemon")]
+#[command(
+    name = "tierd",
+    version,
+    about = "Per-VM, per-memory-tier access sampling daemon"
+)]
 #[command(args_conflicts_with_subcommands = true)]
 struct Cli {
     #[command(subcommand)]
@@ -84,9 +88,15 @@ fn main() -> ExitCode {
 fn probe(json: bool) -> anyhow::Result<()> {
     let report = tier_profiler::probe::run();
     if json {
-        println!("{}", serde_json::to_string_pretty(&report).context("encoding the report")?);
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&report).context("encoding the report")?
+        );
     } else {
-        println!("tierd capability probe (kernel {}):", daemon::kernel_release());
+        println!(
+            "tierd capability probe (kernel {}):",
+            daemon::kernel_release()
+        );
         print!("{}", report.render());
     }
     Ok(())

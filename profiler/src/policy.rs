@@ -48,7 +48,7 @@ pub fn validate(p: &Policy) -> Result<(), PolicyError> {
     if p.max_step_bytes == 0 {
         return Err(err("max_step_bytes", "must be > 0"));
     }
-    if p.max_step_bytes % 4096 != 0 {
+    if !p.max_step_bytes.is_multiple_of(4096) {
         return Err(err("max_step_bytes", "must be a multiple of 4096"));
     }
     let mut seen = std::collections::HashSet::new();
@@ -102,10 +102,7 @@ mod tests {
         assert_eq!(bad(|p| p.idle_threshold = -0.1), "idle_threshold");
         assert_eq!(bad(|p| p.max_step_bytes = 0), "max_step_bytes");
         assert_eq!(bad(|p| p.max_step_bytes = 4097), "max_step_bytes");
-        assert_eq!(
-            bad(|p| p.vms = vec![VmPolicy::default()]),
-            "vms[0].vm"
-        );
+        assert_eq!(bad(|p| p.vms = vec![VmPolicy::default()]), "vms[0].vm");
         assert_eq!(
             bad(|p| p.vms = vec![VmPolicy {
                 vm: "a".into(),

@@ -25,10 +25,20 @@ fn ser_backend<S: serde::Serializer>(b: &Backend, s: S) -> Result<S::Ok, S::Erro
 
 impl Check {
     fn yes(name: &'static str, backend: Backend, reason: impl Into<String>) -> Check {
-        Check { name, backend, available: true, reason: reason.into() }
+        Check {
+            name,
+            backend,
+            available: true,
+            reason: reason.into(),
+        }
     }
     fn no(name: &'static str, backend: Backend, reason: impl Into<String>) -> Check {
-        Check { name, backend, available: false, reason: reason.into() }
+        Check {
+            name,
+            backend,
+            available: false,
+            reason: reason.into(),
+        }
     }
 }
 
@@ -72,7 +82,9 @@ impl Report {
                 backend: c.backend as i32,
                 available: c.available,
                 reason: c.reason.clone(),
-                selected: c.available && Some(c.backend) == selected && c.backend != Backend::Unspecified,
+                selected: c.available
+                    && Some(c.backend) == selected
+                    && c.backend != Backend::Unspecified,
             })
             .collect()
     }
@@ -82,11 +94,18 @@ impl Report {
         let mut out = String::new();
         let width = self.checks.iter().map(|c| c.name.len()).max().unwrap_or(0);
         for c in &self.checks {
-            let state = if c.available { "available  " } else { "unavailable" };
+            let state = if c.available {
+                "available  "
+            } else {
+                "unavailable"
+            };
             out.push_str(&format!("  {:width$}  {state}  {}\n", c.name, c.reason));
         }
         match self.best_backend() {
-            Some(b) => out.push_str(&format!("  best sampler backend here: {}\n", b.short_name())),
+            Some(b) => out.push_str(&format!(
+                "  best sampler backend here: {}\n",
+                b.short_name()
+            )),
             None => out.push_str("  best sampler backend here: none\n"),
         }
         out
@@ -119,7 +138,11 @@ fn kvm_implementation() -> Option<String> {
 
 fn check_kvm(implementation: Option<&str>) -> Check {
     let name = "kvm";
-    match std::fs::OpenOptions::new().read(true).write(true).open("/dev/kvm") {
+    match std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/kvm")
+    {
         Ok(_) => {
             let how = match implementation {
                 Some("kvm_pvm") => "kvm_pvm: guest code is emulated, no EPT",
@@ -135,9 +158,17 @@ fn check_kvm(implementation: Option<&str>) -> Check {
 
 fn check_btf() -> Check {
     if Path::new("/sys/kernel/btf/vmlinux").exists() {
-        Check::yes("btf", Backend::Unspecified, "/sys/kernel/btf/vmlinux present (CO-RE works)")
+        Check::yes(
+            "btf",
+            Backend::Unspecified,
+            "/sys/kernel/btf/vmlinux present (CO-RE works)",
+        )
     } else {
-        Check::no("btf", Backend::Unspecified, "/sys/kernel/btf/vmlinux absent: kernel built without CONFIG_DEBUG_INFO_BTF")
+        Check::no(
+            "btf",
+            Backend::Unspecified,
+            "/sys/kernel/btf/vmlinux absent: kernel built without CONFIG_DEBUG_INFO_BTF",
+        )
     }
 }
 
@@ -156,8 +187,12 @@ fn load_and_attach(which: ProbeProg) -> Result<(), String> {
     let mut open = ProbeSkelBuilder::default()
         .open(&mut storage)
         .map_err(|e| format!("open: {e}"))?;
-    open.progs.probe_fexit_age_gfn.set_autoload(matches!(which, ProbeProg::Fexit));
-    open.progs.probe_raw_tp_spte.set_autoload(matches!(which, ProbeProg::RawTp));
+    open.progs
+        .probe_fexit_age_gfn
+        .set_autoload(matches!(which, ProbeProg::Fexit));
+    open.progs
+        .probe_raw_tp_spte
+        .set_autoload(matches!(which, ProbeProg::RawTp));
     let skel = open.load().map_err(|e| format!("load: {e}"))?;
     let attached = match which {
         ProbeProg::Fexit => skel.progs.probe_fexit_age_gfn.attach(),
@@ -169,15 +204,27 @@ fn load_and_attach(which: ProbeProg) -> Result<(), String> {
 fn check_fexit() -> Check {
     let name = "ept-fexit";
     match load_and_attach(ProbeProg::Fexit) {
-        Ok(()) => Check::yes(name, Backend::EptFexit, "fexit on kvm_age_gfn loads and attaches"),
-        Err(e) => Check::no(name, Backend::EptFexit, format!("fexit on kvm_age_gfn: {e}")),
+        Ok(()) => Check::yes(
+            name,
+            Backend::EptFexit,
+            "fexit on kvm_age_gfn loads and attaches",
+        ),
+        Err(e) => Check::no(
+            name,
+            Backend::EptFexit,
+            format!("fexit on kvm_age_gfn: {e}"),
+        ),
     }
 }
 
 fn check_tracepoint() -> Check {
     let name = "ept-tracepoint";
     if let Err(e) = load_and_attach(ProbeProg::RawTp) {
-        return Check::no(name, Backend::EptTracepoint, format!("raw_tp kvm_tdp_mmu_spte_changed: {e}"));
+        return Check::no(
+            name,
+            Backend::EptTracepoint,
+            format!("raw_tp kvm_tdp_mmu_spte_changed: {e}"),
+        );
     }
     match std::fs::read_to_string("/sys/module/kvm/parameters/tdp_mmu") {
         Ok(v) if v.trim() == "Y" => Check::yes(
@@ -193,14 +240,22 @@ fn check_tracepoint() -> Check {
                 v.trim()
             ),
         ),
-        Err(e) => Check::no(name, Backend::EptTracepoint, format!("raw_tp attaches, but kvm.tdp_mmu unreadable: {e}")),
+        Err(e) => Check::no(
+            name,
+            Backend::EptTracepoint,
+            format!("raw_tp attaches, but kvm.tdp_mmu unreadable: {e}"),
+        ),
     }
 }
 
 fn check_page_idle() -> Check {
     let p = Path::new("/sys/kernel/mm/page_idle/bitmap");
     if p.exists() {
-        Check::yes("page_idle", Backend::Unspecified, "ageing driver: /sys/kernel/mm/page_idle/bitmap present")
+        Check::yes(
+            "page_idle",
+            Backend::Unspecified,
+            "ageing driver: /sys/kernel/mm/page_idle/bitmap present",
+        )
     } else {
         Check::no(
             "page_idle",
@@ -215,7 +270,11 @@ fn check_damon() -> Check {
     let name = "damon";
     let nr = std::fs::read_to_string("/sys/kernel/mm/damon/admin/kdamonds/nr_kdamonds");
     match nr.map(|s| s.trim().parse::<u32>()) {
-        Err(_) => Check::no(name, Backend::Unspecified, "ageing driver: DAMON sysfs absent (CONFIG_DAMON_SYSFS off)"),
+        Err(_) => Check::no(
+            name,
+            Backend::Unspecified,
+            "ageing driver: DAMON sysfs absent (CONFIG_DAMON_SYSFS off)",
+        ),
         Ok(Ok(0)) => Check::no(
             name,
             Backend::Unspecified,
@@ -224,26 +283,49 @@ fn check_damon() -> Check {
         Ok(Ok(n)) => Check::no(
             name,
             Backend::Unspecified,
-            format!("ageing driver: {n} kdamond(s) not created by tierd are configured; tierd never touches them"),
+            format!(
+                "ageing driver: {n} kdamond(s) not created by tierd are configured; tierd never touches them"
+            ),
         ),
-        Ok(Err(e)) => Check::no(name, Backend::Unspecified, format!("ageing driver: nr_kdamonds unreadable: {e}")),
+        Ok(Err(e)) => Check::no(
+            name,
+            Backend::Unspecified,
+            format!("ageing driver: nr_kdamonds unreadable: {e}"),
+        ),
     }
 }
 
 fn check_hostpte(implementation: Option<&str>) -> Check {
     let name = "hostpte";
-    if let Err(e) = std::fs::OpenOptions::new().write(true).open("/proc/self/clear_refs") {
-        return Check::no(name, Backend::Hostpte, format!("/proc/self/clear_refs: {e}"));
+    if let Err(e) = std::fs::OpenOptions::new()
+        .write(true)
+        .open("/proc/self/clear_refs")
+    {
+        return Check::no(
+            name,
+            Backend::Hostpte,
+            format!("/proc/self/clear_refs: {e}"),
+        );
     }
     match std::fs::read_to_string("/proc/self/smaps") {
         Ok(s) if s.contains("Referenced:") => {
             let scope = match implementation {
                 Some("kvm_pvm") => "guest accesses fault through host page tables here",
-                _ => "guest accesses are seen only when KVM faults pages in (under EPT/NPT after an invalidation)",
+                _ => {
+                    "guest accesses are seen only when KVM faults pages in (under EPT/NPT after an invalidation)"
+                }
             };
-            Check::yes(name, Backend::Hostpte, format!("clear_refs + smaps Referenced present; {scope}"))
+            Check::yes(
+                name,
+                Backend::Hostpte,
+                format!("clear_refs + smaps Referenced present; {scope}"),
+            )
         }
-        Ok(_) => Check::no(name, Backend::Hostpte, "/proc/self/smaps has no Referenced: field"),
+        Ok(_) => Check::no(
+            name,
+            Backend::Hostpte,
+            "/proc/self/smaps has no Referenced: field",
+        ),
         Err(e) => Check::no(name, Backend::Hostpte, format!("/proc/self/smaps: {e}")),
     }
 }
@@ -260,19 +342,38 @@ fn check_pmu() -> Check {
     attr.flags = 1 | (1 << 19); // bit 0 disabled, bit 19 exclude_host
     // SAFETY: attr is initialised and outlives the call; pid 0 / cpu -1 is
     // "this thread on any CPU"; the returned fd is closed below.
-    let fd = unsafe { libc::syscall(libc::SYS_perf_event_open, &attr as *const PerfEventAttr, 0, -1, -1, 0) };
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_perf_event_open,
+            &attr as *const PerfEventAttr,
+            0,
+            -1,
+            -1,
+            0,
+        )
+    };
     if fd >= 0 {
         // SAFETY: fd was just returned by perf_event_open and is ours.
         unsafe { libc::close(fd as i32) };
-        return Check::yes(name, Backend::Pmu, "guest-only (exclude_host) cycles counter opens");
+        return Check::yes(
+            name,
+            Backend::Pmu,
+            "guest-only (exclude_host) cycles counter opens",
+        );
     }
     let err = std::io::Error::last_os_error();
     let why = match err.raw_os_error() {
         Some(libc::ENOENT) | Some(libc::EOPNOTSUPP) | Some(libc::ENODEV) => "no hardware PMU",
-        Some(libc::EACCES) | Some(libc::EPERM) => "not permitted (perf_event_paranoid or missing CAP_PERFMON)",
+        Some(libc::EACCES) | Some(libc::EPERM) => {
+            "not permitted (perf_event_paranoid or missing CAP_PERFMON)"
+        }
         _ => "perf_event_open failed",
     };
-    Check::no(name, Backend::Pmu, format!("{why} (perf_event_open cycles, exclude_host: {err})"))
+    Check::no(
+        name,
+        Backend::Pmu,
+        format!("{why} (perf_event_open cycles, exclude_host: {err})"),
+    )
 }
 
 /// The prefix of `struct perf_event_attr` (PERF_ATTR_SIZE_VER0 plus the

@@ -25,7 +25,9 @@ pub struct Registry {
 
 impl std::fmt::Debug for Registry {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_list().entries(self.vms.iter().map(|v| &v.vm().id)).finish()
+        f.debug_list()
+            .entries(self.vms.iter().map(|v| &v.vm().id))
+            .finish()
     }
 }
 

@@ -113,9 +113,24 @@ fn filter(update: &StatsUpdate, ids: &[String]) -> StatsUpdate {
     }
     let wanted = |id: &String| ids.contains(id);
     StatsUpdate {
-        vms: update.vms.iter().filter(|v| wanted(&v.id)).cloned().collect(),
-        stats: update.stats.iter().filter(|s| wanted(&s.vm_id)).cloned().collect(),
-        departed_vm_ids: update.departed_vm_ids.iter().filter(|i| wanted(i)).cloned().collect(),
+        vms: update
+            .vms
+            .iter()
+            .filter(|v| wanted(&v.id))
+            .cloned()
+            .collect(),
+        stats: update
+            .stats
+            .iter()
+            .filter(|s| wanted(&s.vm_id))
+            .cloned()
+            .collect(),
+        departed_vm_ids: update
+            .departed_vm_ids
+            .iter()
+            .filter(|i| wanted(i))
+            .cloned()
+            .collect(),
         ..update.clone()
     }
 }
@@ -135,10 +150,10 @@ where
 {
     let (tx, out) = mpsc::channel(WATCH_BACKLOG);
     tokio::spawn(async move {
-        if let Some(item) = first.as_deref().and_then(&map) {
-            if tx.send(Ok(item)).await.is_err() {
-                return;
-            }
+        if let Some(item) = first.as_deref().and_then(&map)
+            && tx.send(Ok(item)).await.is_err()
+        {
+            return;
         }
         loop {
             let received = tokio::select! {
@@ -153,10 +168,10 @@ where
                 }
                 Err(broadcast::error::RecvError::Closed) => return,
             };
-            if let Some(u) = map(&item) {
-                if tx.send(Ok(u)).await.is_err() {
-                    return;
-                }
+            if let Some(u) = map(&item)
+                && tx.send(Ok(u)).await.is_err()
+            {
+                return;
             }
         }
     });
@@ -169,7 +184,10 @@ impl TierService for TierServer {
         Ok(Response::new(self.shared.info.clone()))
     }
 
-    async fn list_vms(&self, _: Request<ListVmsRequest>) -> Result<Response<ListVmsResponse>, Status> {
+    async fn list_vms(
+        &self,
+        _: Request<ListVmsRequest>,
+    ) -> Result<Response<ListVmsResponse>, Status> {
         Ok(Response::new(ListVmsResponse {
             vms: self.shared.vms().to_vec(),
         }))
@@ -191,17 +209,26 @@ impl TierService for TierServer {
 
     type WatchStatsStream = BoxStream<StatsUpdate>;
 
-    async fn watch_stats(&self, req: Request<WatchStatsRequest>) -> Result<Response<Self::WatchStatsStream>, Status> {
+    async fn watch_stats(
+        &self,
+        req: Request<WatchStatsRequest>,
+    ) -> Result<Response<Self::WatchStatsStream>, Status> {
         let ids = req.into_inner().vm_ids;
         check_ids(&ids)?;
         let rx = self.shared.stats_tx.subscribe();
         let first = self.shared.latest();
         let closing = self.shared.closing.subscribe();
-        Ok(Response::new(forward(rx, closing, first, move |u| Some(filter(u, &ids)))))
+        Ok(Response::new(forward(rx, closing, first, move |u| {
+            Some(filter(u, &ids))
+        })))
     }
 
     async fn get_policy(&self, _: Request<GetPolicyRequest>) -> Result<Response<Policy>, Status> {
-        let p = self.shared.policy.read().map_err(|_| Status::internal("policy lock poisoned"))?;
+        let p = self
+            .shared
+            .policy
+            .read()
+            .map_err(|_| Status::internal("policy lock poisoned"))?;
         Ok(Response::new(p.clone()))
     }
 
@@ -211,7 +238,11 @@ impl TierService for TierServer {
             .policy
             .ok_or_else(|| Status::invalid_argument("policy: required"))?;
         policy::validate(&new).map_err(|e| Status::invalid_argument(format!("policy.{e}")))?;
-        let mut p = self.shared.policy.write().map_err(|_| Status::internal("policy lock poisoned"))?;
+        let mut p = self
+            .shared
+            .policy
+            .write()
+            .map_err(|_| Status::internal("policy lock poisoned"))?;
         *p = new;
         tracing::info!(policy = ?*p, "policy replaced");
         Ok(Response::new(p.clone()))
@@ -227,8 +258,11 @@ impl TierService for TierServer {
         check_ids(&ids)?;
         let rx = self.shared.decisions_tx.subscribe();
         let closing = self.shared.closing.subscribe();
-        Ok(Response::new(forward(rx, closing, None, move |d: &Decision| {
-            (ids.is_empty() || ids.contains(&d.vm_id)).then(|| d.clone())
-        })))
+        Ok(Response::new(forward(
+            rx,
+            closing,
+            None,
+            move |d: &Decision| (ids.is_empty() || ids.contains(&d.vm_id)).then(|| d.clone()),
+        )))
     }
 }

@@ -1,5 +1,7 @@
 //! tierd as a real process on a temporary socket, driven by a tonic client.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly on purpose
+
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -88,20 +90,41 @@ async fn serves_the_demo_vm_with_increasing_sequence_numbers() {
     assert_eq!(socket_mode(&tierd.socket), 0o660);
     let mut client = tier_proto::connect(&tierd.endpoint()).await.unwrap();
 
-    let info = client.get_info(GetInfoRequest {}).await.unwrap().into_inner();
+    let info = client
+        .get_info(GetInfoRequest {})
+        .await
+        .unwrap()
+        .into_inner();
     assert_eq!(info.protocol_version, PROTOCOL_VERSION);
     assert_eq!(info.interval_ns, 200_000_000);
     let names: Vec<&str> = info.capabilities.iter().map(|c| c.name.as_str()).collect();
-    for want in ["kvm", "ept-fexit", "ept-tracepoint", "page_idle", "hostpte", "pmu"] {
-        assert!(names.contains(&want), "capability {want} missing from {names:?}");
+    for want in [
+        "kvm",
+        "ept-fexit",
+        "ept-tracepoint",
+        "page_idle",
+        "hostpte",
+        "pmu",
+    ] {
+        assert!(
+            names.contains(&want),
+            "capability {want} missing from {names:?}"
+        );
     }
     assert!(
-        info.capabilities.iter().all(|c| c.available || !c.reason.is_empty()),
+        info.capabilities
+            .iter()
+            .all(|c| c.available || !c.reason.is_empty()),
         "every unavailable capability says why"
     );
 
     // Known before the first interval has passed.
-    let vms = client.list_vms(ListVmsRequest {}).await.unwrap().into_inner().vms;
+    let vms = client
+        .list_vms(ListVmsRequest {})
+        .await
+        .unwrap()
+        .into_inner()
+        .vms;
     assert_eq!(vms.len(), 1);
     let vm = &vms[0];
     assert_eq!(vm.source(), VmSource::Demo);
@@ -112,9 +135,16 @@ async fn serves_the_demo_vm_with_increasing_sequence_numbers() {
         .collect();
     assert_eq!(
         layout,
-        vec![("dram", TierKind::Dram, 0), ("slow", TierKind::Cxl, 0x1000_0000)]
+        vec![
+            ("dram", TierKind::Dram, 0),
+            ("slow", TierKind::Cxl, 0x1000_0000)
+        ]
     );
-    let got = client.get_vm(GetVmRequest { id: vm.id.clone() }).await.unwrap().into_inner();
+    let got = client
+        .get_vm(GetVmRequest { id: vm.id.clone() })
+        .await
+        .unwrap()
+        .into_inner();
     assert_eq!(&got, vm);
 
     let mut stream = client
@@ -145,40 +175,72 @@ async fn bad_requests_get_clear_status_and_the_daemon_keeps_serving() {
     let tierd = Tierd::start(&["--interval-ms", "100"]);
     let mut client = tier_proto::connect(&tierd.endpoint()).await.unwrap();
 
-    let e = client.get_vm(GetVmRequest { id: String::new() }).await.unwrap_err();
+    let e = client
+        .get_vm(GetVmRequest { id: String::new() })
+        .await
+        .unwrap_err();
     assert_eq!(e.code(), tonic::Code::InvalidArgument);
-    let e = client.get_vm(GetVmRequest { id: "nope".into() }).await.unwrap_err();
+    let e = client
+        .get_vm(GetVmRequest { id: "nope".into() })
+        .await
+        .unwrap_err();
     assert_eq!(e.code(), tonic::Code::NotFound);
     assert!(e.message().contains("nope"));
 
     let e = client
-        .watch_stats(WatchStatsRequest { vm_ids: vec!["".into()] })
+        .watch_stats(WatchStatsRequest {
+            vm_ids: vec!["".into()],
+        })
         .await
         .unwrap_err();
     assert_eq!(e.code(), tonic::Code::InvalidArgument);
 
-    let before = client.get_policy(GetPolicyRequest {}).await.unwrap().into_inner();
-    let e = client.set_policy(SetPolicyRequest { policy: None }).await.unwrap_err();
+    let before = client
+        .get_policy(GetPolicyRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    let e = client
+        .set_policy(SetPolicyRequest { policy: None })
+        .await
+        .unwrap_err();
     assert_eq!(e.code(), tonic::Code::InvalidArgument);
     let bad = Policy {
         epsilon: 0.9,
         ..before.clone()
     };
-    let e = client.set_policy(SetPolicyRequest { policy: Some(bad) }).await.unwrap_err();
+    let e = client
+        .set_policy(SetPolicyRequest { policy: Some(bad) })
+        .await
+        .unwrap_err();
     assert_eq!(e.code(), tonic::Code::InvalidArgument);
     assert!(e.message().contains("epsilon"), "{}", e.message());
-    let after = client.get_policy(GetPolicyRequest {}).await.unwrap().into_inner();
+    let after = client
+        .get_policy(GetPolicyRequest {})
+        .await
+        .unwrap()
+        .into_inner();
     assert_eq!(before, after, "a rejected policy changes nothing");
 
     let good = Policy {
         default_target: 0.8,
         ..before
     };
-    let set = client.set_policy(SetPolicyRequest { policy: Some(good.clone()) }).await.unwrap().into_inner();
+    let set = client
+        .set_policy(SetPolicyRequest {
+            policy: Some(good.clone()),
+        })
+        .await
+        .unwrap()
+        .into_inner();
     assert_eq!(set, good);
 
     // Still serving, with no VMs, sequence moving.
-    let mut stream = client.watch_stats(WatchStatsRequest::default()).await.unwrap().into_inner();
+    let mut stream = client
+        .watch_stats(WatchStatsRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
     let a = stream.next().await.unwrap().unwrap().sequence;
     let b = stream.next().await.unwrap().unwrap().sequence;
     assert!(b > a);
@@ -217,7 +279,10 @@ fn refuses_a_live_socket_and_a_non_socket_path() {
 
 #[test]
 fn probe_reports_every_backend() {
-    let out = Command::new(env!("CARGO_BIN_EXE_tierd")).args(["probe", "--json"]).output().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_tierd"))
+        .args(["probe", "--json"])
+        .output()
+        .unwrap();
     assert!(out.status.success());
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let checks = v["checks"].as_array().unwrap();
@@ -225,7 +290,10 @@ fn probe_reports_every_backend() {
         let reason = c["reason"].as_str().unwrap();
         assert!(!reason.is_empty(), "{c}");
     }
-    let backends: Vec<&str> = checks.iter().filter_map(|c| c["backend"].as_str()).collect();
+    let backends: Vec<&str> = checks
+        .iter()
+        .filter_map(|c| c["backend"].as_str())
+        .collect();
     for b in ["ept-fexit", "ept-tracepoint", "hostpte", "pmu"] {
         assert!(backends.contains(&b), "{b} missing");
     }

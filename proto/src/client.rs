@@ -79,7 +79,9 @@ pub async fn connect(endpoint: &Endpoint) -> Result<TierServiceClient<Channel>, 
             tonic::transport::Endpoint::from_static("http://tierd.sock")
                 .connect_with_connector(tower::service_fn(move |_: Uri| {
                     let path = path.clone();
-                    async move { Ok::<_, std::io::Error>(TokioIo::new(UnixStream::connect(path).await?)) }
+                    async move {
+                        Ok::<_, std::io::Error>(TokioIo::new(UnixStream::connect(path).await?))
+                    }
                 }))
                 .await
                 .map_err(|source| ConnectError::Transport {

@@ -6,7 +6,13 @@
 //! unix socket or TCP.
 
 /// Generated code for package `tier.v1`.
-#[allow(missing_debug_implementations, clippy::all, rust_2018_idioms)]
+#[allow(
+    missing_debug_implementations,
+    clippy::all,
+    clippy::unwrap_used,
+    clippy::expect_used,
+    rust_2018_idioms
+)]
 pub mod v1 {
     tonic::include_proto!("tier.v1");
 }

@@ -1,5 +1,7 @@
 //! Wire round trips of tier.v1 messages and the documentation rule for tier.proto.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly on purpose
+
 use prost::Message;
 use tier_proto::v1::*;
 use tier_proto::{Endpoint, PROTOCOL_VERSION};
@@ -234,17 +236,18 @@ fn every_field_of_tier_proto_is_documented() {
         .open_file("tier.proto")
         .unwrap()
         .file_descriptor_set();
-    let file = fds
-        .file
-        .iter()
-        .find(|f| f.name() == "tier.proto")
-        .unwrap();
+    let file = fds.file.iter().find(|f| f.name() == "tier.proto").unwrap();
     let info = file.source_code_info.as_ref().unwrap();
     let documented = |path: &[i32]| {
         info.location.iter().any(|l| {
             l.path == path
-                && (l.leading_comments.as_deref().is_some_and(|c| !c.trim().is_empty())
-                    || l.trailing_comments.as_deref().is_some_and(|c| !c.trim().is_empty()))
+                && (l
+                    .leading_comments
+                    .as_deref()
+                    .is_some_and(|c| !c.trim().is_empty())
+                    || l.trailing_comments
+                        .as_deref()
+                        .is_some_and(|c| !c.trim().is_empty()))
         })
     };
     let mut missing = Vec::new();
@@ -273,6 +276,9 @@ fn every_field_of_tier_proto_is_documented() {
             }
         }
     }
-    assert!(missing.is_empty(), "undocumented in tier.proto: {missing:?}");
+    assert!(
+        missing.is_empty(),
+        "undocumented in tier.proto: {missing:?}"
+    );
     assert_eq!(file.package(), "tier.v1");
 }

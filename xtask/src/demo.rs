@@ -2,8 +2,8 @@
 //! `tierctl top` (live on a terminal, one plain table otherwise).
 
 use std::io::IsTerminal;
-use std::path::{Path, PathBuf};
 use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
@@ -32,7 +32,15 @@ impl Drop for Daemon {
 }
 
 pub fn run(updates: Option<u64>) -> anyhow::Result<()> {
-    run::cargo(&["build", "--quiet", "-p", "tier-profiler", "-p", "tier-controller"]).context("building tierd and tierctl")?;
+    run::cargo(&[
+        "build",
+        "--quiet",
+        "-p",
+        "tier-profiler",
+        "-p",
+        "tier-controller",
+    ])
+    .context("building tierd and tierctl")?;
     let bin = run::workspace_root()?.join("target/debug");
     let tierd = bin.join("tierd");
     let tierctl = bin.join("tierctl");
@@ -45,7 +53,10 @@ pub fn run(updates: Option<u64>) -> anyhow::Result<()> {
     let socket = dir.join("tierd.sock");
     let endpoint = format!("unix:{}", socket.display());
     let log = dir.join("tierd.log");
-    println!("\n== starting tierd with the demo VM (log: {})", log.display());
+    println!(
+        "\n== starting tierd with the demo VM (log: {})",
+        log.display()
+    );
     let child = Command::new(&tierd)
         .args(["run", "--demo-vm", "--interval-ms", "1000", "--socket"])
         .arg(&socket)
@@ -77,13 +88,16 @@ pub fn run(updates: Option<u64>) -> anyhow::Result<()> {
             top.arg("--once")
         }
     };
-    let result = top.spawn().context("starting tierctl top").and_then(|mut c| {
-        // Ctrl-C is for tierctl; this process must live on to stop tierd.
-        // SAFETY: setting SIGINT to SIG_IGN has no preconditions; the child
-        // already runs with the default disposition.
-        unsafe { libc::signal(libc::SIGINT, libc::SIG_IGN) };
-        c.wait().context("waiting for tierctl top")
-    });
+    let result = top
+        .spawn()
+        .context("starting tierctl top")
+        .and_then(|mut c| {
+            // Ctrl-C is for tierctl; this process must live on to stop tierd.
+            // SAFETY: setting SIGINT to SIG_IGN has no preconditions; the child
+            // already runs with the default disposition.
+            unsafe { libc::signal(libc::SIGINT, libc::SIG_IGN) };
+            c.wait().context("waiting for tierctl top")
+        });
     drop(daemon);
     println!("\ntierd stopped; demo files in {}", dir.display());
     match result {
@@ -105,5 +119,9 @@ fn wait_for_socket(socket: &Path, daemon: &mut Daemon, log: &PathBuf) -> anyhow:
         }
         std::thread::sleep(Duration::from_millis(100));
     }
-    bail!("tierd did not open {} within 20 s; see {}", socket.display(), log.display())
+    bail!(
+        "tierd did not open {} within 20 s; see {}",
+        socket.display(),
+        log.display()
+    )
 }

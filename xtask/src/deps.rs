@@ -44,16 +44,25 @@ pub fn ensure(check_only: bool) -> anyhow::Result<()> {
     for (p, why) in PACKAGES.iter().filter(|(p, _)| missing.contains(p)) {
         eprintln!("deps: missing {p:12} ({why})");
     }
-    let line = format!("apt-get install -y --no-install-recommends {}", missing.join(" "));
+    let line = format!(
+        "apt-get install -y --no-install-recommends {}",
+        missing.join(" ")
+    );
     if check_only {
         bail!("missing packages; install them with: {line}");
     }
     if !is_root() {
-        bail!("not root: install the packages yourself with `sudo apt-get update && sudo {line}`, then run again");
+        bail!(
+            "not root: install the packages yourself with `sudo apt-get update && sudo {line}`, then run again"
+        );
     }
     eprintln!("deps: installing {}", missing.join(" "));
-    crate::run::status(Command::new("apt-get").args(["update", "-qq"]).env("DEBIAN_FRONTEND", "noninteractive"))
-        .context("apt-get update")?;
+    crate::run::status(
+        Command::new("apt-get")
+            .args(["update", "-qq"])
+            .env("DEBIAN_FRONTEND", "noninteractive"),
+    )
+    .context("apt-get update")?;
     crate::run::status(
         Command::new("apt-get")
             .args(["install", "-y", "-qq", "--no-install-recommends"])

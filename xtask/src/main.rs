@@ -1,7 +1,7 @@
 //! `cargo xtask <task>`: everything a fresh machine needs, in one place.
 
-mod deps;
 mod demo;
+mod deps;
 mod run;
 
 use std::path::PathBuf;
@@ -75,14 +75,26 @@ fn dispatch(task: Task) -> anyhow::Result<()> {
 
 fn test() -> anyhow::Result<()> {
     deps::ensure(false)?;
-    run::cargo(&["fmt", "--all", "--check"]).context("cargo fmt --check (run `cargo fmt --all`)")?;
-    run::cargo(&["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"]).context("clippy")?;
+    run::cargo(&["fmt", "--all", "--check"])
+        .context("cargo fmt --check (run `cargo fmt --all`)")?;
+    run::cargo(&[
+        "clippy",
+        "--workspace",
+        "--all-targets",
+        "--",
+        "-D",
+        "warnings",
+    ])
+    .context("clippy")?;
     run::cargo(&["test", "--workspace", "--all-targets"]).context("tests")?;
     Ok(())
 }
 
 /// Benchmarks are binaries of the tier-benches crate, built in release.
-const BENCHES: &[(&str, &str)] = &[];
+const BENCHES: &[(&str, &str)] = &[(
+    "demo-vm",
+    "guest speed of the demo VM on this KVM vs the exit+entry cost",
+)];
 
 fn bench(name: &str) -> anyhow::Result<()> {
     let known: Vec<&str> = BENCHES.iter().map(|(n, _)| *n).collect();
@@ -93,9 +105,24 @@ fn bench(name: &str) -> anyhow::Result<()> {
         return Ok(());
     }
     if !known.contains(&name) {
-        bail!("no bench named {name:?}; available: {}", if known.is_empty() { "none yet".to_string() } else { known.join(", ") });
+        bail!(
+            "no bench named {name:?}; available: {}",
+            if known.is_empty() {
+                "none yet".to_string()
+            } else {
+                known.join(", ")
+            }
+        );
     }
-    run::cargo(&["run", "--release", "--quiet", "-p", "tier-benches", "--bin", name])
+    run::cargo(&[
+        "run",
+        "--release",
+        "--quiet",
+        "-p",
+        "tier-benches",
+        "--bin",
+        name,
+    ])
 }
 
 fn e2e(ch_src: Option<PathBuf>) -> anyhow::Result<()> {
@@ -106,7 +133,10 @@ fn e2e(ch_src: Option<PathBuf>) -> anyhow::Result<()> {
         );
     };
     if !dir.join("vmm").is_dir() || !dir.join("virtio-devices").is_dir() {
-        bail!("{} does not look like a cloud-hypervisor checkout (no vmm/ or virtio-devices/)", dir.display());
+        bail!(
+            "{} does not look like a cloud-hypervisor checkout (no vmm/ or virtio-devices/)",
+            dir.display()
+        );
     }
     bail!(
         "the closed-loop run is not built yet: it needs the vmm-patch series and the PVH test guest (issues 8 and 10); \
@@ -118,7 +148,14 @@ fn e2e(ch_src: Option<PathBuf>) -> anyhow::Result<()> {
 fn vmlinux() -> anyhow::Result<()> {
     let out = run::workspace_root()?.join("bpf/include/x86_64/vmlinux.h");
     let dump = std::process::Command::new("bpftool")
-        .args(["btf", "dump", "file", "/sys/kernel/btf/vmlinux", "format", "c"])
+        .args([
+            "btf",
+            "dump",
+            "file",
+            "/sys/kernel/btf/vmlinux",
+            "format",
+            "c",
+        ])
         .output()
         .context("running bpftool (apt-get install bpftool)")?;
     if !dump.status.success() {
@@ -142,14 +179,27 @@ mod tests {
     #[test]
     fn parses_every_task() {
         assert_eq!(parse(&["deps"]).unwrap(), Task::Deps { check: false });
-        assert_eq!(parse(&["deps", "--check"]).unwrap(), Task::Deps { check: true });
+        assert_eq!(
+            parse(&["deps", "--check"]).unwrap(),
+            Task::Deps { check: true }
+        );
         assert_eq!(parse(&["test"]).unwrap(), Task::Test);
         assert_eq!(parse(&["demo"]).unwrap(), Task::Demo { updates: None });
-        assert_eq!(parse(&["demo", "--updates", "3"]).unwrap(), Task::Demo { updates: Some(3) });
-        assert_eq!(parse(&["bench", "balloon"]).unwrap(), Task::Bench { name: "balloon".into() });
+        assert_eq!(
+            parse(&["demo", "--updates", "3"]).unwrap(),
+            Task::Demo { updates: Some(3) }
+        );
+        assert_eq!(
+            parse(&["bench", "balloon"]).unwrap(),
+            Task::Bench {
+                name: "balloon".into()
+            }
+        );
         assert_eq!(
             parse(&["e2e", "--ch-src", "/src/ch"]).unwrap(),
-            Task::E2e { ch_src: Some("/src/ch".into()) }
+            Task::E2e {
+                ch_src: Some("/src/ch".into())
+            }
         );
         assert_eq!(parse(&["vmlinux"]).unwrap(), Task::Vmlinux);
     }
@@ -174,6 +224,9 @@ mod tests {
         assert!(err.contains("--ch-src") && err.contains("v53.0"), "{err}");
         let dir = std::env::temp_dir();
         let err = e2e(Some(dir)).unwrap_err().to_string();
-        assert!(err.contains("does not look like a cloud-hypervisor checkout"), "{err}");
+        assert!(
+            err.contains("does not look like a cloud-hypervisor checkout"),
+            "{err}"
+        );
     }
 }

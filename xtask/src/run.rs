@@ -17,7 +17,11 @@ pub fn workspace_root() -> anyhow::Result<PathBuf> {
 /// Runs `cargo ARGS` in the workspace root; an error names the command.
 pub fn cargo(args: &[&str]) -> anyhow::Result<()> {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    status(Command::new(cargo).args(args).current_dir(workspace_root()?))
+    status(
+        Command::new(cargo)
+            .args(args)
+            .current_dir(workspace_root()?),
+    )
 }
 
 /// Runs a command to completion; non-zero exit is an error naming it.

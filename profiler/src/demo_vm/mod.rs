@@ -13,8 +13,8 @@ mod guest;
 mod mem;
 #[cfg(test)]
 mod tests;
-mod vcpu;
 pub mod tracked;
+mod vcpu;
 
 pub use error::DemoVmError;
 pub use guest::{CODE_GPA, DRAM_WORK_GPA, PAGE_SIZE, PARAM_GPA, ROUND_PORT, SLOW_GPA};

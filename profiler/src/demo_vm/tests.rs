@@ -1,6 +1,8 @@
 //! Real-KVM tests (no mocks). Without a usable /dev/kvm at build time they
 //! are compiled as ignored, with the reason shown by the test runner.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly on purpose
+
 use super::*;
 use std::time::{Duration, Instant};
 

@@ -95,7 +95,13 @@ fn resident(r: &GuestRegion) -> u64 {
     let mut vec = vec![0u8; pages];
     // SAFETY: hva..hva+size is a live mapping owned by the DemoVm for as long
     // as `self.demo` exists; vec has one byte per page as mincore requires.
-    let rc = unsafe { libc::mincore(r.hva as *mut libc::c_void, r.size as usize, vec.as_mut_ptr()) };
+    let rc = unsafe {
+        libc::mincore(
+            r.hva as *mut libc::c_void,
+            r.size as usize,
+            vec.as_mut_ptr(),
+        )
+    };
     if rc != 0 {
         return 0;
     }
