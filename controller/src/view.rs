@@ -25,6 +25,25 @@ pub struct TierRow {
     pub guest_accesses_per_s: Option<f64>,
     /// The VM's host-sampled DRAM-hit ratio (same on every row of a VM).
     pub dram_hit_ratio: Option<f64>,
+    /// The DRAM share of the guest-reported accesses (ground truth where the
+    /// guest reports; same on every row of a VM).
+    pub guest_hit_ratio: Option<f64>,
+}
+
+/// DRAM share of guest-reported accesses, if the guest reported any.
+fn guest_hit(vm: &tier_proto::v1::Vm, reported: &[u64]) -> Option<f64> {
+    let total: u64 = reported.iter().sum();
+    if total == 0 || reported.len() != vm.tiers.len() {
+        return None;
+    }
+    let dram: u64 = vm
+        .tiers
+        .iter()
+        .zip(reported)
+        .filter(|(t, _)| t.kind() == TierKind::Dram)
+        .map(|(_, a)| a)
+        .sum();
+    Some(dram as f64 / total as f64)
 }
 
 /// Rows of every VM in the update, in VM order then tier order.
@@ -33,6 +52,7 @@ pub fn rows(update: &StatsUpdate) -> Vec<TierRow> {
     let mut out = Vec::new();
     for vm in &update.vms {
         let stats = update.stats.iter().find(|s| s.vm_id == vm.id);
+        let guest_hit_ratio = stats.and_then(|s| guest_hit(vm, &s.guest_reported_accesses));
         for (i, tier) in vm.tiers.iter().enumerate() {
             let sample = stats.and_then(|s| s.tiers.iter().find(|t| t.tier == tier.name));
             let guest = stats
@@ -56,6 +76,7 @@ pub fn rows(update: &StatsUpdate) -> Vec<TierRow> {
                 source: sample.map_or("-", |s| s.source().short_name()),
                 guest_accesses_per_s: guest,
                 dram_hit_ratio: stats.filter(|s| s.has_accesses).map(|s| s.dram_hit_ratio),
+                guest_hit_ratio,
             });
         }
     }
@@ -87,7 +108,7 @@ fn rate(r: Option<f64>) -> String {
     }
 }
 
-const HEADER: [&str; 11] = [
+const HEADER: [&str; 12] = [
     "VM",
     "VCPU",
     "TIER",
@@ -99,11 +120,12 @@ const HEADER: [&str; 11] = [
     "SOURCE",
     "GUEST ACC/s",
     "DRAM-HIT",
+    "GUEST-HIT",
 ];
 
 /// Aligned plain-text table; VM columns only on a VM's first row.
 pub fn table(rows: &[TierRow]) -> String {
-    let mut cells: Vec<[String; 11]> = Vec::with_capacity(rows.len());
+    let mut cells: Vec<[String; 12]> = Vec::with_capacity(rows.len());
     for (i, r) in rows.iter().enumerate() {
         let first = i == 0 || rows[i - 1].vm_id != r.vm_id;
         let vm = if first {
@@ -116,11 +138,12 @@ pub fn table(rows: &[TierRow]) -> String {
         } else {
             String::new()
         };
-        let hit = match (first, r.dram_hit_ratio) {
+        let pct = |v: Option<f64>| match (first, v) {
             (true, Some(h)) => format!("{:.1}%", h * 100.0),
             (true, None) => "-".into(),
             (false, _) => String::new(),
         };
+        let (hit, guest_hit) = (pct(r.dram_hit_ratio), pct(r.guest_hit_ratio));
         let young = if r.sampled_pages == 0 {
             "-".into()
         } else {
@@ -142,6 +165,7 @@ pub fn table(rows: &[TierRow]) -> String {
             r.source.into(),
             rate(r.guest_accesses_per_s),
             hit,
+            guest_hit,
         ]);
     }
     let mut width = HEADER.map(str::len);
@@ -169,13 +193,13 @@ pub fn table(rows: &[TierRow]) -> String {
 /// CSV with a header row; numbers unformatted.
 pub fn csv(rows: &[TierRow]) -> String {
     let mut out = String::from(
-        "vm_id,vm_name,vcpus,tier,kind,size_bytes,resident_bytes,balloon_target_bytes,balloon_actual_bytes,young_pages,sampled_pages,source,guest_accesses_per_s,dram_hit_ratio\n",
+        "vm_id,vm_name,vcpus,tier,kind,size_bytes,resident_bytes,balloon_target_bytes,balloon_actual_bytes,young_pages,sampled_pages,source,guest_accesses_per_s,dram_hit_ratio,guest_hit_ratio\n",
     );
     let opt = |v: Option<f64>| v.map(|x| format!("{x}")).unwrap_or_default();
     for r in rows {
         let _ = writeln!(
             out,
-            "{},{},{},{},{},{},{},{},{},{},{},{},{},{}",
+            "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}",
             csv_field(&r.vm_id),
             csv_field(&r.vm_name),
             r.vcpus,
@@ -190,6 +214,7 @@ pub fn csv(rows: &[TierRow]) -> String {
             r.source,
             opt(r.guest_accesses_per_s),
             opt(r.dram_hit_ratio),
+            opt(r.guest_hit_ratio),
         );
     }
     out
@@ -262,6 +287,9 @@ mod tests {
         // 250 accesses in 0.5 s.
         assert_eq!(r[1].guest_accesses_per_s, Some(500.0));
         assert_eq!(r[0].dram_hit_ratio, None);
+        // 1000 of 1250 guest-reported accesses hit the dram tier.
+        assert_eq!(r[0].guest_hit_ratio, Some(0.8));
+        assert_eq!(r[1].guest_hit_ratio, Some(0.8));
     }
 
     #[test]

@@ -2,9 +2,14 @@
 
 use std::collections::HashMap;
 
+use std::time::Instant;
+
 use tier_proto::v1::{SamplerHealth, StatsUpdate, TierSample, VmStats};
 
 use crate::registry::Registry;
+use crate::sampler::{Sampler, TierReading};
+
+const PAGE: u64 = 4096;
 
 /// Carries what one interval needs from the previous one (cumulative
 /// counters) and numbers the updates.
@@ -15,20 +20,26 @@ pub struct Aggregator {
 }
 
 impl Aggregator {
-    /// Reaps dead VMs, reads the live ones and returns the next update.
+    /// Reaps dead VMs, samples and reads the live ones, and returns the
+    /// next update.
     pub fn tick(
         &mut self,
         registry: &mut Registry,
+        sampler: Option<&mut dyn Sampler>,
         interval_ns: u64,
-        health: Vec<SamplerHealth>,
     ) -> StatsUpdate {
         let departed = registry.reap();
         for id in &departed {
             self.last_guest.remove(id);
         }
+        let (readings, health) = match sampler {
+            Some(s) => sample(s, registry, &departed),
+            None => (vec![None; registry.len()], Vec::new()),
+        };
+        let backend = health.first().map_or(0, |h| h.backend);
         let mut vms = Vec::with_capacity(registry.len());
         let mut stats = Vec::with_capacity(registry.len());
-        for tracked in registry.iter() {
+        for (tracked, reading) in registry.iter().zip(readings) {
             let vm = tracked.vm();
             let resident = tracked.resident_bytes();
             let guest = tracked.guest_reported_accesses();
@@ -40,19 +51,36 @@ impl Aggregator {
                 .tiers
                 .iter()
                 .enumerate()
-                .map(|(i, t)| TierSample {
-                    tier: t.name.clone(),
-                    resident_bytes: resident.get(i).copied().unwrap_or(0),
-                    ..Default::default()
+                .map(|(i, t)| {
+                    let r = reading.as_ref().and_then(|r| r.get(i)).copied();
+                    let mut sample = TierSample {
+                        tier: t.name.clone(),
+                        resident_bytes: resident.get(i).copied().unwrap_or(0),
+                        ..Default::default()
+                    };
+                    if let Some(r) = r.filter(|r| r.sampled_pages > 0) {
+                        let pages = (t.size_bytes / PAGE).max(1);
+                        let scale = pages as f64 / r.sampled_pages as f64;
+                        sample.sampled_pages = r.sampled_pages;
+                        sample.young_pages = r.young_pages;
+                        sample.coverage = (r.sampled_pages as f64 / pages as f64).min(1.0);
+                        sample.estimated_accessed_bytes =
+                            (r.young_pages as f64 * scale) as u64 * PAGE;
+                        sample.estimated_accesses = r.young_pages as f64 * scale;
+                        sample.passes = 1;
+                        sample.source = backend;
+                    }
+                    sample
                 })
                 .collect::<Vec<_>>();
             let fast: Vec<bool> = vm.tiers.iter().map(|t| t.kind().is_fast()).collect();
             let (ratio, has) = hit_ratio(&tiers, &fast);
+            let error = hit_error(&tiers, &fast);
             stats.push(VmStats {
                 vm_id: vm.id.clone(),
                 tiers,
                 dram_hit_ratio: ratio,
-                dram_hit_error: 0.0,
+                dram_hit_error: error,
                 has_accesses: has,
                 dram_hit_target: None,
                 guest_reported_accesses: guest_delta.unwrap_or_default(),
@@ -72,6 +100,42 @@ impl Aggregator {
     }
 }
 
+/// Runs the sampler over every live VM; per-VM failures become the
+/// health's error text and leave that VM without readings.
+fn sample(
+    s: &mut dyn Sampler,
+    registry: &Registry,
+    departed: &[String],
+) -> (Vec<Option<Vec<TierReading>>>, Vec<SamplerHealth>) {
+    for id in departed {
+        s.forget(id);
+    }
+    let vms: Vec<_> = registry.iter().map(|t| t.vm()).collect();
+    let started = Instant::now();
+    let results = s.sample(&vms);
+    let cost = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
+    let errors: Vec<String> = results
+        .iter()
+        .zip(&vms)
+        .filter_map(|(r, vm)| r.as_ref().err().map(|e| format!("{}: {e}", vm.id)))
+        .collect();
+    let events = results
+        .iter()
+        .filter_map(|r| r.as_ref().ok())
+        .flatten()
+        .map(|t| t.sampled_pages)
+        .sum();
+    let health = SamplerHealth {
+        backend: s.backend() as i32,
+        active: true,
+        error: errors.join("; "),
+        events,
+        lost: 0,
+        scan_cost_ns: cost,
+    };
+    (results.into_iter().map(Result::ok).collect(), vec![health])
+}
+
 /// Per-tier increase of cumulative counters; a counter that went backwards
 /// (guest restarted its count) is taken as restarted from zero.
 fn delta(now: &[u64], before: Option<&[u64]>) -> Vec<u64> {
@@ -82,6 +146,20 @@ fn delta(now: &[u64], before: Option<&[u64]>) -> Vec<u64> {
             _ => n,
         })
         .collect()
+}
+
+/// Half-width of a ~95 % interval for the hit ratio from sampling: zero when
+/// every page was examined, else a binomial bound on the sampled share.
+pub fn hit_error(tiers: &[TierSample], fast: &[bool]) -> f64 {
+    if tiers.iter().all(|t| t.coverage >= 1.0) {
+        return 0.0;
+    }
+    let young: u64 = tiers.iter().map(|t| t.young_pages).sum();
+    if young == 0 {
+        return 0.0;
+    }
+    let (p, _) = hit_ratio(tiers, fast);
+    (1.96 * (p * (1.0 - p) / young as f64).sqrt()).min(1.0)
 }
 
 /// Share of estimated accesses that hit fast tiers; `(0, false)` with none.

@@ -12,8 +12,9 @@ use tokio_stream::wrappers::UnixListenerStream;
 use tier_profiler::aggregate::Aggregator;
 use tier_profiler::demo_vm::{DemoVm, DemoVmConfig, tracked::DemoTracked};
 use tier_profiler::registry::Registry;
+use tier_profiler::sampler::{Sampler, hostpte::HostPte};
 use tier_profiler::server::{Shared, TierServer};
-use tier_proto::v1::{DaemonInfo, TierKind, tier_service_server::TierServiceServer};
+use tier_proto::v1::{Backend, DaemonInfo, TierKind, tier_service_server::TierServiceServer};
 
 use crate::RunArgs;
 
@@ -48,13 +49,17 @@ async fn serve(args: RunArgs) -> anyhow::Result<()> {
         tracing::info!(check = c.name, available = c.available, reason = %c.reason, "probe");
     }
     let interval = Duration::from_millis(args.interval_ms);
+    let backend = choose_backend(&args.backend, &report)?;
+    match &backend {
+        Some(b) => tracing::info!(backend = b.backend().short_name(), "sampler selected"),
+        None => tracing::warn!("no sampler backend: stats carry residency and guest reports only"),
+    }
     let info = DaemonInfo {
         protocol_version: tier_proto::PROTOCOL_VERSION,
         daemon_version: env!("CARGO_PKG_VERSION").into(),
         hostname: hostname(),
         kernel: kernel_release(),
-        // No sampler backend runs yet, so none is marked selected.
-        capabilities: report.to_proto(None),
+        capabilities: report.to_proto(backend.as_ref().map(|s| s.backend())),
         interval_ns: u64::try_from(interval.as_nanos()).unwrap_or(u64::MAX),
         controller_enabled: false,
     };
@@ -74,7 +79,12 @@ async fn serve(args: RunArgs) -> anyhow::Result<()> {
     let listener = bind(&args.socket, args.socket_mode)?;
     tracing::info!(socket = %args.socket.display(), interval_ms = args.interval_ms, "serving tier.v1");
 
-    let sampler = tokio::spawn(sample_loop(registry.clone(), shared.clone(), interval));
+    let sampler = tokio::spawn(sample_loop(
+        registry.clone(),
+        backend,
+        shared.clone(),
+        interval,
+    ));
     let closing = shared.clone();
     let (stop_tx, mut stop_rx) = tokio::sync::watch::channel(false);
     let server = tonic::transport::Server::builder()
@@ -110,7 +120,12 @@ async fn serve(args: RunArgs) -> anyhow::Result<()> {
 }
 
 /// One update per interval. The registry lock is held only for the tick.
-async fn sample_loop(registry: Arc<Mutex<Registry>>, shared: Arc<Shared>, interval: Duration) {
+async fn sample_loop(
+    registry: Arc<Mutex<Registry>>,
+    mut backend: Option<Box<dyn Sampler>>,
+    shared: Arc<Shared>,
+    interval: Duration,
+) {
     let mut agg = Aggregator::default();
     let mut ticker = tokio::time::interval(interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -119,7 +134,11 @@ async fn sample_loop(registry: Arc<Mutex<Registry>>, shared: Arc<Shared>, interv
     loop {
         ticker.tick().await;
         let update = match registry.lock() {
-            Ok(mut reg) => agg.tick(&mut reg, interval_ns, Vec::new()),
+            Ok(mut reg) => agg.tick(
+                &mut reg,
+                backend.as_deref_mut().map(|b| b as &mut dyn Sampler),
+                interval_ns,
+            ),
             Err(_) => {
                 tracing::error!("registry lock poisoned; sampling stops");
                 return;
@@ -129,6 +148,35 @@ async fn sample_loop(registry: Arc<Mutex<Registry>>, shared: Arc<Shared>, interv
             tracing::info!(vm = %id, "VM left");
         }
         shared.publish(update);
+    }
+}
+
+/// `auto` takes the probe's best backend; a forced one must be available.
+fn choose_backend(
+    name: &str,
+    report: &tier_profiler::probe::Report,
+) -> anyhow::Result<Option<Box<dyn Sampler>>> {
+    let wanted = match name {
+        "auto" => report.best_backend(),
+        "none" => None,
+        "hostpte" => Some(Backend::Hostpte),
+        other => bail!("--backend {other}: not implemented yet (implemented: auto, hostpte, none)"),
+    };
+    match wanted {
+        None => Ok(None),
+        Some(Backend::Hostpte) => {
+            if let Some(c) = report.get("hostpte").filter(|c| !c.available) {
+                bail!("--backend hostpte: unavailable here: {}", c.reason);
+            }
+            Ok(Some(Box::new(HostPte::new())))
+        }
+        Some(other) => {
+            tracing::warn!(
+                backend = other.short_name(),
+                "best backend is not implemented yet; running without a sampler"
+            );
+            Ok(None)
+        }
     }
 }
 

@@ -11,6 +11,7 @@ pub mod demo_vm;
 pub mod policy;
 pub mod probe;
 pub mod registry;
+pub mod sampler;
 pub mod server;
 
 /// Nanoseconds since the Unix epoch, saturating (clock before 1970 -> 0).

@@ -46,6 +46,9 @@ pub struct RunArgs {
     /// Sampling interval in milliseconds.
     #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(10..=3_600_000))]
     pub interval_ms: u64,
+    /// Sampler backend: auto (best available), hostpte, or none.
+    #[arg(long, default_value = "auto")]
+    pub backend: String,
     /// Run the demo VM (a real KVM VM with a dram and a slow region) inside tierd.
     #[arg(long)]
     pub demo_vm: bool,

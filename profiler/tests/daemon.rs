@@ -118,6 +118,16 @@ async fn serves_the_demo_vm_with_increasing_sequence_numbers() {
         "every unavailable capability says why"
     );
 
+    let hostpte = info
+        .capabilities
+        .iter()
+        .find(|c| c.name == "hostpte")
+        .unwrap();
+    assert_eq!(
+        hostpte.selected, hostpte.available,
+        "auto picks hostpte here when it works"
+    );
+
     // Known before the first interval has passed.
     let vms = client
         .list_vms(ListVmsRequest {})
@@ -153,7 +163,7 @@ async fn serves_the_demo_vm_with_increasing_sequence_numbers() {
         .unwrap()
         .into_inner();
     let mut last = 0;
-    for _ in 0..4 {
+    for n in 0..4 {
         let u = stream.next().await.unwrap().unwrap();
         assert!(u.sequence > last, "sequence {} after {last}", u.sequence);
         last = u.sequence;
@@ -163,6 +173,18 @@ async fn serves_the_demo_vm_with_increasing_sequence_numbers() {
         // The guest runs: it reports accesses to both tiers, both resident.
         assert!(s.guest_reported_accesses.iter().all(|&a| a > 0), "{s:?}");
         assert!(s.tiers.iter().all(|t| t.resident_bytes >= 4096), "{s:?}");
+        // From the second interval on, host samples see both tiers' pages.
+        if hostpte.available && n >= 2 {
+            assert!(
+                s.tiers
+                    .iter()
+                    .all(|t| t.young_pages > 0 && t.source() == Backend::Hostpte),
+                "{s:?}"
+            );
+            assert!(s.has_accesses && s.dram_hit_ratio > 0.0 && s.dram_hit_ratio < 1.0);
+            assert_eq!(u.health.len(), 1);
+            assert!(u.health[0].error.is_empty(), "{:?}", u.health[0]);
+        }
     }
 
     drop((stream, client));

@@ -1,0 +1,87 @@
+//! The hostpte backend against a real KVM VM whose guest touches a known set
+//! of pages in each tier: young pages per tier within 2 % of the truth.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly on purpose
+
+use std::time::Duration;
+
+use tier_profiler::demo_vm::tracked::DemoTracked;
+use tier_profiler::demo_vm::{DemoVm, DemoVmConfig, Phase};
+use tier_profiler::registry::TrackedVm;
+use tier_profiler::sampler::{Sampler, hostpte::HostPte};
+use tier_proto::v1::TierKind;
+
+fn young(sampler: &mut HostPte, tracked: &DemoTracked) -> Vec<u64> {
+    let r = sampler.sample(&[tracked.vm()]).pop().unwrap().unwrap();
+    r.iter().map(|t| t.young_pages).collect()
+}
+
+fn assert_close(got: &[u64], truth: [u64; 2], what: &str) {
+    for (g, t) in got.iter().zip(truth) {
+        let err = (*g as f64 - t as f64).abs() / t as f64;
+        assert!(err <= 0.02, "{what}: young {got:?} vs truth {truth:?}");
+    }
+}
+
+#[test]
+#[cfg_attr(not(has_kvm), ignore = "needs a usable /dev/kvm")]
+fn young_pages_per_tier_match_the_guest_within_2_percent() {
+    let vm = DemoVm::start(DemoVmConfig::default()).unwrap();
+    let tracked = DemoTracked::new(vm, TierKind::Cxl);
+    let mut s = HostPte::new();
+    // First interval of a VM arms and reports nothing.
+    let first = s.sample(&[tracked.vm()]).pop().unwrap().unwrap();
+    assert!(
+        first
+            .iter()
+            .all(|t| t.sampled_pages == 0 && t.young_pages == 0)
+    );
+
+    for _ in 0..3 {
+        std::thread::sleep(Duration::from_millis(200));
+        let got = young(&mut s, &tracked);
+        assert_close(&got, tracked.demo().touched_pages(), "default phase");
+    }
+
+    // A smaller hot set: the next full interval sees only it.
+    let small = Phase {
+        dram_pages: 10,
+        dram_repeat: 2,
+        slow_pages: 30,
+        slow_repeat: 1,
+    };
+    tracked.demo().set_phase(small).unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+    young(&mut s, &tracked); // the interval that straddles the change
+    std::thread::sleep(Duration::from_millis(200));
+    let got = young(&mut s, &tracked);
+    assert_eq!(tracked.demo().phase(), small);
+    assert_close(&got, tracked.demo().touched_pages(), "small phase");
+    // Sampled pages are the whole tier.
+    let r = s.sample(&[tracked.vm()]).pop().unwrap().unwrap();
+    assert_eq!(r[0].sampled_pages, (16 << 20) / 4096);
+}
+
+#[test]
+fn a_vanished_process_is_reported_as_gone() {
+    let mut vm = tier_proto::v1::Vm {
+        id: "x".into(),
+        vmm_pid: u32::MAX - 1,
+        ..Default::default()
+    };
+    vm.tiers.push(tier_proto::v1::Tier {
+        name: "dram".into(),
+        size_bytes: 4096,
+        ranges: vec![tier_proto::v1::GpaRange {
+            gpa_start: 0,
+            length: 4096,
+            hva_start: 0x1000,
+        }],
+        ..Default::default()
+    });
+    let err = HostPte::new().sample(&[&vm]).pop().unwrap().unwrap_err();
+    assert!(
+        matches!(err, tier_profiler::sampler::SampleError::ProcessGone { .. }),
+        "{err}"
+    );
+}
