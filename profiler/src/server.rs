@@ -27,6 +27,7 @@ pub struct Shared {
     /// before the first interval has passed.
     vms: RwLock<Arc<Vec<Vm>>>,
     stats_tx: broadcast::Sender<Arc<StatsUpdate>>,
+    /// Controller decisions; the in-process controller publishes here.
     decisions_tx: broadcast::Sender<Arc<Decision>>,
     policy: RwLock<Policy>,
     /// Set once at shutdown: every open stream ends so connections drain.
@@ -68,11 +69,6 @@ impl Shared {
         }
         // No receivers is fine: nobody watches right now.
         let _ = self.stats_tx.send(update);
-    }
-
-    /// Publishes one controller decision.
-    pub fn publish_decision(&self, d: Decision) {
-        let _ = self.decisions_tx.send(Arc::new(d));
     }
 
     /// Ends every open stream (graceful shutdown).
