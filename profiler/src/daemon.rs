@@ -9,9 +9,13 @@ use anyhow::{Context, bail};
 use tokio::net::UnixListener;
 use tokio_stream::wrappers::UnixListenerStream;
 
+use std::collections::{HashMap, HashSet};
+
 use tier_profiler::aggregate::Aggregator;
 use tier_profiler::demo_vm::{DemoVm, DemoVmConfig, tracked::DemoTracked};
+use tier_profiler::discovery::{self, KvmFd, ProcessVm};
 use tier_profiler::registry::Registry;
+use tier_profiler::registry::TrackedVm;
 use tier_profiler::sampler::{Sampler, hostpte::HostPte};
 use tier_profiler::server::{Shared, TierServer};
 use tier_proto::v1::{Backend, DaemonInfo, TierKind, tier_service_server::TierServiceServer};
@@ -79,8 +83,11 @@ async fn serve(args: RunArgs) -> anyhow::Result<()> {
     let listener = bind(&args.socket, args.socket_mode)?;
     tracing::info!(socket = %args.socket.display(), interval_ms = args.interval_ms, "serving tier.v1");
 
+    let discover =
+        (!args.no_discover).then(|| Discoverer::new(args.tier_kinds.iter().cloned().collect()));
     let sampler = tokio::spawn(sample_loop(
         registry.clone(),
+        discover,
         backend,
         shared.clone(),
         interval,
@@ -122,6 +129,7 @@ async fn serve(args: RunArgs) -> anyhow::Result<()> {
 /// One update per interval. The registry lock is held only for the tick.
 async fn sample_loop(
     registry: Arc<Mutex<Registry>>,
+    mut discover: Option<Discoverer>,
     mut backend: Option<Box<dyn Sampler>>,
     shared: Arc<Shared>,
     interval: Duration,
@@ -134,11 +142,16 @@ async fn sample_loop(
     loop {
         ticker.tick().await;
         let update = match registry.lock() {
-            Ok(mut reg) => agg.tick(
-                &mut reg,
-                backend.as_deref_mut().map(|b| b as &mut dyn Sampler),
-                interval_ns,
-            ),
+            Ok(mut reg) => {
+                if let Some(d) = discover.as_mut() {
+                    d.run(&mut reg);
+                }
+                agg.tick(
+                    &mut reg,
+                    backend.as_deref_mut().map(|b| b as &mut dyn Sampler),
+                    interval_ns,
+                )
+            }
             Err(_) => {
                 tracing::error!("registry lock poisoned; sampling stops");
                 return;
@@ -148,6 +161,45 @@ async fn sample_loop(
             tracing::info!(vm = %id, "VM left");
         }
         shared.publish(update);
+    }
+}
+
+/// Finds VMs in other processes each interval and adds the new ones.
+struct Discoverer {
+    overrides: HashMap<String, TierKind>,
+    /// kvm-vm fds that hold no memfd memory: reported once, not re-read.
+    skipped: HashSet<KvmFd>,
+}
+
+impl Discoverer {
+    fn new(overrides: HashMap<String, TierKind>) -> Discoverer {
+        Discoverer {
+            overrides,
+            skipped: HashSet::new(),
+        }
+    }
+
+    fn run(&mut self, reg: &mut Registry) {
+        let me = std::process::id();
+        let proc_root = Path::new("/proc");
+        let found = discovery::scan(proc_root);
+        self.skipped.retain(|k| found.contains(k));
+        for key in found {
+            let id = format!("kvm:{}:{}", key.pid, key.fd);
+            if key.pid == me || reg.contains(&id) || self.skipped.contains(&key) {
+                continue;
+            }
+            match ProcessVm::probe(proc_root, key, &self.overrides) {
+                Some(vm) => {
+                    tracing::info!(vm = %id, tiers = vm.vm().tiers.len(), "VM discovered");
+                    reg.insert(Box::new(vm));
+                }
+                None => {
+                    tracing::info!(vm = %id, "kvm-vm fd without memfd-backed memory: not tracked");
+                    self.skipped.insert(key);
+                }
+            }
+        }
     }
 }
 

@@ -8,6 +8,7 @@
 pub mod aggregate;
 pub mod bpf;
 pub mod demo_vm;
+pub mod discovery;
 pub mod policy;
 pub mod probe;
 pub mod registry;

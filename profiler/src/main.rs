@@ -8,6 +8,7 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
+use tier_proto::v1::TierKind;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -49,12 +50,30 @@ pub struct RunArgs {
     /// Sampler backend: auto (best available), hostpte, or none.
     #[arg(long, default_value = "auto")]
     pub backend: String,
+    /// Do not look for VMs in other processes (kvm-vm file descriptors).
+    #[arg(long)]
+    pub no_discover: bool,
+    /// Kind of a tier by name, e.g. `--tier-kind slow=cxl` (repeatable).
+    #[arg(long = "tier-kind", value_parser = parse_tier_kind)]
+    pub tier_kinds: Vec<(String, TierKind)>,
     /// Run the demo VM (a real KVM VM with a dram and a slow region) inside tierd.
     #[arg(long)]
     pub demo_vm: bool,
     /// Tier kind the demo VM's "slow" region is labelled with.
     #[arg(long, default_value = "cxl", value_parser = ["pmem", "cxl", "remote", "unknown"])]
     pub demo_slow_kind: String,
+}
+
+fn parse_tier_kind(s: &str) -> Result<(String, TierKind), String> {
+    let (name, kind) = s
+        .split_once('=')
+        .ok_or_else(|| format!("{s:?}: expected NAME=KIND"))?;
+    let kind = TierKind::from_short_name(kind)
+        .ok_or_else(|| format!("{kind:?}: not a tier kind (dram, pmem, cxl, remote, unknown)"))?;
+    if name.is_empty() {
+        return Err(format!("{s:?}: empty tier name"));
+    }
+    Ok((name.to_string(), kind))
 }
 
 fn parse_mode(s: &str) -> Result<u32, String> {

@@ -52,6 +52,10 @@ impl Registry {
         gone
     }
 
+    pub fn contains(&self, id: &str) -> bool {
+        self.vms.iter().any(|v| v.vm().id == id)
+    }
+
     pub fn iter(&self) -> impl Iterator<Item = &dyn TrackedVm> {
         self.vms.iter().map(|v| v.as_ref())
     }

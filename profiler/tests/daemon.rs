@@ -26,6 +26,8 @@ impl Tierd {
             .arg("run")
             .arg("--socket")
             .arg(&socket)
+            // Tests run in parallel: other tests' VMs are not this one's business.
+            .arg("--no-discover")
             .args(extra)
             .stderr(Stdio::from(log))
             .spawn()

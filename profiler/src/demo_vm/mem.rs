@@ -5,9 +5,10 @@ use std::ptr;
 
 const GUARD: usize = 4096;
 
-/// An anonymous mapping of `size` bytes with a PROT_NONE guard page on each
-/// side. The guards keep two regions from merging into one VMA, so
-/// /proc/self/smaps shows each region as its own VMA.
+/// A shared mapping of a memfd named after the region (`/memfd:dram` in
+/// /proc/PID/maps, as QEMU names its memfd backends), with a PROT_NONE guard
+/// page on each side. Guards and the name keep each region its own VMA, and
+/// the name lets tierd map a kvm-fd VM's memory to tiers from outside.
 #[derive(Debug)]
 pub(crate) struct HostMapping {
     reservation: *mut libc::c_void,
@@ -23,7 +24,9 @@ unsafe impl Send for HostMapping {}
 unsafe impl Sync for HostMapping {}
 
 impl HostMapping {
-    pub(crate) fn new(size: usize) -> io::Result<Self> {
+    pub(crate) fn new(size: usize, name: &str) -> io::Result<Self> {
+        let cname = std::ffi::CString::new(name)
+            .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
         let total = size
             .checked_add(2 * GUARD)
             .ok_or_else(|| io::Error::from(io::ErrorKind::InvalidInput))?;
@@ -48,10 +51,35 @@ impl HostMapping {
             hva: unsafe { reservation.cast::<u8>().add(GUARD) },
             size,
         };
-        // SAFETY: [hva, hva+size) lies inside our own reservation.
-        if unsafe { libc::mprotect(map.hva.cast(), size, libc::PROT_READ | libc::PROT_WRITE) } != 0
-        {
+        // SAFETY: memfd_create with a valid C string; the fd is checked and
+        // closed below (the mapping keeps the file alive).
+        let fd = unsafe { libc::memfd_create(cname.as_ptr(), libc::MFD_CLOEXEC) };
+        if fd < 0 {
             return Err(io::Error::last_os_error()); // `map` unmaps on drop
+        }
+        // SAFETY: fd is our fresh memfd.
+        let sized = unsafe { libc::ftruncate(fd, size as libc::off_t) };
+        let mapped = if sized == 0 {
+            // SAFETY: MAP_FIXED over [hva, hva+size), which lies inside our
+            // own PROT_NONE reservation, so nothing else is replaced.
+            unsafe {
+                libc::mmap(
+                    map.hva.cast(),
+                    size,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_SHARED | libc::MAP_FIXED,
+                    fd,
+                    0,
+                )
+            }
+        } else {
+            libc::MAP_FAILED
+        };
+        let err = io::Error::last_os_error();
+        // SAFETY: closing our own fd; the mapping holds its own reference.
+        unsafe { libc::close(fd) };
+        if mapped == libc::MAP_FAILED {
+            return Err(err);
         }
         // 4 KiB pages so the host sees accesses per 4 KiB guest page.
         // SAFETY: advisory only, on our own mapping.

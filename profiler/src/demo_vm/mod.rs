@@ -163,7 +163,7 @@ fn map_region(name: &'static str, size: u64) -> Result<HostMapping, DemoVmError>
         source,
     };
     let len = usize::try_from(size).map_err(|_| err(std::io::ErrorKind::InvalidInput.into()))?;
-    HostMapping::new(len).map_err(err)
+    HostMapping::new(len, name).map_err(err)
 }
 
 impl DemoVm {

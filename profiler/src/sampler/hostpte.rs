@@ -57,24 +57,25 @@ pub fn rearm(pid: u32) -> Result<(), SampleError> {
     Ok(())
 }
 
-/// One VMA of smaps: start, end and Referenced bytes.
+/// One VMA of smaps: start, end and the bytes of one of its fields.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Vma {
     pub start: u64,
     pub end: u64,
-    pub referenced: u64,
+    pub bytes: u64,
 }
 
-/// Parses the VMAs of /proc/PID/smaps text.
-pub fn parse_smaps(text: &str) -> Vec<Vma> {
+/// The VMAs of /proc/PID/smaps text with the value of `field` ("Rss:",
+/// "Referenced:", ...) of each.
+pub fn parse_smaps_field(text: &str, field: &str) -> Vec<Vma> {
     let mut out: Vec<Vma> = Vec::new();
     for line in text.lines() {
-        if let Some(v) = line.strip_prefix("Referenced:") {
+        if let Some(v) = line.strip_prefix(field) {
             if let (Some(last), Ok(kb)) = (
                 out.last_mut(),
                 v.trim().trim_end_matches("kB").trim().parse::<u64>(),
             ) {
-                last.referenced = kb * 1024;
+                last.bytes = kb * 1024;
             }
             continue;
         }
@@ -91,17 +92,17 @@ pub fn parse_smaps(text: &str) -> Vec<Vma> {
             out.push(Vma {
                 start,
                 end,
-                referenced: 0,
+                bytes: 0,
             });
         }
     }
     out
 }
 
-/// Referenced bytes inside [start, start+len). A VMA that only partly
+/// Field bytes inside [start, start+len). A VMA that only partly
 /// overlaps contributes in proportion to the overlap (smaps has no finer
 /// grain); guest-memory mappings are whole VMAs in practice.
-pub fn referenced_in(vmas: &[Vma], start: u64, len: u64) -> u64 {
+pub fn bytes_in(vmas: &[Vma], start: u64, len: u64) -> u64 {
     let end = start.saturating_add(len);
     vmas.iter()
         .filter(|v| v.start < end && v.end > start)
@@ -109,9 +110,9 @@ pub fn referenced_in(vmas: &[Vma], start: u64, len: u64) -> u64 {
             let overlap = v.end.min(end) - v.start.max(start);
             let size = v.end - v.start;
             if overlap == size {
-                v.referenced
+                v.bytes
             } else {
-                (v.referenced as u128 * overlap as u128 / size as u128) as u64
+                (v.bytes as u128 * overlap as u128 / size as u128) as u64
             }
         })
         .sum()
@@ -122,7 +123,7 @@ fn read_and_rearm(pid: u32) -> Result<Vec<Vma>, SampleError> {
     let path = PathBuf::from(format!("/proc/{pid}/smaps"));
     let text = std::fs::read_to_string(&path).map_err(|e| io(&path, e, pid))?;
     rearm(pid)?;
-    Ok(parse_smaps(&text))
+    Ok(parse_smaps_field(&text, "Referenced:"))
 }
 
 impl HostPte {
@@ -145,7 +146,7 @@ impl HostPte {
                 let young = t
                     .ranges
                     .iter()
-                    .map(|r| referenced_in(vmas, r.hva_start, r.length) / PAGE)
+                    .map(|r| bytes_in(vmas, r.hva_start, r.length) / PAGE)
                     .sum::<u64>()
                     .min(pages);
                 TierReading {
@@ -202,19 +203,19 @@ VmFlags: rd wr sh mr mw me ms
 
     #[test]
     fn parses_vmas_and_referenced() {
-        let v = parse_smaps(SMAPS);
+        let v = parse_smaps_field(SMAPS, "Referenced:");
         assert_eq!(
             v,
             vec![
                 Vma {
                     start: 0x7f00_0000_0000,
                     end: 0x7f00_0010_0000,
-                    referenced: 120 * 1024
+                    bytes: 120 * 1024
                 },
                 Vma {
                     start: 0x7f00_0020_0000,
                     end: 0x7f00_0030_0000,
-                    referenced: 8 * 1024
+                    bytes: 8 * 1024
                 },
             ]
         );
@@ -222,11 +223,11 @@ VmFlags: rd wr sh mr mw me ms
 
     #[test]
     fn referenced_in_whole_partial_and_disjoint() {
-        let v = parse_smaps(SMAPS);
-        assert_eq!(referenced_in(&v, 0x7f00_0000_0000, 0x10_0000), 120 * 1024);
-        assert_eq!(referenced_in(&v, 0x7f00_0000_0000, 0x30_0000), 128 * 1024);
+        let v = parse_smaps_field(SMAPS, "Referenced:");
+        assert_eq!(bytes_in(&v, 0x7f00_0000_0000, 0x10_0000), 120 * 1024);
+        assert_eq!(bytes_in(&v, 0x7f00_0000_0000, 0x30_0000), 128 * 1024);
         // Half of the first VMA: half its referenced bytes.
-        assert_eq!(referenced_in(&v, 0x7f00_0000_0000, 0x8_0000), 60 * 1024);
-        assert_eq!(referenced_in(&v, 0x7f00_0010_0000, 0x10_0000), 0);
+        assert_eq!(bytes_in(&v, 0x7f00_0000_0000, 0x8_0000), 60 * 1024);
+        assert_eq!(bytes_in(&v, 0x7f00_0010_0000, 0x10_0000), 0);
     }
 }

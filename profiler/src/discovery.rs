@@ -1,0 +1,309 @@
+//! VM discovery: any process holding a `kvm-vm` anon inode, with a tier map
+//! from the names of its memfd-backed guest memory (`/memfd:dram` — QEMU
+//! names memfd backends after their id; our demo VM names them per region).
+//!
+//! Per VM, derived from /proc only:
+//! - tiers: one per memfd name; its ranges are the VMAs of that memfd (host
+//!   virtual addresses; guest-physical placement is unknown without the VMM,
+//!   so `gpa_start` is 0 and the derivation says so);
+//! - host NUMA nodes: the `N<node>=pages` fields of /proc/PID/numa_maps;
+//! - kind: a configured override for the name, else the name itself when it
+//!   is a kind ("dram", "pmem", "cxl", "remote"), else unknown.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::path::{Path, PathBuf};
+
+use tier_proto::v1::{GpaRange, Tier, TierKind, Vm, VmSource};
+
+use crate::registry::TrackedVm;
+
+/// Where a kvm-vm file descriptor lives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct KvmFd {
+    pub pid: u32,
+    pub fd: u32,
+}
+
+/// Every (pid, fd) under `proc_root` whose fd is a kvm-vm anon inode.
+/// Processes that vanish or deny access mid-scan are skipped.
+pub fn scan(proc_root: &Path) -> Vec<KvmFd> {
+    let mut found = Vec::new();
+    let Ok(procs) = std::fs::read_dir(proc_root) else {
+        return found;
+    };
+    for p in procs.flatten() {
+        let Some(pid) = p.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+            continue;
+        };
+        let Ok(fds) = std::fs::read_dir(p.path().join("fd")) else {
+            continue;
+        };
+        for f in fds.flatten() {
+            let is_vm =
+                std::fs::read_link(f.path()).is_ok_and(|l| l.as_os_str() == "anon_inode:kvm-vm");
+            if let (true, Some(fd)) = (is_vm, f.file_name().to_str().and_then(|s| s.parse().ok())) {
+                found.push(KvmFd { pid, fd });
+            }
+        }
+    }
+    found.sort();
+    found
+}
+
+/// One VMA of /proc/PID/maps backed by a memfd.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MemfdVma {
+    pub start: u64,
+    pub end: u64,
+    pub name: String,
+}
+
+/// The memfd-backed VMAs of a maps file (`/memfd:NAME (deleted)`).
+pub fn memfd_vmas(maps: &str) -> Vec<MemfdVma> {
+    maps.lines()
+        .filter_map(|l| {
+            let mut cols = l.split_whitespace();
+            let range = cols.next()?;
+            let path = l.split_once("/memfd:")?.1;
+            let name = path
+                .strip_suffix(" (deleted)")
+                .unwrap_or(path)
+                .trim()
+                .to_string();
+            let (a, b) = range.split_once('-')?;
+            Some(MemfdVma {
+                start: u64::from_str_radix(a, 16).ok()?,
+                end: u64::from_str_radix(b, 16).ok()?,
+                name,
+            })
+        })
+        .collect()
+}
+
+/// Host NUMA nodes with pages in the VMA starting at `start`, from
+/// /proc/PID/numa_maps (`7f.. default file=... N0=12 N1=3`).
+pub fn numa_nodes(numa_maps: &str, start: u64) -> BTreeSet<u32> {
+    let head = format!("{start:x} ");
+    numa_maps
+        .lines()
+        .find(|l| l.starts_with(&head))
+        .map(|l| {
+            l.split_whitespace()
+                .filter_map(|f| f.strip_prefix('N')?.split_once('=')?.0.parse().ok())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Kind of a tier named `name`: override, else the name if it is a kind.
+pub fn kind_for(name: &str, overrides: &HashMap<String, TierKind>) -> (TierKind, String) {
+    if let Some(k) = overrides.get(name) {
+        return (
+            *k,
+            format!(
+                "memfd {name:?}: kind {} from the tier-kind override",
+                k.short_name()
+            ),
+        );
+    }
+    match TierKind::from_short_name(name) {
+        Some(k) => (k, format!("memfd {name:?}: kind from its name")),
+        None => (
+            TierKind::Unknown,
+            format!("memfd {name:?}: kind unknown (no override; name is not a kind)"),
+        ),
+    }
+}
+
+/// Tiers from the memfd VMAs of a process: DRAM first, then by name.
+pub fn tiers(maps: &str, numa_maps: &str, overrides: &HashMap<String, TierKind>) -> Vec<Tier> {
+    let mut by_name: BTreeMap<String, Vec<MemfdVma>> = BTreeMap::new();
+    for v in memfd_vmas(maps) {
+        by_name.entry(v.name.clone()).or_default().push(v);
+    }
+    let mut out: Vec<Tier> = by_name
+        .into_iter()
+        .map(|(name, vmas)| {
+            let (kind, why) = kind_for(&name, overrides);
+            let nodes: BTreeSet<u32> = vmas.iter().flat_map(|v| numa_nodes(numa_maps, v.start)).collect();
+            Tier {
+                kind: kind as i32,
+                host_numa_nodes: nodes.into_iter().collect(),
+                ranges: vmas
+                    .iter()
+                    .map(|v| GpaRange {
+                        gpa_start: 0,
+                        length: v.end - v.start,
+                        hva_start: v.start,
+                    })
+                    .collect(),
+                size_bytes: vmas.iter().map(|v| v.end - v.start).sum(),
+                derivation: format!("{why}; host ranges from /proc/PID/maps; guest-physical placement unknown (no VMM API)"),
+                name,
+            }
+        })
+        .collect();
+    out.sort_by_key(|t| (t.kind() != TierKind::Dram, t.name.clone()));
+    out
+}
+
+/// A VM found by its kvm-vm fd.
+#[derive(Debug)]
+pub struct ProcessVm {
+    key: KvmFd,
+    proc_root: PathBuf,
+    vm: Vm,
+}
+
+impl ProcessVm {
+    /// Reads the process's maps and builds the VM; `None` if it holds no
+    /// memfd-backed memory (nothing tierd could attribute) or is gone.
+    pub fn probe(
+        proc_root: &Path,
+        key: KvmFd,
+        overrides: &HashMap<String, TierKind>,
+    ) -> Option<ProcessVm> {
+        let dir = proc_root.join(key.pid.to_string());
+        let maps = std::fs::read_to_string(dir.join("maps")).ok()?;
+        let numa = std::fs::read_to_string(dir.join("numa_maps")).unwrap_or_default();
+        let tiers = tiers(&maps, &numa, overrides);
+        if tiers.is_empty() {
+            return None;
+        }
+        let comm = std::fs::read_to_string(dir.join("comm")).unwrap_or_default();
+        let vcpus = std::fs::read_dir(dir.join("fd"))
+            .map(|d| {
+                d.flatten()
+                    .filter(|f| {
+                        std::fs::read_link(f.path())
+                            .is_ok_and(|l| l.to_string_lossy().starts_with("anon_inode:kvm-vcpu"))
+                    })
+                    .count() as u32
+            })
+            .unwrap_or(0);
+        Some(ProcessVm {
+            key,
+            proc_root: proc_root.to_path_buf(),
+            vm: Vm {
+                id: format!("kvm:{}:{}", key.pid, key.fd),
+                name: format!("{}-{}", comm.trim(), key.pid),
+                vmm_pid: key.pid,
+                api_socket: String::new(),
+                vcpus,
+                tiers,
+                source: VmSource::KvmFd as i32,
+                discovered_unix_ns: crate::unix_now_ns(),
+            },
+        })
+    }
+
+    pub fn key(&self) -> KvmFd {
+        self.key
+    }
+}
+
+impl TrackedVm for ProcessVm {
+    fn vm(&self) -> &Vm {
+        &self.vm
+    }
+
+    fn alive(&self) -> bool {
+        let fd = self
+            .proc_root
+            .join(self.key.pid.to_string())
+            .join("fd")
+            .join(self.key.fd.to_string());
+        std::fs::read_link(fd).is_ok_and(|l| l.as_os_str() == "anon_inode:kvm-vm")
+    }
+
+    fn resident_bytes(&self) -> Vec<u64> {
+        let smaps =
+            std::fs::read_to_string(self.proc_root.join(self.key.pid.to_string()).join("smaps"));
+        let Ok(smaps) = smaps else {
+            return vec![0; self.vm.tiers.len()];
+        };
+        let rss = crate::sampler::hostpte::parse_smaps_field(&smaps, "Rss:");
+        self.vm
+            .tiers
+            .iter()
+            .map(|t| {
+                t.ranges
+                    .iter()
+                    .map(|r| crate::sampler::hostpte::bytes_in(&rss, r.hva_start, r.length))
+                    .sum()
+            })
+            .collect()
+    }
+
+    fn guest_reported_accesses(&self) -> Option<Vec<u64>> {
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MAPS: &str = "\
+55d4c0000000-55d4c0100000 r-xp 00000000 08:01 123   /usr/bin/tier-demo-vm
+7fd53f7a1000-7fd5407a1000 rw-s 00000000 00:01 171                        /memfd:slow (deleted)
+7fd5407a3000-7fd5417a3000 rw-s 00000000 00:01 170                        /memfd:dram (deleted)
+7fd5417a3000-7fd5417a4000 rw-s 00000000 00:01 172                        /memfd:ch_ram (deleted)
+7fff00000000-7fff00021000 rw-p 00000000 00:00 0                          [stack]
+";
+    const NUMA: &str = "\
+7fd53f7a1000 default file=/memfd:slow\\040(deleted) dirty=96 N1=96 kernelpagesize_kB=4
+7fd5407a3000 bind:0 file=/memfd:dram\\040(deleted) dirty=50 N0=50 kernelpagesize_kB=4
+";
+
+    #[test]
+    fn memfd_vmas_are_named_ranges() {
+        let v = memfd_vmas(MAPS);
+        assert_eq!(v.len(), 3);
+        assert_eq!(
+            v[0],
+            MemfdVma {
+                start: 0x7fd5_3f7a_1000,
+                end: 0x7fd5_407a_1000,
+                name: "slow".into()
+            }
+        );
+        assert_eq!(v[2].name, "ch_ram");
+    }
+
+    #[test]
+    fn tiers_dram_first_with_nodes_kinds_and_ranges() {
+        let overrides = HashMap::from([("slow".to_string(), TierKind::Cxl)]);
+        let t = tiers(MAPS, NUMA, &overrides);
+        let names: Vec<&str> = t.iter().map(|t| t.name.as_str()).collect();
+        assert_eq!(names, ["dram", "ch_ram", "slow"]);
+        assert_eq!(t[0].kind(), TierKind::Dram);
+        assert_eq!(t[0].host_numa_nodes, vec![0]);
+        assert_eq!(t[0].size_bytes, 16 << 20);
+        assert_eq!(t[0].ranges[0].hva_start, 0x7fd5_407a_3000);
+        assert_eq!(t[1].kind(), TierKind::Unknown);
+        assert!(t[1].derivation.contains("kind unknown"));
+        assert_eq!(t[2].kind(), TierKind::Cxl);
+        assert_eq!(t[2].host_numa_nodes, vec![1]);
+        assert!(t[2].derivation.contains("override"));
+    }
+
+    #[test]
+    fn scan_of_a_fake_proc_tree_finds_only_kvm_vm_fds() {
+        let root = tempfile::tempdir().unwrap();
+        let mk = |pid: &str, fd: &str, target: &str| {
+            let d = root.path().join(pid).join("fd");
+            std::fs::create_dir_all(&d).unwrap();
+            std::os::unix::fs::symlink(target, d.join(fd)).unwrap();
+        };
+        mk("10", "4", "anon_inode:kvm-vm");
+        mk("10", "5", "anon_inode:kvm-vcpu:0");
+        mk("11", "3", "/dev/kvm");
+        mk("12", "9", "anon_inode:kvm-vm");
+        std::fs::create_dir_all(root.path().join("self")).unwrap();
+        assert_eq!(
+            scan(root.path()),
+            vec![KvmFd { pid: 10, fd: 4 }, KvmFd { pid: 12, fd: 9 }]
+        );
+    }
+}
