@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use libbpf_cargo::SkeletonBuilder;
 
-const PROGRAMS: &[&str] = &["probe"];
+const PROGRAMS: &[&str] = &["probe", "ept"];
 
 fn main() -> Result<(), Box<dyn Error>> {
     let bpf_dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../bpf");
@@ -31,6 +31,10 @@ fn main() -> Result<(), Box<dyn Error>> {
         println!("cargo:rerun-if-changed={}", src.display());
     }
     println!("cargo:rerun-if-changed={}", include.display());
+    println!(
+        "cargo:rerun-if-changed={}",
+        bpf_dir.join("tier_common.h").display()
+    );
     capability_cfgs();
     Ok(())
 }

@@ -16,6 +16,8 @@ const PAGE: u64 = 4096;
 #[derive(Debug, Default)]
 pub struct Aggregator {
     sequence: u64,
+    /// Registry generation of the last update that carried the VM list.
+    sent_generation: Option<u64>,
     last_guest: HashMap<String, Vec<u64>>,
 }
 
@@ -36,8 +38,16 @@ impl Aggregator {
             Some(s) => sample(s, registry, &departed),
             None => (vec![None; registry.len()], Vec::new()),
         };
+        let readings: Vec<_> = registry
+            .iter()
+            .zip(readings)
+            .map(|(t, r)| t.synthetic_readings().or(r))
+            .collect();
         let backend = health.first().map_or(0, |h| h.backend);
-        let mut vms = Vec::with_capacity(registry.len());
+        // The VM list travels only when the set of VMs changed.
+        let vms_unchanged = self.sent_generation == Some(registry.generation());
+        self.sent_generation = Some(registry.generation());
+        let mut vms = Vec::with_capacity(if vms_unchanged { 0 } else { registry.len() });
         let mut stats = Vec::with_capacity(registry.len());
         for (tracked, reading) in registry.iter().zip(readings) {
             let vm = tracked.vm();
@@ -85,7 +95,9 @@ impl Aggregator {
                 dram_hit_target: None,
                 guest_reported_accesses: guest_delta.unwrap_or_default(),
             });
-            vms.push(vm.clone());
+            if !vms_unchanged {
+                vms.push(vm.clone());
+            }
         }
         self.sequence += 1;
         StatsUpdate {
@@ -95,6 +107,7 @@ impl Aggregator {
             vms,
             stats,
             departed_vm_ids: departed,
+            vms_unchanged,
             health,
         }
     }
@@ -110,7 +123,17 @@ fn sample(
     for id in departed {
         s.forget(id);
     }
-    let vms: Vec<_> = registry.iter().map(|t| t.vm()).collect();
+    // Synthetic VMs have no process to look at.
+    let host: Vec<bool> = registry
+        .iter()
+        .map(|t| t.synthetic_readings().is_none())
+        .collect();
+    let vms: Vec<_> = registry
+        .iter()
+        .zip(&host)
+        .filter(|(_, h)| **h)
+        .map(|(t, _)| t.vm())
+        .collect();
     let started = Instant::now();
     let results = s.sample(&vms);
     let cost = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
@@ -133,7 +156,12 @@ fn sample(
         lost: 0,
         scan_cost_ns: cost,
     };
-    (results.into_iter().map(Result::ok).collect(), vec![health])
+    let mut results = results.into_iter().map(Result::ok);
+    let readings = host
+        .iter()
+        .map(|h| if *h { results.next().flatten() } else { None })
+        .collect();
+    (readings, vec![health])
 }
 
 /// Per-tier increase of cumulative counters; a counter that went backwards

@@ -27,3 +27,18 @@ pub fn route_libbpf_logs() {
 pub mod probe {
     include!(concat!(env!("OUT_DIR"), "/probe.skel.rs"));
 }
+
+/// `bpf/ept.bpf.c`: the EPT sampler (ageing tracepoint, fexit on the ageing
+/// functions, and an empty baseline program for the cost benchmark).
+#[allow(
+    missing_debug_implementations,
+    clippy::all,
+    clippy::undocumented_unsafe_blocks,
+    clippy::unwrap_used,
+    clippy::expect_used,
+    unsafe_op_in_unsafe_fn,
+    rust_2018_idioms
+)]
+pub mod ept {
+    include!(concat!(env!("OUT_DIR"), "/ept.skel.rs"));
+}

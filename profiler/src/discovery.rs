@@ -10,12 +10,12 @@
 //! - kind: a configured override for the name, else the name itself when it
 //!   is a kind ("dram", "pmem", "cxl", "remote"), else unknown.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 
 use tier_proto::v1::{GpaRange, Tier, TierKind, Vm, VmSource};
 
-use crate::registry::TrackedVm;
+use crate::registry::{Registry, TrackedVm};
 
 /// Where a kvm-vm file descriptor lives.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -237,6 +237,49 @@ impl TrackedVm for ProcessVm {
 
     fn guest_reported_accesses(&self) -> Option<Vec<u64>> {
         None
+    }
+}
+
+/// Finds VMs in other processes each interval and adds the new ones.
+#[derive(Debug)]
+pub struct Discoverer {
+    proc_root: PathBuf,
+    overrides: HashMap<String, TierKind>,
+    /// kvm-vm fds that hold no memfd memory: reported once, not re-read.
+    skipped: HashSet<KvmFd>,
+}
+
+impl Discoverer {
+    pub fn new(proc_root: &Path, overrides: HashMap<String, TierKind>) -> Discoverer {
+        Discoverer {
+            proc_root: proc_root.to_path_buf(),
+            overrides,
+            skipped: HashSet::new(),
+        }
+    }
+
+    /// Adds VMs not yet in `reg`; tierd's own process is skipped (its demo
+    /// VM is registered directly).
+    pub fn run(&mut self, reg: &mut Registry) {
+        let me = std::process::id();
+        let found = scan(&self.proc_root);
+        self.skipped.retain(|k| found.contains(k));
+        for key in found {
+            let id = format!("kvm:{}:{}", key.pid, key.fd);
+            if key.pid == me || reg.contains(&id) || self.skipped.contains(&key) {
+                continue;
+            }
+            match ProcessVm::probe(&self.proc_root, key, &self.overrides) {
+                Some(vm) => {
+                    tracing::info!(vm = %id, tiers = vm.vm().tiers.len(), "VM discovered");
+                    reg.insert(Box::new(vm));
+                }
+                None => {
+                    tracing::info!(vm = %id, "kvm-vm fd without memfd-backed memory: not tracked");
+                    self.skipped.insert(key);
+                }
+            }
+        }
     }
 }
 

@@ -7,6 +7,7 @@
 
 pub mod aggregate;
 pub mod bpf;
+pub mod config;
 pub mod demo_vm;
 pub mod discovery;
 pub mod policy;
@@ -14,6 +15,7 @@ pub mod probe;
 pub mod registry;
 pub mod sampler;
 pub mod server;
+pub mod synthetic;
 
 /// Nanoseconds since the Unix epoch, saturating (clock before 1970 -> 0).
 pub fn unix_now_ns() -> u64 {

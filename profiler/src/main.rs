@@ -2,13 +2,16 @@
 //! unix socket; `tierd probe` prints what this host can measure.
 
 mod daemon;
+mod listen;
+mod metrics;
 
+use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
-use tier_proto::v1::TierKind;
+use tier_profiler::config::{self, Config, ConfigError, Settings};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -27,7 +30,7 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Cmd {
     /// Serve tier.v1 (the default).
-    Run(RunArgs),
+    Run(Box<RunArgs>),
     /// Print which sampler backends this host supports, and why not the others.
     Probe {
         /// Machine-readable output.
@@ -36,68 +39,144 @@ enum Cmd {
     },
 }
 
+/// Flags override the config file (docs/config.md has every key).
 #[derive(Debug, Clone, Args)]
 pub struct RunArgs {
-    /// Unix socket to serve on.
-    #[arg(long, default_value = tier_proto::DEFAULT_SOCKET)]
-    pub socket: PathBuf,
-    /// Permissions of the socket (octal).
-    #[arg(long, default_value = "660", value_parser = parse_mode)]
-    pub socket_mode: u32,
-    /// Sampling interval in milliseconds.
-    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(10..=3_600_000))]
-    pub interval_ms: u64,
-    /// Sampler backend: auto (best available), hostpte, or none.
-    #[arg(long, default_value = "auto")]
-    pub backend: String,
-    /// Do not look for VMs in other processes (kvm-vm file descriptors).
+    /// Config file; without it /etc/tierd/tierd.toml is read if it exists.
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// Unix socket to serve on [socket].
+    #[arg(long)]
+    pub socket: Option<PathBuf>,
+    /// Permissions of the socket, octal [socket_mode].
+    #[arg(long)]
+    pub socket_mode: Option<String>,
+    /// Group owning the socket [socket_group].
+    #[arg(long)]
+    pub socket_group: Option<String>,
+    /// Sampling interval in milliseconds [interval_ms].
+    #[arg(long)]
+    pub interval_ms: Option<u64>,
+    /// Sampler backend: auto, hostpte or none [backend].
+    #[arg(long)]
+    pub backend: Option<String>,
+    /// Do not look for VMs in other processes [discover = false].
     #[arg(long)]
     pub no_discover: bool,
-    /// Kind of a tier by name, e.g. `--tier-kind slow=cxl` (repeatable).
-    #[arg(long = "tier-kind", value_parser = parse_tier_kind)]
-    pub tier_kinds: Vec<(String, TierKind)>,
-    /// Run the demo VM (a real KVM VM with a dram and a slow region) inside tierd.
+    /// Kind of a tier by name, e.g. `--tier-kind slow=cxl`, repeatable [tier_kinds].
+    #[arg(long = "tier-kind", value_parser = parse_pair)]
+    pub tier_kinds: Vec<(String, String)>,
+    /// Run the demo VM (a real KVM VM with a dram and a slow region) inside tierd [demo_vm].
     #[arg(long)]
     pub demo_vm: bool,
-    /// Tier kind the demo VM's "slow" region is labelled with.
-    #[arg(long, default_value = "cxl", value_parser = ["pmem", "cxl", "remote", "unknown"])]
-    pub demo_slow_kind: String,
+    /// Tier kind of the demo VM's "slow" region [demo_slow_kind].
+    #[arg(long)]
+    pub demo_slow_kind: Option<String>,
+    /// Log format: text or json [log_format].
+    #[arg(long)]
+    pub log_format: Option<String>,
+    /// Prometheus endpoint, loopback address:port, "" for none [metrics.listen].
+    #[arg(long)]
+    pub metrics_listen: Option<String>,
+    /// Do not run the in-process controller [controller.enabled = false].
+    #[arg(long)]
+    pub no_controller: bool,
+    /// Benchmarks only: add N synthetic VM sources (ids `synthetic:N`).
+    #[arg(long, default_value_t = 0, hide_short_help = true)]
+    pub synthetic_vms: u32,
+    /// Benchmarks only: tiers per synthetic VM.
+    #[arg(long, default_value_t = 4, hide_short_help = true, value_parser = clap::value_parser!(u32).range(1..=16))]
+    pub synthetic_tiers: u32,
 }
 
-fn parse_tier_kind(s: &str) -> Result<(String, TierKind), String> {
-    let (name, kind) = s
-        .split_once('=')
-        .ok_or_else(|| format!("{s:?}: expected NAME=KIND"))?;
-    let kind = TierKind::from_short_name(kind)
-        .ok_or_else(|| format!("{kind:?}: not a tier kind (dram, pmem, cxl, remote, unknown)"))?;
-    if name.is_empty() {
-        return Err(format!("{s:?}: empty tier name"));
+fn parse_pair(s: &str) -> Result<(String, String), String> {
+    match s.split_once('=') {
+        Some((k, v)) if !k.is_empty() => Ok((k.to_string(), v.to_string())),
+        _ => Err(format!("{s:?}: expected NAME=KIND")),
     }
-    Ok((name.to_string(), kind))
 }
 
-fn parse_mode(s: &str) -> Result<u32, String> {
-    match u32::from_str_radix(s, 8) {
-        Ok(m) if m <= 0o777 => Ok(m),
-        _ => Err(format!("{s:?} is not an octal mode like 660")),
+impl RunArgs {
+    /// The config file with these flags on top, validated.
+    fn settings(&self) -> Result<Settings, ConfigError> {
+        let mut c = match &self.config {
+            Some(p) => Config::load(p, true)?,
+            None => Config::load(std::path::Path::new(config::DEFAULT_PATH), false)?,
+        };
+        if let Some(v) = &self.socket {
+            c.socket = v.clone();
+        }
+        if let Some(v) = &self.socket_mode {
+            c.socket_mode = v.clone();
+        }
+        if let Some(v) = &self.socket_group {
+            c.socket_group = Some(v.clone());
+        }
+        if let Some(v) = self.interval_ms {
+            c.interval_ms = v;
+        }
+        if let Some(v) = &self.backend {
+            c.backend = v.clone();
+        }
+        c.discover &= !self.no_discover;
+        c.tier_kinds.extend(self.tier_kinds.iter().cloned());
+        c.demo_vm |= self.demo_vm;
+        if let Some(v) = &self.demo_slow_kind {
+            c.demo_slow_kind = v.clone();
+        }
+        if let Some(v) = &self.log_format {
+            c.log_format = v.clone();
+        }
+        if let Some(v) = &self.metrics_listen {
+            c.metrics.listen = v.clone();
+        }
+        c.controller.enabled &= !self.no_controller;
+        c.validate()
     }
+}
+
+fn init_logs(json: bool) {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("TIERD_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    // Colour only for a person at a terminal, never into files or journald.
+    let logs = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(std::io::stderr().is_terminal())
+        .with_writer(std::io::stderr);
+    if json {
+        logs.json().init();
+    } else {
+        logs.init();
+    }
+    tier_profiler::bpf::route_libbpf_logs();
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("TIERD_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
-    tier_profiler::bpf::route_libbpf_logs();
-    let result = match cli.cmd {
-        Some(Cmd::Probe { json }) => probe(json),
-        Some(Cmd::Run(args)) => daemon::run(args),
-        None => daemon::run(cli.run),
+    let run = match cli.cmd {
+        Some(Cmd::Probe { json }) => {
+            init_logs(false);
+            return report(probe(json));
+        }
+        Some(Cmd::Run(args)) => *args,
+        None => cli.run,
     };
+    let settings = match run.settings() {
+        Ok(s) => s,
+        Err(e) => {
+            // Status 2: the configuration, not the host, is wrong.
+            eprintln!("tierd: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    init_logs(settings.json_logs);
+    report(daemon::run(
+        settings,
+        (run.synthetic_vms, run.synthetic_tiers),
+    ))
+}
+
+fn report(result: anyhow::Result<()>) -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

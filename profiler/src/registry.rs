@@ -15,12 +15,20 @@ pub trait TrackedVm: Send + Sync {
     /// Cumulative accesses per tier that the guest itself reports, if it
     /// does (ground truth of the demo VM and test guests).
     fn guest_reported_accesses(&self) -> Option<Vec<u64>>;
+    /// Readings of a synthetic VM (benchmarks only), which no host sampler
+    /// can look at; `None` for real VMs.
+    fn synthetic_readings(&self) -> Option<Vec<crate::sampler::TierReading>> {
+        None
+    }
 }
 
 /// All tracked VMs, sorted by id.
 #[derive(Default)]
 pub struct Registry {
     vms: Vec<Box<dyn TrackedVm>>,
+    /// Bumped whenever a VM comes or goes, so readers can tell whether the
+    /// VM list changed without comparing it.
+    generation: u64,
 }
 
 impl std::fmt::Debug for Registry {
@@ -37,6 +45,7 @@ impl Registry {
         self.vms.retain(|v| v.vm().id != vm.vm().id);
         self.vms.push(vm);
         self.vms.sort_by(|a, b| a.vm().id.cmp(&b.vm().id));
+        self.generation += 1;
     }
 
     /// Removes VMs that are no longer alive and returns their ids.
@@ -49,7 +58,15 @@ impl Registry {
             }
             alive
         });
+        if !gone.is_empty() {
+            self.generation += 1;
+        }
         gone
+    }
+
+    /// Changes whenever the set of VMs changes.
+    pub fn generation(&self) -> u64 {
+        self.generation
     }
 
     pub fn contains(&self, id: &str) -> bool {

@@ -60,9 +60,12 @@ impl Shared {
         self.vms.read().map(|v| v.clone()).unwrap_or_default()
     }
 
-    /// Publishes one interval's update to every watcher.
+    /// Publishes one interval's update to every watcher; an update whose
+    /// VM list changed also replaces the known VMs.
     pub fn publish(&self, update: StatsUpdate) {
-        self.set_vms(update.vms.clone());
+        if !update.vms_unchanged {
+            self.set_vms(update.vms.clone());
+        }
         let update = Arc::new(update);
         if let Ok(mut latest) = self.latest.write() {
             *latest = Some(update.clone());
@@ -137,16 +140,16 @@ fn forward<T, U, F>(
     mut rx: broadcast::Receiver<Arc<T>>,
     mut closing: tokio::sync::watch::Receiver<bool>,
     first: Option<Arc<T>>,
-    map: F,
+    mut map: F,
 ) -> BoxStream<U>
 where
     T: Send + Sync + 'static,
     U: Send + 'static,
-    F: Fn(&T) -> Option<U> + Send + 'static,
+    F: FnMut(&T) -> Option<U> + Send + 'static,
 {
     let (tx, out) = mpsc::channel(WATCH_BACKLOG);
     tokio::spawn(async move {
-        if let Some(item) = first.as_deref().and_then(&map)
+        if let Some(item) = first.as_deref().and_then(&mut map)
             && tx.send(Ok(item)).await.is_err()
         {
             return;
@@ -214,8 +217,21 @@ impl TierService for TierServer {
         let rx = self.shared.stats_tx.subscribe();
         let first = self.shared.latest();
         let closing = self.shared.closing.subscribe();
+        let shared = self.shared.clone();
+        let mut sent_vms = false;
         Ok(Response::new(forward(rx, closing, first, move |u| {
-            Some(filter(u, &ids))
+            let mut out = filter(u, &ids);
+            // A stream's first message always carries the VM list.
+            if !sent_vms && out.vms_unchanged {
+                let all = StatsUpdate {
+                    vms: shared.vms().to_vec(),
+                    ..Default::default()
+                };
+                out.vms = filter(&all, &ids).vms;
+                out.vms_unchanged = false;
+            }
+            sent_vms = true;
+            Some(out)
         })))
     }
 

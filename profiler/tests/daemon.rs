@@ -26,8 +26,15 @@ impl Tierd {
             .arg("run")
             .arg("--socket")
             .arg(&socket)
-            // Tests run in parallel: other tests' VMs are not this one's business.
-            .arg("--no-discover")
+            // Tests run in parallel: other tests' VMs are not this one's
+            // business, nor a config file or metrics port of the host's.
+            .args([
+                "--no-discover",
+                "--config",
+                "/dev/null",
+                "--metrics-listen",
+                "127.0.0.1:0",
+            ])
             .args(extra)
             .stderr(Stdio::from(log))
             .spawn()
@@ -167,6 +174,12 @@ async fn serves_the_demo_vm_with_increasing_sequence_numbers() {
     let mut last = 0;
     for n in 0..4 {
         let u = stream.next().await.unwrap().unwrap();
+        // The first message of a stream carries the VMs; later ones only
+        // when they change.
+        assert_eq!(u.vms_unchanged, n > 0, "update {n}");
+        if n == 0 {
+            assert_eq!(u.vms.len(), 1);
+        }
         assert!(u.sequence > last, "sequence {} after {last}", u.sequence);
         last = u.sequence;
         assert_eq!(u.stats.len(), 1);
@@ -279,7 +292,14 @@ async fn bad_requests_get_clear_status_and_the_daemon_keeps_serving() {
 fn refuses_a_live_socket_and_a_non_socket_path() {
     let first = Tierd::start(&[]);
     let out = Command::new(env!("CARGO_BIN_EXE_tierd"))
-        .args(["run", "--socket"])
+        .args([
+            "run",
+            "--config",
+            "/dev/null",
+            "--metrics-listen",
+            "",
+            "--socket",
+        ])
         .arg(&first.socket)
         .output()
         .unwrap();
@@ -291,7 +311,14 @@ fn refuses_a_live_socket_and_a_non_socket_path() {
     let file = dir.path().join("not-a-socket");
     std::fs::write(&file, "keep me").unwrap();
     let out = Command::new(env!("CARGO_BIN_EXE_tierd"))
-        .args(["run", "--socket"])
+        .args([
+            "run",
+            "--config",
+            "/dev/null",
+            "--metrics-listen",
+            "",
+            "--socket",
+        ])
         .arg(&file)
         .output()
         .unwrap();
@@ -321,4 +348,68 @@ fn probe_reports_every_backend() {
     for b in ["ept-fexit", "ept-tracepoint", "hostpte", "pmu"] {
         assert!(backends.contains(&b), "{b} missing");
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_watcher_loses_updates_without_stalling_the_others() {
+    // 1000 synthetic sources make updates (~160 KB) big enough to fill the
+    // slow watcher's buffers (8 updates in tierd, the HTTP/2 windows and the
+    // socket) within seconds, at a rate a debug-built client keeps up with.
+    let tierd = Tierd::start(&[
+        "--backend",
+        "none",
+        "--interval-ms",
+        "200",
+        "--synthetic-vms",
+        "1000",
+    ]);
+    let ep = tierd.endpoint();
+    let fast = tokio::spawn({
+        let ep = ep.clone();
+        async move {
+            let mut client = tier_proto::connect(&ep).await.unwrap();
+            let mut s = client
+                .watch_stats(WatchStatsRequest::default())
+                .await
+                .unwrap()
+                .into_inner();
+            let mut seqs = Vec::new();
+            let t = Instant::now();
+            while t.elapsed() < Duration::from_secs(7) {
+                seqs.push(s.next().await.unwrap().unwrap().sequence);
+            }
+            seqs
+        }
+    });
+    let mut client = tier_proto::connect(&ep).await.unwrap();
+    let mut slow = client
+        .watch_stats(WatchStatsRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    let mut last = slow.next().await.unwrap().unwrap().sequence;
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let mut gap = false;
+    for _ in 0..400 {
+        let seq = slow.next().await.unwrap().unwrap().sequence;
+        assert!(seq > last);
+        if seq > last + 1 {
+            gap = true;
+            break;
+        }
+        last = seq;
+    }
+    assert!(gap, "the slow watcher never saw a sequence gap");
+    let seqs = fast.await.unwrap();
+    assert!(
+        seqs.len() > 10,
+        "fast watcher got only {} updates",
+        seqs.len()
+    );
+    assert!(
+        seqs.windows(2).all(|w| w[1] == w[0] + 1),
+        "fast watcher lost updates: {seqs:?}"
+    );
+    drop((slow, client));
+    assert!(tierd.terminate().success());
 }

@@ -26,7 +26,9 @@ fn demo_vm() -> (Kill, Vec<u64>) {
         .spawn()
         .unwrap();
     let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
     // "ready pid=N touched_pages=[50, 96]"
     let touched = line
         .split_once("touched_pages=[")
@@ -46,7 +48,20 @@ async fn discovers_samples_and_drops_a_vm_process() {
     let log = std::fs::File::create(dir.path().join("tierd.log")).unwrap();
     let tierd = Kill(
         Command::new(env!("CARGO_BIN_EXE_tierd"))
-            .args(["run", "--interval-ms", "250", "--tier-kind", "slow=cxl", "--socket"])
+            .args([
+                "run",
+                "--config",
+                "/dev/null",
+                "--metrics-listen",
+                "127.0.0.1:0",
+            ])
+            .args([
+                "--interval-ms",
+                "250",
+                "--tier-kind",
+                "slow=cxl",
+                "--socket",
+            ])
             .arg(&socket)
             .stderr(log)
             .spawn()
@@ -57,30 +72,58 @@ async fn discovers_samples_and_drops_a_vm_process() {
         assert!(Instant::now() < deadline, "tierd did not start");
         std::thread::sleep(Duration::from_millis(50));
     }
-    let mut client = tier_proto::connect(&Endpoint::Unix(socket.clone())).await.unwrap();
-    let mut stream = client.watch_stats(WatchStatsRequest::default()).await.unwrap().into_inner();
+    let mut client = tier_proto::connect(&Endpoint::Unix(socket.clone()))
+        .await
+        .unwrap();
+    let mut stream = client
+        .watch_stats(WatchStatsRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
     let prefix = format!("kvm:{pid}:");
 
     // Seen, with its tier map, and sampled exactly once armed.
     let mut sampled = 0;
     let mut id = String::new();
+    let mut vms = Vec::new();
     for _ in 0..40 {
         let u = stream.next().await.unwrap().unwrap();
-        let Some(v) = u.vms.iter().find(|v| v.id.starts_with(&prefix)) else {
+        if !u.vms_unchanged {
+            vms = u.vms.clone();
+        }
+        let Some(v) = vms.iter().find(|v| v.id.starts_with(&prefix)) else {
             continue;
         };
         id = v.id.clone();
         assert_eq!(v.source(), VmSource::KvmFd);
         assert_eq!(v.vcpus, 1);
-        let tiers: Vec<(&str, TierKind, u64)> =
-            v.tiers.iter().map(|t| (t.name.as_str(), t.kind(), t.size_bytes)).collect();
-        assert_eq!(tiers, vec![("dram", TierKind::Dram, 16 << 20), ("slow", TierKind::Cxl, 16 << 20)]);
-        assert!(v.tiers.iter().all(|t| t.ranges[0].hva_start != 0 && !t.host_numa_nodes.is_empty()));
+        let tiers: Vec<(&str, TierKind, u64)> = v
+            .tiers
+            .iter()
+            .map(|t| (t.name.as_str(), t.kind(), t.size_bytes))
+            .collect();
+        assert_eq!(
+            tiers,
+            vec![
+                ("dram", TierKind::Dram, 16 << 20),
+                ("slow", TierKind::Cxl, 16 << 20)
+            ]
+        );
+        assert!(
+            v.tiers
+                .iter()
+                .all(|t| t.ranges[0].hva_start != 0 && !t.host_numa_nodes.is_empty())
+        );
         let s = u.stats.iter().find(|s| s.vm_id == id).unwrap();
         if s.tiers.iter().all(|t| t.sampled_pages > 0) {
             for (t, truth) in s.tiers.iter().zip(&touched) {
                 let err = (t.young_pages as f64 - *truth as f64).abs() / *truth as f64;
-                assert!(err <= 0.02, "{}: young {} vs truth {truth}", t.tier, t.young_pages);
+                assert!(
+                    err <= 0.02,
+                    "{}: young {} vs truth {truth}",
+                    t.tier,
+                    t.young_pages
+                );
                 assert!(t.resident_bytes >= *truth * 4096, "{t:?}");
             }
             sampled += 1;
@@ -98,13 +141,19 @@ async fn discovers_samples_and_drops_a_vm_process() {
     for _ in 0..2 {
         let u = stream.next().await.unwrap().unwrap();
         if u.departed_vm_ids.contains(&id) {
-            assert!(u.vms.iter().all(|v| v.id != id));
+            assert!(!u.vms_unchanged && u.vms.iter().all(|v| v.id != id));
             departed = true;
             break;
         }
     }
-    assert!(departed, "{id} still in the stream 2 intervals after its death");
-    let e = client.get_vm(GetVmRequest { id: id.clone() }).await.unwrap_err();
+    assert!(
+        departed,
+        "{id} still in the stream 2 intervals after its death"
+    );
+    let e = client
+        .get_vm(GetVmRequest { id: id.clone() })
+        .await
+        .unwrap_err();
     assert_eq!(e.code(), tonic::Code::NotFound);
     drop(tierd);
 }

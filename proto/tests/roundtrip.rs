@@ -88,6 +88,7 @@ fn stats_update_roundtrip_with_optional_and_departures() {
             guest_reported_accesses: vec![192, 96],
         }],
         departed_vm_ids: vec!["ch:1".into()],
+        vms_unchanged: false,
         health: vec![SamplerHealth {
             backend: Backend::Hostpte as i32,
             active: true,

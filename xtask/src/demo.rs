@@ -58,7 +58,9 @@ pub fn run(updates: Option<u64>) -> anyhow::Result<()> {
         log.display()
     );
     let child = Command::new(&tierd)
-        .args(["run", "--demo-vm", "--interval-ms", "1000", "--socket"])
+        .args(["run", "--demo-vm", "--interval-ms", "1000"])
+        // Any free loopback port: a fixed one may be taken on this machine.
+        .args(["--metrics-listen", "127.0.0.1:0", "--socket"])
         .arg(&socket)
         .stderr(std::fs::File::create(&log).context("creating the log file")?)
         .process_group(0) // Ctrl-C in the demo stops tierctl; we stop tierd.
@@ -67,6 +69,13 @@ pub fn run(updates: Option<u64>) -> anyhow::Result<()> {
     let mut daemon = Daemon(child);
     wait_for_socket(&socket, &mut daemon, &log)?;
 
+    if let Some(url) = std::fs::read_to_string(&log).ok().and_then(|l| {
+        l.split_whitespace()
+            .find(|w| w.starts_with("http://"))
+            .map(str::to_string)
+    }) {
+        println!("Prometheus metrics: {url}");
+    }
     println!("\n== tierctl info");
     run::status(Command::new(&tierctl).args(["--endpoint", &endpoint, "info"]))?;
     println!("\n== tierctl vms");

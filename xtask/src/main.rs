@@ -91,10 +91,21 @@ fn test() -> anyhow::Result<()> {
 }
 
 /// Benchmarks are binaries of the tier-benches crate, built in release.
-const BENCHES: &[(&str, &str)] = &[(
-    "demo-vm",
-    "guest speed of the demo VM on this KVM vs the exit+entry cost",
-)];
+const BENCHES: &[(&str, &str)] = &[
+    (
+        "demo-vm",
+        "guest speed of the demo VM on this KVM vs the exit+entry cost",
+    ),
+    (
+        "tierd-scale",
+        "tierd CPU with 1000 synthetic VMs x 4 tiers streamed to 10 watchers",
+    ),
+    (
+        "bpf-cost",
+        "ns per event of the EPT sampler's BPF programs vs an empty raw_tp program",
+    ),
+    ("controller", "policy on simulated 8/64/1000-VM fleets"),
+];
 
 fn bench(name: &str) -> anyhow::Result<()> {
     let known: Vec<&str> = BENCHES.iter().map(|(n, _)| *n).collect();
@@ -114,6 +125,8 @@ fn bench(name: &str) -> anyhow::Result<()> {
             }
         );
     }
+    // Benches may start tierd itself: build it in release beside them.
+    run::cargo(&["build", "--release", "--quiet", "-p", "tier-profiler"])?;
     run::cargo(&[
         "run",
         "--release",

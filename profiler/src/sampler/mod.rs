@@ -1,6 +1,7 @@
 //! Sampler backends: per interval, per VM, per tier, which pages were
 //! accessed. Each backend reads what the host saw, never the guest.
 
+pub mod ept;
 pub mod hostpte;
 
 use tier_proto::v1::{Backend, Vm};
@@ -34,4 +35,41 @@ pub enum SampleError {
     Io { path: String, message: String },
     #[error("tier {tier}: no host mapping known (hva 0)")]
     NoMapping { tier: String },
+}
+
+/// Why the configured backend cannot run.
+#[derive(Debug, thiserror::Error)]
+pub enum SelectError {
+    #[error("backend {0:?}: unavailable here: {1}")]
+    Unavailable(String, String),
+    #[error("backend {0:?}: unknown (implemented: auto, hostpte, none)")]
+    Unknown(String),
+}
+
+/// The sampler for a configured backend name: `auto` takes the probe's best
+/// implemented backend; a named one must be available.
+pub fn select(
+    name: &str,
+    report: &crate::probe::Report,
+) -> Result<Option<Box<dyn Sampler>>, SelectError> {
+    let wanted = match name {
+        "auto" => report.best_backend(),
+        "none" => None,
+        "hostpte" => Some(Backend::Hostpte),
+        other => return Err(SelectError::Unknown(other.into())),
+    };
+    match wanted {
+        None => Ok(None),
+        Some(Backend::Hostpte) => match report.get("hostpte") {
+            Some(c) if !c.available => Err(SelectError::Unavailable(name.into(), c.reason.clone())),
+            _ => Ok(Some(Box::new(hostpte::HostPte::new()))),
+        },
+        Some(other) => {
+            tracing::warn!(
+                backend = other.short_name(),
+                "best backend has no sampler yet; running without one"
+            );
+            Ok(None)
+        }
+    }
 }

@@ -1,0 +1,196 @@
+//! tierd's own cost at fleet scale: 1000 synthetic VM sources x 4 tiers at
+//! 1 Hz, streamed to 10 watchers, against the same tierd with no watcher
+//! (the baseline: sampling and aggregation alone) in the same run. CPU is
+//! tierd's utime+stime from /proc/PID/stat over the measured window.
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use tier_benches::{Row, Summary, print_table, result_line};
+use tier_proto::Endpoint;
+use tier_proto::v1::WatchStatsRequest;
+use tokio_stream::StreamExt;
+
+const VMS: u32 = 1000;
+const TIERS: u32 = 4;
+const WATCHERS: usize = 10;
+const RUNS: usize = 3;
+const WARMUP: Duration = Duration::from_secs(3);
+const WINDOW: Duration = Duration::from_secs(10);
+
+struct Tierd(Child);
+impl Drop for Tierd {
+    fn drop(&mut self) {
+        // SAFETY: kill(2) on the PID of our own unreaped child.
+        unsafe { libc::kill(self.0.id() as i32, libc::SIGTERM) };
+        let _ = self.0.wait();
+    }
+}
+
+/// CPU seconds (user + system) of a process so far.
+fn cpu_seconds(pid: u32) -> anyhow::Result<f64> {
+    let stat =
+        std::fs::read_to_string(format!("/proc/{pid}/stat")).context("reading /proc/PID/stat")?;
+    // Fields after the ")" that ends the command name: utime is field 14.
+    let rest = stat
+        .rsplit_once(')')
+        .map(|(_, r)| r)
+        .context("malformed stat")?;
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: f64 =
+        f.get(11).context("utime")?.parse::<f64>()? + f.get(12).context("stime")?.parse::<f64>()?;
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    Ok(ticks / hz)
+}
+
+struct Outcome {
+    cpu_pct: f64,
+    updates: u64,
+    gaps: u64,
+    bytes_per_update: f64,
+}
+
+async fn one_run(tierd: &PathBuf, watchers: usize) -> anyhow::Result<Outcome> {
+    let dir = tempfile::tempdir().context("tempdir")?;
+    let socket = dir.path().join("tierd.sock");
+    let child = Command::new(tierd)
+        .args([
+            "run",
+            "--config",
+            "/dev/null",
+            "--no-discover",
+            "--backend",
+            "none",
+            "--metrics-listen",
+            "",
+        ])
+        .args([
+            "--interval-ms",
+            "1000",
+            "--synthetic-vms",
+            &VMS.to_string(),
+            "--synthetic-tiers",
+            &TIERS.to_string(),
+        ])
+        .arg("--socket")
+        .arg(&socket)
+        .stderr(Stdio::null())
+        .spawn()
+        .context("starting tierd")?;
+    let d = Tierd(child);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while std::os::unix::net::UnixStream::connect(&socket).is_err() {
+        if Instant::now() > deadline {
+            bail!("tierd did not start");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let ep = Endpoint::Unix(socket.clone());
+    let mut tasks = Vec::new();
+    for _ in 0..watchers {
+        let mut client = tier_proto::connect(&ep).await?;
+        let mut stream = client
+            .watch_stats(WatchStatsRequest::default())
+            .await?
+            .into_inner();
+        tasks.push(tokio::spawn(async move {
+            let (mut n, mut gaps, mut bytes, mut last) = (0u64, 0u64, 0u64, 0u64);
+            while let Some(Ok(u)) = stream.next().await {
+                if last != 0 && u.sequence > last + 1 {
+                    gaps += u.sequence - last - 1;
+                }
+                last = u.sequence;
+                n += 1;
+                bytes += prost::Message::encoded_len(&u) as u64;
+            }
+            (n, gaps, bytes)
+        }));
+    }
+    tokio::time::sleep(WARMUP).await;
+    let pid = d.0.id();
+    let c0 = cpu_seconds(pid)?;
+    let t0 = Instant::now();
+    tokio::time::sleep(WINDOW).await;
+    let cpu = cpu_seconds(pid)? - c0;
+    let wall = t0.elapsed().as_secs_f64();
+    drop(d);
+    let (mut updates, mut gaps, mut bytes) = (0, 0, 0);
+    for t in tasks {
+        let (n, g, b) = t.await.context("watcher task")?;
+        updates += n;
+        gaps += g;
+        bytes += b;
+    }
+    Ok(Outcome {
+        cpu_pct: 100.0 * cpu / wall,
+        updates,
+        gaps,
+        bytes_per_update: if updates > 0 {
+            bytes as f64 / updates as f64
+        } else {
+            0.0
+        },
+    })
+}
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() -> anyhow::Result<()> {
+    let tierd = std::env::current_exe()
+        .context("current_exe")?
+        .parent()
+        .context("bench dir")?
+        .join("tierd");
+    if !tierd.exists() {
+        bail!(
+            "{} not built: run through `cargo xtask bench tierd-scale`",
+            tierd.display()
+        );
+    }
+    let (mut base, mut fan, mut gaps, mut updates, mut size) = (Vec::new(), Vec::new(), 0, 0, 0.0);
+    for _ in 0..RUNS {
+        // Alternate so drift on a noisy machine hits both alike.
+        base.push(one_run(&tierd, 0).await?.cpu_pct);
+        let o = one_run(&tierd, WATCHERS).await?;
+        fan.push(o.cpu_pct);
+        gaps += o.gaps;
+        updates += o.updates;
+        size = o.bytes_per_update;
+    }
+    let (b, f) = (
+        Summary::of(&base).context("no runs")?,
+        Summary::of(&fan).context("no runs")?,
+    );
+    print_table(
+        &format!(
+            "tierd CPU, {VMS} synthetic VMs x {TIERS} tiers at 1 Hz, {RUNS} runs of {WINDOW:?} (update {:.0} KiB encoded)",
+            size / 1024.0
+        ),
+        &[
+            Row {
+                name: "no watcher (baseline)".into(),
+                unit: "% of one core",
+                summary: b,
+                ratio: Some(1.0),
+            },
+            Row {
+                name: format!("{WATCHERS} watchers"),
+                unit: "% of one core",
+                summary: f,
+                ratio: (b.median > 0.0).then(|| f.median / b.median),
+            },
+        ],
+    );
+    println!("watchers received {updates} updates, {gaps} lost (sequence gaps)");
+    println!(
+        "{}",
+        result_line(&[
+            ("cpu_pct", format!("{:.2}", f.median)),
+            ("baseline_cpu_pct", format!("{:.2}", b.median)),
+            ("gaps", gaps.to_string()),
+        ])
+    );
+    Ok(())
+}

@@ -1,0 +1,320 @@
+/* SPDX-License-Identifier: GPL-2.0 */
+/*
+ * Shared maps and attribution of the EPT sampler programs (ept.bpf.c).
+ *
+ * Every hook reduces an event to (vm slot, first gfn, pages, young?) and
+ * calls account(). The VM slot comes from the hook (scan ownership of the
+ * current thread, or kvm->userspace_pid); the tier comes from the VM's gfn
+ * ranges in vm_ranges. Userspace (profiler/src/sampler/ept.rs) owns every
+ * map but the counters, and reads the counters summed over CPUs.
+ *
+ * Layouts are shared with ept.rs byte for byte: change both together.
+ */
+#ifndef TIER_COMMON_H
+#define TIER_COMMON_H
+
+#define MAX_VMS 64
+#define MAX_TIERS 8
+#define MAX_RANGES 16
+#define MAX_SCAN_OWNERS 256
+#define MAX_VM_PIDS 256
+/* Default size of the heat histogram; userspace may shrink it before load. */
+#define HEAT_MAX_ENTRIES 65536
+/* Heat granule: 2 MiB = 512 pages of 4 KiB. */
+#define HEAT_GRANULE_SHIFT 9
+
+/* Errnos (vmlinux.h carries types only). */
+#define EEXIST 17
+
+/* One guest-physical range of a VM: [start_gfn, end_gfn) lies in `tier`. */
+struct gfn_range {
+	__u64 start_gfn;
+	__u64 end_gfn;
+	__u32 tier;
+	__u32 _pad;
+};
+
+/* Value of vm_ranges: the first nr_ranges entries are used. */
+struct vm_ranges {
+	__u32 nr_ranges;
+	__u32 _pad;
+	struct gfn_range ranges[MAX_RANGES];
+};
+
+/* Per-CPU counters of one (vm, tier), of unmapped gfns, or of unattributed events. */
+struct tier_count {
+	__u64 checked_pages;
+	__u64 young_pages;
+	__u64 events;
+};
+
+struct heat_key {
+	__u32 vm_slot;
+	__u32 _pad;
+	__u64 granule; /* gfn >> HEAT_GRANULE_SHIFT */
+};
+
+/* tid of a tierd scanning thread -> vm slot it is ageing right now. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, MAX_SCAN_OWNERS);
+	__type(key, __u32);
+	__type(value, __u32);
+} scan_owner SEC(".maps");
+
+/* kvm->userspace_pid (tid that issued KVM_CREATE_VM) -> vm slot. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, MAX_VM_PIDS);
+	__type(key, __u32);
+	__type(value, __u32);
+} vm_by_pid SEC(".maps");
+
+/* vm slot -> its gfn ranges and their tiers. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, MAX_VMS);
+	__type(key, __u32);
+	__type(value, struct vm_ranges);
+} vm_ranges SEC(".maps");
+
+/* vm_slot * MAX_TIERS + tier -> counters. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, MAX_VMS * MAX_TIERS);
+	__type(key, __u32);
+	__type(value, struct tier_count);
+} tier_counts SEC(".maps");
+
+/* vm slot -> pages of a known VM outside every one of its ranges. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, MAX_VMS);
+	__type(key, __u32);
+	__type(value, struct tier_count);
+} unmapped SEC(".maps");
+
+/* [0]: ageing events no VM could be found for (no scan owner / unknown pid). */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct tier_count);
+} unattributed SEC(".maps");
+
+/* (vm slot, 2 MiB granule) -> young pages; only when heat_enabled. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, HEAT_MAX_ENTRIES);
+	__type(key, struct heat_key);
+	__type(value, __u64);
+} heat SEC(".maps");
+
+/* [0]: young pages not recorded in `heat` because it was full. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u64);
+} heat_dropped SEC(".maps");
+
+/* Set by userspace before load. */
+const volatile bool heat_enabled = false;
+
+static __always_inline void add_count(struct tier_count *c, __u64 pages, bool young)
+{
+	c->checked_pages += pages;
+	if (young)
+		c->young_pages += pages;
+	c->events += 1;
+}
+
+static __always_inline void count_unattributed(__u64 pages, bool young)
+{
+	__u32 zero = 0;
+	struct tier_count *c = bpf_map_lookup_elem(&unattributed, &zero);
+
+	if (c)
+		add_count(c, pages, young);
+}
+
+static __always_inline void heat_add(__u32 slot, __u64 gfn, __u64 pages)
+{
+	struct heat_key key = {
+		.vm_slot = slot,
+		._pad = 0,
+		.granule = gfn >> HEAT_GRANULE_SHIFT,
+	};
+	__u64 *v = bpf_map_lookup_elem(&heat, &key);
+	__u32 zero = 0;
+	long err;
+
+	if (v) {
+		__sync_fetch_and_add(v, pages);
+		return;
+	}
+	err = bpf_map_update_elem(&heat, &key, &pages, BPF_NOEXIST);
+	if (!err)
+		return;
+	if (err == -EEXIST) {
+		/* Another CPU created the entry between lookup and update. */
+		v = bpf_map_lookup_elem(&heat, &key);
+		if (v) {
+			__sync_fetch_and_add(v, pages);
+			return;
+		}
+	}
+	/* Full (-E2BIG) or out of memory. */
+	v = bpf_map_lookup_elem(&heat_dropped, &zero);
+	if (v)
+		*v += pages;
+}
+
+/* Steps of the binary search over MAX_RANGES sorted ranges: log2(16) + 1. */
+#define RANGE_SEARCH_STEPS 5
+
+/* Adds n pages to (slot, tier); false when the tier is out of range. */
+static __always_inline bool count_tier(__u32 slot, __u32 tier, __u64 n, bool young, bool event)
+{
+	struct tier_count *c;
+	__u32 idx;
+
+	if (tier >= MAX_TIERS)
+		return false;
+	idx = slot * MAX_TIERS + tier;
+	c = bpf_map_lookup_elem(&tier_counts, &idx);
+	if (!c)
+		return false;
+	c->checked_pages += n;
+	if (young)
+		c->young_pages += n;
+	if (event)
+		c->events += 1;
+	return true;
+}
+
+/*
+ * One page: binary search for the last range starting at or before gfn
+ * (ranges are sorted by start_gfn and disjoint; userspace guarantees it).
+ * Returns the pages counted (0 or 1).
+ */
+static __always_inline __u64 account_page(struct vm_ranges *vr, __u32 nr, __u32 slot,
+					  __u64 gfn, bool young)
+{
+	struct gfn_range *r;
+	__u32 lo = 0, hi = nr, k;
+
+	for (k = 0; k < RANGE_SEARCH_STEPS; k++) {
+		__u32 mid;
+
+		if (lo >= hi)
+			break;
+		mid = ((lo + hi) / 2) & (MAX_RANGES - 1);
+		if (vr->ranges[mid].start_gfn <= gfn)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	if (lo == 0)
+		return 0;
+	r = &vr->ranges[(lo - 1) & (MAX_RANGES - 1)];
+	if (gfn >= r->end_gfn)
+		return 0;
+	return count_tier(slot, r->tier, 1, young, true) ? 1 : 0;
+}
+
+struct span_walk {
+	struct vm_ranges *vr;
+	__u64 gfn;
+	__u64 end;
+	__u64 covered;
+	__u32 nr;
+	__u32 slot;
+	__u32 seen;
+	bool young;
+};
+
+/* bpf_loop callback: range i against [gfn, end). 1 stops the walk. */
+static long span_step(__u64 i, void *ctx)
+{
+	struct span_walk *w = ctx;
+	struct gfn_range *r;
+	__u64 lo, hi;
+	__u32 tier;
+
+	if (i >= w->nr || w->covered >= w->end - w->gfn)
+		return 1;
+	r = &w->vr->ranges[i & (MAX_RANGES - 1)];
+	if (r->start_gfn >= w->end)
+		return 1;
+	lo = w->gfn > r->start_gfn ? w->gfn : r->start_gfn;
+	hi = w->end < r->end_gfn ? w->end : r->end_gfn;
+	if (lo >= hi)
+		return 0;
+	tier = r->tier & 31;
+	if (count_tier(w->slot, tier, hi - lo, w->young, !(w->seen & (1u << tier)))) {
+		w->seen |= 1u << tier;
+		w->covered += hi - lo;
+	}
+	return 0;
+}
+
+/*
+ * Several pages (huge SPTE, fexit range): split over every range they
+ * overlap, one event per tier touched. bpf_loop keeps the verifier from
+ * walking 16 unrolled iterations (rare path: huge pages only).
+ */
+static __always_inline __u64 account_span(struct vm_ranges *vr, __u32 nr, __u32 slot,
+					  __u64 gfn, __u64 pages, bool young)
+{
+	struct span_walk w = {
+		.vr = vr,
+		.gfn = gfn,
+		.end = gfn + pages,
+		.covered = 0,
+		.nr = nr,
+		.slot = slot,
+		.seen = 0,
+		.young = young,
+	};
+
+	bpf_loop(MAX_RANGES, span_step, &w, 0);
+	return w.covered;
+}
+
+/*
+ * Counts `pages` pages starting at `gfn` for the VM in `slot`, in the tiers
+ * of the ranges they fall in; pages in no range count as unmapped for the
+ * VM. The heat histogram gets all young pages at the granule of `gfn`.
+ */
+static __always_inline void account(__u32 slot, __u64 gfn, __u64 pages, bool young)
+{
+	struct vm_ranges *vr;
+	struct tier_count *c;
+	__u64 covered;
+	__u32 nr;
+
+	if (slot >= MAX_VMS) {
+		count_unattributed(pages, young);
+		return;
+	}
+	vr = bpf_map_lookup_elem(&vm_ranges, &slot);
+	if (!vr)
+		return;
+	nr = vr->nr_ranges;
+	if (nr > MAX_RANGES)
+		nr = MAX_RANGES;
+	if (pages == 1)
+		covered = account_page(vr, nr, slot, gfn, young);
+	else
+		covered = account_span(vr, nr, slot, gfn, pages, young);
+	if (covered < pages) {
+		c = bpf_map_lookup_elem(&unmapped, &slot);
+		if (c)
+			add_count(c, pages - covered, young);
+	}
+	if (young && heat_enabled)
+		heat_add(slot, gfn, pages);
+}
+
+#endif /* TIER_COMMON_H */

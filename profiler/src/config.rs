@@ -1,0 +1,402 @@
+//! tierd's configuration: `/etc/tierd/tierd.toml`, then command-line flags
+//! on top. Every key and its default is in docs/config.md. A bad value is a
+//! `ConfigError` naming the key and the reason; tierd exits with status 2.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+use tier_proto::v1::TierKind;
+
+/// Where tierd looks when `--config` is not given (absent is fine there).
+pub const DEFAULT_PATH: &str = "/etc/tierd/tierd.toml";
+
+/// The file as written; every key optional.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    pub socket: PathBuf,
+    pub socket_mode: String,
+    pub socket_group: Option<String>,
+    pub interval_ms: u64,
+    pub backend: String,
+    pub discover: bool,
+    pub tier_kinds: BTreeMap<String, String>,
+    pub demo_vm: bool,
+    pub demo_slow_kind: String,
+    pub log_format: String,
+    pub metrics: Metrics,
+    pub tcp: Tcp,
+    pub controller: Controller,
+}
+
+/// `[metrics]`: Prometheus endpoint.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct Metrics {
+    /// Loopback `address:port`, or "" for none.
+    pub listen: String,
+}
+
+/// `[tcp]`: optional gRPC over TCP with TLS.
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct Tcp {
+    pub listen: String,
+    pub cert: Option<PathBuf>,
+    pub key: Option<PathBuf>,
+    pub client_ca: Option<PathBuf>,
+}
+
+/// `[controller]`.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct Controller {
+    pub enabled: bool,
+}
+
+impl Default for Config {
+    fn default() -> Config {
+        Config {
+            socket: PathBuf::from(tier_proto::DEFAULT_SOCKET),
+            socket_mode: "0660".into(),
+            socket_group: None,
+            interval_ms: 1000,
+            backend: "auto".into(),
+            discover: true,
+            tier_kinds: BTreeMap::new(),
+            demo_vm: false,
+            demo_slow_kind: "cxl".into(),
+            log_format: "text".into(),
+            metrics: Metrics::default(),
+            tcp: Tcp::default(),
+            controller: Controller::default(),
+        }
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Metrics {
+        Metrics {
+            listen: "127.0.0.1:9464".into(),
+        }
+    }
+}
+
+impl Default for Controller {
+    fn default() -> Controller {
+        Controller { enabled: true }
+    }
+}
+
+/// A configuration problem, phrased for the operator.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("{path}: {message}")]
+    Parse { path: String, message: String },
+    #[error("{path}: cannot read: {source}")]
+    Read {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("config key `{key}`: {reason}")]
+    Invalid { key: String, reason: String },
+}
+
+fn invalid(key: &str, reason: impl Into<String>) -> ConfigError {
+    ConfigError::Invalid {
+        key: key.into(),
+        reason: reason.into(),
+    }
+}
+
+/// Sampler backends `backend` may name.
+pub const BACKENDS: &[&str] = &["auto", "hostpte", "none"];
+
+/// The configuration after validation, in the types tierd uses.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Settings {
+    pub socket: PathBuf,
+    pub socket_mode: u32,
+    pub socket_group: Option<(String, u32)>,
+    pub interval: Duration,
+    pub backend: String,
+    pub discover: bool,
+    pub tier_kinds: BTreeMap<String, TierKind>,
+    pub demo_vm: bool,
+    pub demo_slow_kind: TierKind,
+    pub json_logs: bool,
+    pub metrics: Option<SocketAddr>,
+    pub tcp: Option<TcpSettings>,
+    pub controller: bool,
+}
+
+/// Validated `[tcp]`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TcpSettings {
+    pub listen: SocketAddr,
+    pub cert: PathBuf,
+    pub key: PathBuf,
+    pub client_ca: Option<PathBuf>,
+}
+
+impl Config {
+    /// Reads `path`; `required` false lets a missing file mean defaults.
+    pub fn load(path: &Path, required: bool) -> Result<Config, ConfigError> {
+        let shown = path.display().to_string();
+        match std::fs::read_to_string(path) {
+            Ok(text) => Config::parse(&text, &shown),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && !required => {
+                Ok(Config::default())
+            }
+            Err(source) => Err(ConfigError::Read {
+                path: shown,
+                source,
+            }),
+        }
+    }
+
+    /// Parses TOML text; `shown` names it in errors.
+    pub fn parse(text: &str, shown: &str) -> Result<Config, ConfigError> {
+        toml::from_str(text).map_err(|e| ConfigError::Parse {
+            path: shown.into(),
+            message: e.to_string().trim_end().to_string(),
+        })
+    }
+
+    /// Checks every key; the first bad one is reported.
+    pub fn validate(&self) -> Result<Settings, ConfigError> {
+        let socket_mode = u32::from_str_radix(self.socket_mode.trim_start_matches("0o"), 8)
+            .ok()
+            .filter(|m| *m <= 0o777)
+            .ok_or_else(|| {
+                invalid(
+                    "socket_mode",
+                    format!("{:?} is not an octal mode like \"0660\"", self.socket_mode),
+                )
+            })?;
+        if !self.socket.is_absolute() {
+            return Err(invalid(
+                "socket",
+                format!("{} is not an absolute path", self.socket.display()),
+            ));
+        }
+        let socket_group = match &self.socket_group {
+            None => None,
+            Some(g) => Some((
+                g.clone(),
+                group_id(g)
+                    .ok_or_else(|| invalid("socket_group", format!("no group named {g:?}")))?,
+            )),
+        };
+        if !(10..=3_600_000).contains(&self.interval_ms) {
+            return Err(invalid(
+                "interval_ms",
+                format!("{} is not in [10, 3600000]", self.interval_ms),
+            ));
+        }
+        if !BACKENDS.contains(&self.backend.as_str()) {
+            return Err(invalid(
+                "backend",
+                format!("{:?} is not one of {}", self.backend, BACKENDS.join(", ")),
+            ));
+        }
+        let kind = |key: &str, v: &str| {
+            TierKind::from_short_name(v).ok_or_else(|| {
+                invalid(
+                    key,
+                    format!("{v:?} is not a tier kind (dram, pmem, cxl, remote, unknown)"),
+                )
+            })
+        };
+        let mut tier_kinds = BTreeMap::new();
+        for (name, v) in &self.tier_kinds {
+            tier_kinds.insert(name.clone(), kind(&format!("tier_kinds.{name}"), v)?);
+        }
+        let demo_slow_kind = kind("demo_slow_kind", &self.demo_slow_kind)?;
+        let json_logs = match self.log_format.as_str() {
+            "text" => false,
+            "json" => true,
+            other => {
+                return Err(invalid(
+                    "log_format",
+                    format!("{other:?} is not \"text\" or \"json\""),
+                ));
+            }
+        };
+        let metrics = match self.metrics.listen.as_str() {
+            "" => None,
+            s => {
+                let addr: SocketAddr = s.parse().map_err(|e| {
+                    invalid(
+                        "metrics.listen",
+                        format!("{s:?}: {e} (expected address:port)"),
+                    )
+                })?;
+                if !addr.ip().is_loopback() {
+                    return Err(invalid(
+                        "metrics.listen",
+                        format!(
+                            "{addr} is not a loopback address; expose metrics through a local scraper or proxy"
+                        ),
+                    ));
+                }
+                Some(addr)
+            }
+        };
+        let tcp =
+            match self.tcp.listen.as_str() {
+                "" => None,
+                s => {
+                    let listen = s.parse().map_err(|e| {
+                        invalid("tcp.listen", format!("{s:?}: {e} (expected address:port)"))
+                    })?;
+                    let cert = self.tcp.cert.clone().ok_or_else(|| {
+                        invalid("tcp.cert", "required with tcp.listen (TLS only)")
+                    })?;
+                    let key =
+                        self.tcp.key.clone().ok_or_else(|| {
+                            invalid("tcp.key", "required with tcp.listen (TLS only)")
+                        })?;
+                    Some(TcpSettings {
+                        listen,
+                        cert,
+                        key,
+                        client_ca: self.tcp.client_ca.clone(),
+                    })
+                }
+            };
+        Ok(Settings {
+            socket: self.socket.clone(),
+            socket_mode,
+            socket_group,
+            interval: Duration::from_millis(self.interval_ms),
+            backend: self.backend.clone(),
+            discover: self.discover,
+            tier_kinds,
+            demo_vm: self.demo_vm,
+            demo_slow_kind,
+            json_logs,
+            metrics,
+            tcp,
+            controller: self.controller.enabled,
+        })
+    }
+}
+
+/// The gid of a group name, from the system's group database.
+pub fn group_id(name: &str) -> Option<u32> {
+    let c = std::ffi::CString::new(name).ok()?;
+    // SAFETY: getgrnam takes a valid C string; the result is read at once,
+    // before any other call could reuse its static buffer.
+    let gr = unsafe { libc::getgrnam(c.as_ptr()) };
+    if gr.is_null() {
+        return None;
+    }
+    // SAFETY: non-null pointer to a struct group returned just above.
+    Some(unsafe { (*gr).gr_gid })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key_of(text: &str) -> String {
+        match Config::parse(text, "t.toml").and_then(|c| c.validate()) {
+            Err(ConfigError::Invalid { key, .. }) => key,
+            other => panic!("expected an invalid key, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn empty_file_is_the_defaults() {
+        let c = Config::parse("", "t.toml").unwrap();
+        assert_eq!(c, Config::default());
+        let s = c.validate().unwrap();
+        assert_eq!(s.socket_mode, 0o660);
+        assert_eq!(s.interval, Duration::from_secs(1));
+        assert_eq!(s.metrics, Some("127.0.0.1:9464".parse().unwrap()));
+        assert!(s.controller && s.discover && s.tcp.is_none());
+    }
+
+    #[test]
+    fn full_file_parses() {
+        let s = Config::parse(
+            r#"
+            socket = "/run/x/tierd.sock"
+            socket_mode = "0600"
+            socket_group = "root"
+            interval_ms = 250
+            backend = "hostpte"
+            discover = false
+            log_format = "json"
+            [tier_kinds]
+            slow = "cxl"
+            [metrics]
+            listen = "[::1]:9999"
+            [tcp]
+            listen = "0.0.0.0:7443"
+            cert = "/etc/tierd/cert.pem"
+            key = "/etc/tierd/key.pem"
+            [controller]
+            enabled = false
+            "#,
+            "t.toml",
+        )
+        .unwrap()
+        .validate()
+        .unwrap();
+        assert_eq!(s.socket_group, Some(("root".into(), 0)));
+        assert_eq!(s.tier_kinds.get("slow"), Some(&TierKind::Cxl));
+        assert!(s.json_logs && !s.controller && !s.discover);
+        assert_eq!(s.tcp.unwrap().listen.port(), 7443);
+    }
+
+    #[test]
+    fn bad_values_name_their_key() {
+        assert_eq!(key_of("socket_mode = \"0999\""), "socket_mode");
+        assert_eq!(key_of("socket = \"rel/path\""), "socket");
+        assert_eq!(
+            key_of("socket_group = \"no-such-group-xyz\""),
+            "socket_group"
+        );
+        assert_eq!(key_of("interval_ms = 5"), "interval_ms");
+        assert_eq!(key_of("backend = \"magic\""), "backend");
+        assert_eq!(key_of("[tier_kinds]\nslow = \"fast\""), "tier_kinds.slow");
+        assert_eq!(key_of("log_format = \"xml\""), "log_format");
+        assert_eq!(
+            key_of("[metrics]\nlisten = \"10.0.0.1:9464\""),
+            "metrics.listen"
+        );
+        assert_eq!(key_of("[metrics]\nlisten = \"nonsense\""), "metrics.listen");
+        assert_eq!(key_of("[tcp]\nlisten = \"127.0.0.1:7443\""), "tcp.cert");
+    }
+
+    #[test]
+    fn parse_errors_show_the_key() {
+        let e = Config::parse("interval_ms = \"fast\"", "t.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("interval_ms") && e.contains("t.toml"), "{e}");
+        let e = Config::parse("intervall_ms = 5", "t.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("intervall_ms") && e.contains("unknown field"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn missing_default_file_is_fine_but_a_named_one_is_not() {
+        let p = Path::new("/nonexistent/tierd.toml");
+        assert_eq!(Config::load(p, false).unwrap(), Config::default());
+        assert!(matches!(
+            Config::load(p, true),
+            Err(ConfigError::Read { .. })
+        ));
+    }
+}

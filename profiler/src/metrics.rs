@@ -1,0 +1,301 @@
+//! Prometheus `/metrics` on a loopback address: per VM and tier accesses,
+//! hit ratio, balloon target/actual, sampler health and scan cost. Fleets
+//! aggregate hosts with Prometheus, not with a collector of ours.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, Mutex};
+
+use anyhow::Context;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+use tier_proto::v1::{Backend, StatsUpdate, TierKind};
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct TierLabels {
+    vm: String,
+    tier: String,
+    kind: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct VmLabels {
+    vm: String,
+    name: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct BackendLabels {
+    backend: String,
+}
+
+type FGauge<L> = Family<L, Gauge<f64, AtomicU64>>;
+
+/// Every family tierd exports, and the label sets live per VM (removed when
+/// the VM goes away, so dashboards do not show ghosts).
+#[derive(Debug)]
+pub struct Metrics {
+    registry: Registry,
+    young: Family<TierLabels, Gauge>,
+    sampled: Family<TierLabels, Gauge>,
+    access_rate: FGauge<TierLabels>,
+    resident: Family<TierLabels, Gauge>,
+    balloon_target: Family<TierLabels, Gauge>,
+    balloon_actual: Family<TierLabels, Gauge>,
+    hit: FGauge<VmLabels>,
+    hit_error: FGauge<VmLabels>,
+    active: Family<BackendLabels, Gauge>,
+    scan_seconds: Family<BackendLabels, Counter<f64, AtomicU64>>,
+    events: Family<BackendLabels, Counter>,
+    lost: Family<BackendLabels, Counter>,
+    errors: Family<BackendLabels, Counter>,
+    vms: Gauge,
+    updates: Counter,
+    live: HashMap<String, (VmLabels, Vec<TierLabels>)>,
+}
+
+/// Label sets of a VM and its tiers, in tier order.
+fn labels(vm: &tier_proto::v1::Vm) -> (VmLabels, Vec<TierLabels>) {
+    let tiers = vm
+        .tiers
+        .iter()
+        .map(|t| TierLabels {
+            vm: vm.id.clone(),
+            tier: t.name.clone(),
+            kind: TierKind::try_from(t.kind)
+                .unwrap_or(TierKind::Unknown)
+                .short_name()
+                .into(),
+        })
+        .collect();
+    (
+        VmLabels {
+            vm: vm.id.clone(),
+            name: vm.name.clone(),
+        },
+        tiers,
+    )
+}
+
+fn clamp(v: u64) -> i64 {
+    i64::try_from(v).unwrap_or(i64::MAX)
+}
+
+impl Metrics {
+    pub fn new() -> Metrics {
+        let mut registry = Registry::with_prefix("tierd");
+        let mut m = Metrics {
+            young: Family::default(),
+            sampled: Family::default(),
+            access_rate: Family::default(),
+            resident: Family::default(),
+            balloon_target: Family::default(),
+            balloon_actual: Family::default(),
+            hit: Family::default(),
+            hit_error: Family::default(),
+            active: Family::default(),
+            scan_seconds: Family::default(),
+            events: Family::default(),
+            lost: Family::default(),
+            errors: Family::default(),
+            vms: Gauge::default(),
+            updates: Counter::default(),
+            live: HashMap::new(),
+            registry: Registry::default(),
+        };
+        let r = &mut registry;
+        r.register(
+            "tier_young_pages",
+            "Pages of the tier found accessed in the last interval",
+            m.young.clone(),
+        );
+        r.register(
+            "tier_sampled_pages",
+            "Pages of the tier examined in the last interval",
+            m.sampled.clone(),
+        );
+        r.register(
+            "tier_estimated_accesses_per_second",
+            "Estimated accesses to the tier per second (host-sampled)",
+            m.access_rate.clone(),
+        );
+        r.register(
+            "tier_resident_bytes",
+            "Host-resident bytes of the tier",
+            m.resident.clone(),
+        );
+        r.register(
+            "tier_balloon_target_bytes",
+            "Balloon target of the tier",
+            m.balloon_target.clone(),
+        );
+        r.register(
+            "tier_balloon_actual_bytes",
+            "Balloon size the guest reports for the tier",
+            m.balloon_actual.clone(),
+        );
+        r.register(
+            "vm_dram_hit_ratio",
+            "Estimated share of accesses that hit DRAM",
+            m.hit.clone(),
+        );
+        r.register(
+            "vm_dram_hit_error",
+            "Half-width of the ~95% interval of the hit ratio",
+            m.hit_error.clone(),
+        );
+        r.register(
+            "sampler_active",
+            "1 if the backend produced the last interval",
+            m.active.clone(),
+        );
+        r.register(
+            "sampler_scan_seconds",
+            "CPU time spent sampling",
+            m.scan_seconds.clone(),
+        );
+        r.register(
+            "sampler_events",
+            "Pages or events processed by the sampler",
+            m.events.clone(),
+        );
+        r.register("sampler_lost", "Events the sampler lost", m.lost.clone());
+        r.register(
+            "sampler_errors",
+            "Intervals in which sampling some VM failed",
+            m.errors.clone(),
+        );
+        r.register("vms", "VMs tierd tracks", m.vms.clone());
+        r.register("updates", "Sampling intervals completed", m.updates.clone());
+        m.registry = registry;
+        m
+    }
+
+    /// Takes one interval's update. Label sets are built when a VM appears
+    /// and reused every interval after; a VM's series go when it does.
+    pub fn update(&mut self, u: &StatsUpdate) {
+        if !u.vms_unchanged {
+            let listed: std::collections::HashSet<&str> =
+                u.vms.iter().map(|v| v.id.as_str()).collect();
+            let gone: Vec<String> = self
+                .live
+                .keys()
+                .filter(|id| !listed.contains(id.as_str()))
+                .cloned()
+                .collect();
+            for id in gone {
+                self.forget(&id);
+            }
+            for vm in &u.vms {
+                self.live.entry(vm.id.clone()).or_insert_with(|| labels(vm));
+            }
+        }
+        let secs = (u.interval_ns as f64 / 1e9).max(1e-9);
+        for stats in &u.stats {
+            let Some((vl, tiers)) = self.live.get(&stats.vm_id) else {
+                continue;
+            };
+            for (tl, s) in tiers.iter().zip(&stats.tiers) {
+                self.young.get_or_create(tl).set(clamp(s.young_pages));
+                self.sampled.get_or_create(tl).set(clamp(s.sampled_pages));
+                self.access_rate
+                    .get_or_create(tl)
+                    .set(s.estimated_accesses / secs);
+                self.resident.get_or_create(tl).set(clamp(s.resident_bytes));
+                self.balloon_target
+                    .get_or_create(tl)
+                    .set(clamp(s.balloon_target_bytes));
+                self.balloon_actual
+                    .get_or_create(tl)
+                    .set(clamp(s.balloon_actual_bytes));
+            }
+            if stats.has_accesses {
+                self.hit.get_or_create(vl).set(stats.dram_hit_ratio);
+                self.hit_error.get_or_create(vl).set(stats.dram_hit_error);
+            }
+        }
+        for h in &u.health {
+            let b = BackendLabels {
+                backend: Backend::try_from(h.backend)
+                    .unwrap_or(Backend::Unspecified)
+                    .short_name()
+                    .into(),
+            };
+            self.active.get_or_create(&b).set(i64::from(h.active));
+            self.scan_seconds
+                .get_or_create(&b)
+                .inc_by(h.scan_cost_ns as f64 / 1e9);
+            self.events.get_or_create(&b).inc_by(h.events);
+            self.lost.get_or_create(&b).inc_by(h.lost);
+            if !h.error.is_empty() {
+                self.errors.get_or_create(&b).inc();
+            }
+        }
+        self.vms.set(clamp(self.live.len() as u64));
+        self.updates.inc();
+    }
+
+    /// Removes every series of a VM that went away.
+    fn forget(&mut self, id: &str) {
+        let Some((vm, tiers)) = self.live.remove(id) else {
+            return;
+        };
+        self.hit.remove(&vm);
+        self.hit_error.remove(&vm);
+        for t in tiers {
+            for f in [
+                &self.young,
+                &self.sampled,
+                &self.resident,
+                &self.balloon_target,
+                &self.balloon_actual,
+            ] {
+                f.remove(&t);
+            }
+            self.access_rate.remove(&t);
+        }
+    }
+
+    /// OpenMetrics text.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        if let Err(e) = prometheus_client::encoding::text::encode(&mut out, &self.registry) {
+            tracing::error!(error = %e, "encoding metrics");
+        }
+        out
+    }
+}
+
+/// Serves GET /metrics until the runtime ends.
+pub async fn serve(addr: SocketAddr, metrics: Arc<Mutex<Metrics>>) -> anyhow::Result<SocketAddr> {
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("binding the metrics endpoint {addr}"))?;
+    let bound = listener.local_addr().context("metrics local address")?;
+    let app = axum::Router::new().route(
+        "/metrics",
+        axum::routing::get(move || {
+            let m = metrics.clone();
+            async move {
+                let body = m.lock().map(|m| m.encode()).unwrap_or_default();
+                (
+                    [(
+                        axum::http::header::CONTENT_TYPE,
+                        "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                    )],
+                    body,
+                )
+            }
+        }),
+    );
+    tokio::spawn(async move {
+        if let Err(e) = axum::serve(listener, app).await {
+            tracing::error!(error = %e, "metrics endpoint stopped");
+        }
+    });
+    Ok(bound)
+}

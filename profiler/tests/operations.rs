@@ -1,0 +1,266 @@
+//! What an operator touches: config errors (exit 2, key named), socket mode
+//! and group, the Prometheus endpoint, gRPC over TCP with TLS.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly on purpose
+
+use std::io::{Read, Write};
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use tier_proto::v1::GetInfoRequest;
+use tier_proto::v1::tier_service_client::TierServiceClient;
+use tonic::transport::{Certificate, ClientTlsConfig, Endpoint};
+
+fn tierd() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_tierd"))
+}
+
+/// Runs `tierd run` with a config file and flags; returns (status, stderr).
+fn run_with(config: &str, flags: &[&str]) -> (Option<i32>, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("tierd.toml");
+    std::fs::write(&cfg, config).unwrap();
+    let out = tierd()
+        .args(["run", "--config"])
+        .arg(&cfg)
+        .args(["--socket"])
+        .arg(dir.path().join("s.sock"))
+        .args(flags)
+        .output()
+        .unwrap();
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn bad_configs_exit_2_and_name_the_key() {
+    let cases: &[(&str, &[&str], &str)] = &[
+        ("interval_ms = 5", &[], "interval_ms"),
+        ("interval_ms = \"soon\"", &[], "interval_ms"),
+        ("intervall_ms = 100", &[], "intervall_ms"),
+        ("socket_mode = \"0999\"", &[], "socket_mode"),
+        ("socket_group = \"no-such-group-xyz\"", &[], "socket_group"),
+        ("backend = \"psychic\"", &[], "backend"),
+        ("[tier_kinds]\nslow = \"warp\"", &[], "tier_kinds.slow"),
+        (
+            "[metrics]\nlisten = \"0.0.0.0:9464\"",
+            &[],
+            "metrics.listen",
+        ),
+        ("[tcp]\nlisten = \"127.0.0.1:0\"", &[], "tcp.cert"),
+        ("log_format = \"xml\"", &[], "log_format"),
+        // A flag is checked like the key it overrides.
+        ("", &["--interval-ms", "1"], "interval_ms"),
+        ("", &["--tier-kind", "slow=fast"], "tier_kinds.slow"),
+    ];
+    for (config, flags, key) in cases {
+        let (code, err) = run_with(config, flags);
+        assert_eq!(code, Some(2), "{config:?} {flags:?}: {err}");
+        assert!(
+            err.contains(key),
+            "{config:?}: message does not name {key}: {err}"
+        );
+    }
+    let out = tierd()
+        .args(["run", "--config", "/nonexistent/tierd.toml"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent/tierd.toml"));
+}
+
+struct Daemon {
+    child: Child,
+    log: PathBuf,
+    socket: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Daemon {
+    fn start(config: &str, flags: &[&str]) -> Daemon {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = dir.path().join("tierd.toml");
+        std::fs::write(&cfg, config).unwrap();
+        let log = dir.path().join("tierd.log");
+        let socket = dir.path().join("tierd.sock");
+        let child = tierd()
+            .args(["run", "--no-discover", "--config"])
+            .arg(&cfg)
+            .arg("--socket")
+            .arg(&socket)
+            .args(flags)
+            .stderr(Stdio::from(std::fs::File::create(&log).unwrap()))
+            .spawn()
+            .unwrap();
+        let mut d = Daemon {
+            child,
+            log,
+            socket,
+            _dir: dir,
+        };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while std::os::unix::net::UnixStream::connect(&d.socket).is_err() {
+            if let Some(st) = d.child.try_wait().unwrap() {
+                panic!(
+                    "tierd exited: {st}: {}",
+                    std::fs::read_to_string(&d.log).unwrap()
+                );
+            }
+            assert!(Instant::now() < deadline, "tierd did not start");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        d
+    }
+
+    /// The `bound=ADDR` that a log line containing `what` announced.
+    fn bound(&self, what: &str) -> std::net::SocketAddr {
+        let log = std::fs::read_to_string(&self.log).unwrap();
+        let line = log
+            .lines()
+            .find(|l| l.contains(what))
+            .unwrap_or_else(|| panic!("no {what:?} in {log}"));
+        let addr = line
+            .split("bound=")
+            .nth(1)
+            .unwrap()
+            .split_whitespace()
+            .next()
+            .unwrap();
+        addr.parse().unwrap()
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[test]
+fn socket_gets_the_configured_mode_and_group() {
+    let gid = tier_profiler::config::group_id("daemon").expect("Debian has a daemon group");
+    let d = Daemon::start(
+        "socket_mode = \"0640\"\nsocket_group = \"daemon\"\n[metrics]\nlisten = \"\"",
+        &[],
+    );
+    let meta = std::fs::metadata(&d.socket).unwrap();
+    assert_eq!(meta.permissions().mode() & 0o777, 0o640);
+    assert_eq!(meta.gid(), gid);
+}
+
+fn http_get(addr: std::net::SocketAddr, path: &str) -> String {
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    out
+}
+
+#[test]
+#[cfg_attr(not(has_kvm), ignore = "needs a usable /dev/kvm for the demo VM")]
+fn metrics_show_the_demo_vm_per_tier() {
+    let d = Daemon::start(
+        "",
+        &[
+            "--demo-vm",
+            "--interval-ms",
+            "200",
+            "--metrics-listen",
+            "127.0.0.1:0",
+        ],
+    );
+    let addr = d.bound("metrics on");
+    assert!(addr.ip().is_loopback());
+    // Wait for a sampled interval (the first one only arms).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let body = loop {
+        let body = http_get(addr, "/metrics");
+        if body.contains("tierd_vm_dram_hit_ratio{") || Instant::now() > deadline {
+            break body;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert!(body.starts_with("HTTP/1.1 200"), "{body}");
+    assert!(body.contains("application/openmetrics-text"));
+    let pid = d.child.id();
+    for want in [
+        format!("tierd_tier_young_pages{{vm=\"demo:{pid}\",tier=\"dram\",kind=\"dram\"}} 50"),
+        format!("tierd_tier_young_pages{{vm=\"demo:{pid}\",tier=\"slow\",kind=\"cxl\"}} 96"),
+        format!("tierd_vm_dram_hit_ratio{{vm=\"demo:{pid}\",name=\"demo\"}}"),
+        "tierd_sampler_active{backend=\"hostpte\"} 1".to_string(),
+        "tierd_vms 1".to_string(),
+    ] {
+        assert!(body.contains(&want), "missing {want:?} in\n{body}");
+    }
+    assert!(http_get(addr, "/nope").starts_with("HTTP/1.1 404"));
+}
+
+fn write_pem(dir: &Path, name: &str, pem: &str) -> PathBuf {
+    let p = dir.join(name);
+    std::fs::write(&p, pem).unwrap();
+    p
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grpc_over_tcp_requires_tls_with_a_trusted_certificate() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca_key = rcgen::KeyPair::generate().unwrap();
+    let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    let ca = ca_params.self_signed(&ca_key).unwrap();
+    let issuer = rcgen::Issuer::from_params(&ca_params, &ca_key);
+    let key = rcgen::KeyPair::generate().unwrap();
+    let leaf = rcgen::CertificateParams::new(vec!["localhost".to_string()])
+        .unwrap()
+        .signed_by(&key, &issuer)
+        .unwrap();
+    let cert_path = write_pem(dir.path(), "cert.pem", &leaf.pem());
+    let key_path = write_pem(dir.path(), "key.pem", &key.serialize_pem());
+    let config = format!(
+        "[metrics]\nlisten = \"\"\n[tcp]\nlisten = \"127.0.0.1:0\"\ncert = \"{}\"\nkey = \"{}\"\n",
+        cert_path.display(),
+        key_path.display()
+    );
+    let d = Daemon::start(&config, &[]);
+    let addr = d.bound("over TLS");
+
+    let tls = ClientTlsConfig::new()
+        .ca_certificate(Certificate::from_pem(ca.pem()))
+        .domain_name("localhost");
+    let channel = Endpoint::from_shared(format!("https://{addr}"))
+        .unwrap()
+        .tls_config(tls)
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let info = TierServiceClient::new(channel)
+        .get_info(GetInfoRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(info.protocol_version, tier_proto::PROTOCOL_VERSION);
+
+    // Plain HTTP/2 is refused.
+    let plain = Endpoint::from_shared(format!("http://{addr}"))
+        .unwrap()
+        .connect()
+        .await;
+    let refused = match plain {
+        Err(_) => true,
+        Ok(ch) => TierServiceClient::new(ch)
+            .get_info(GetInfoRequest {})
+            .await
+            .is_err(),
+    };
+    assert!(refused, "plaintext gRPC must not work on the TLS port");
+}
