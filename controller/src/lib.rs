@@ -1,4 +1,8 @@
-//! tier-controller: the client side of tier.v1 (tierctl's views) and, with
-//! its own issue, the controller that balances DRAM between VMs.
+//! tier-controller: the client side of tier.v1 (tierctl's views) and the
+//! controller that balances DRAM between VMs: its decision function
+//! (`policy`, see docs/controller.md) and a simulator that drives it
+//! (`sim`). Actuation against the VMM comes with its own issue.
 
+pub mod policy;
+pub mod sim;
 pub mod view;

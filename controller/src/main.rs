@@ -192,8 +192,15 @@ async fn top(
         .context("WatchStats")?
         .into_inner();
     let mut printed = 0u64;
+    let mut vms = Vec::new();
     while let Some(update) = stream.next().await {
-        let update = update.context("stats stream")?;
+        let mut update = update.context("stats stream")?;
+        // The VM list travels only when it changes.
+        if update.vms_unchanged {
+            update.vms = vms.clone();
+        } else {
+            vms = update.vms.clone();
+        }
         if live {
             print!("\x1b[H\x1b[2J");
         }

@@ -1,0 +1,276 @@
+//! The policy as the decision function uses it: a validated copy of the
+//! proto `Policy`, plus tunables the protocol does not carry (yet).
+
+use std::collections::HashMap;
+
+use tier_proto::v1::Policy;
+
+/// Balloon granularity; sizes, steps and limits are multiples of it.
+pub const PAGE: u64 = 4096;
+
+/// A policy field that is out of range: names the field and why.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("policy.{field}: {reason}")]
+pub struct ConfigError {
+    pub field: String,
+    pub reason: String,
+}
+
+fn err(field: impl Into<String>, reason: impl Into<String>) -> ConfigError {
+    ConfigError {
+        field: field.into(),
+        reason: reason.into(),
+    }
+}
+
+/// Bounds of one tier in bytes left to the guest (size minus balloon).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    pub floor: u64,
+    /// `None`: the tier size.
+    pub ceiling: Option<u64>,
+}
+
+impl Limits {
+    /// `(floor, ceiling)` for a tier of `size` bytes; both <= size.
+    pub fn resolve(self, size: u64) -> (u64, u64) {
+        let ceiling = self.ceiling.unwrap_or(size).min(size);
+        (self.floor.min(ceiling), ceiling)
+    }
+}
+
+/// Per-VM overrides.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct VmOverride {
+    pub target: Option<f64>,
+    /// By tier name.
+    pub limits: HashMap<String, Limits>,
+    pub excluded: bool,
+}
+
+/// Knobs that `Policy` does not carry; defaults are what docs/controller.md
+/// describes.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Tuning {
+    /// A VM that reversed the direction of its DRAM changes does not
+    /// reverse again for this many intervals (hysteresis).
+    pub hysteresis_window: u32,
+    /// A balloon within this many bytes of its target has arrived.
+    pub balloon_tolerance: u64,
+    /// Intervals a lagging balloon may make no progress before the VM is
+    /// marked uncooperative.
+    pub grace_intervals: u32,
+    /// Releases smaller than this are not worth a balloon round trip;
+    /// `None`: max(PAGE, max_step / 64).
+    pub min_step: Option<u64>,
+}
+
+impl Default for Tuning {
+    fn default() -> Self {
+        Tuning {
+            hysteresis_window: 10,
+            balloon_tolerance: 4 << 20,
+            grace_intervals: 3,
+            min_step: None,
+        }
+    }
+}
+
+/// The validated policy.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Config {
+    pub enabled: bool,
+    pub dry_run: bool,
+    pub default_target: f64,
+    pub epsilon: f64,
+    /// `None`: the sum of the VMs' DRAM tier sizes.
+    pub budget: Option<u64>,
+    pub max_step: u64,
+    pub cooldown_intervals: u32,
+    pub idle_threshold: f64,
+    /// By VM id or name.
+    pub vms: HashMap<String, VmOverride>,
+    pub tuning: Tuning,
+}
+
+impl Config {
+    /// The override for a VM, by id first, then by name.
+    pub fn vm(&self, id: &str, name: &str) -> Option<&VmOverride> {
+        self.vms.get(id).or_else(|| self.vms.get(name))
+    }
+
+    pub fn min_step(&self) -> u64 {
+        self.tuning
+            .min_step
+            .unwrap_or((self.max_step / 64 / PAGE * PAGE).max(PAGE))
+    }
+}
+
+fn ratio(field: &str, v: f64, max: f64) -> Result<f64, ConfigError> {
+    if !v.is_finite() || !(0.0..=max).contains(&v) {
+        return Err(err(field, format!("{v} is not in [0, {max}]")));
+    }
+    Ok(v)
+}
+
+fn pages(field: &str, v: u64) -> Result<u64, ConfigError> {
+    if !v.is_multiple_of(PAGE) {
+        return Err(err(field, format!("{v} is not a multiple of {PAGE}")));
+    }
+    Ok(v)
+}
+
+impl TryFrom<&Policy> for Config {
+    type Error = ConfigError;
+
+    /// Checks every field; the first bad one is reported.
+    fn try_from(p: &Policy) -> Result<Self, ConfigError> {
+        let default_target = ratio("default_target", p.default_target, 1.0)?;
+        let epsilon = ratio("epsilon", p.epsilon, 0.5)?;
+        let idle_threshold = ratio("idle_threshold", p.idle_threshold, 1.0)?;
+        if p.max_step_bytes == 0 {
+            return Err(err("max_step_bytes", "must be > 0"));
+        }
+        let max_step = pages("max_step_bytes", p.max_step_bytes)?;
+        let budget = match pages("host_dram_budget_bytes", p.host_dram_budget_bytes)? {
+            0 => None,
+            b => Some(b),
+        };
+        let mut vms = HashMap::new();
+        for (i, vm) in p.vms.iter().enumerate() {
+            let at = |f: &str| format!("vms[{i}].{f}");
+            if vm.vm.is_empty() {
+                return Err(err(at("vm"), "must name a VM id or name"));
+            }
+            let target = match vm.target {
+                Some(t) => Some(ratio(&at("target"), t, 1.0)?),
+                None => None,
+            };
+            let mut limits = HashMap::new();
+            for (j, l) in vm.limits.iter().enumerate() {
+                let at = |f: &str| format!("vms[{i}].limits[{j}].{f}");
+                if l.tier.is_empty() {
+                    return Err(err(at("tier"), "must name a tier"));
+                }
+                let floor = pages(&at("floor_bytes"), l.floor_bytes)?;
+                let ceiling = pages(&at("ceiling_bytes"), l.ceiling_bytes)?;
+                if ceiling != 0 && ceiling < floor {
+                    return Err(err(
+                        at("ceiling_bytes"),
+                        format!("{ceiling} is below floor_bytes {floor}"),
+                    ));
+                }
+                let ceiling = (ceiling != 0).then_some(ceiling);
+                if limits
+                    .insert(l.tier.clone(), Limits { floor, ceiling })
+                    .is_some()
+                {
+                    return Err(err(at("tier"), format!("{:?} appears twice", l.tier)));
+                }
+            }
+            let o = VmOverride {
+                target,
+                limits,
+                excluded: vm.excluded,
+            };
+            if vms.insert(vm.vm.clone(), o).is_some() {
+                return Err(err(at("vm"), format!("{:?} appears twice", vm.vm)));
+            }
+        }
+        Ok(Config {
+            enabled: p.enabled,
+            dry_run: p.dry_run,
+            default_target,
+            epsilon,
+            budget,
+            max_step,
+            cooldown_intervals: p.cooldown_intervals,
+            idle_threshold,
+            vms,
+            tuning: Tuning::default(),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tier_proto::v1::{TierLimits, VmPolicy};
+
+    fn policy() -> Policy {
+        Policy {
+            enabled: true,
+            dry_run: false,
+            default_target: 0.9,
+            epsilon: 0.02,
+            host_dram_budget_bytes: 0,
+            max_step_bytes: 64 << 20,
+            cooldown_intervals: 2,
+            idle_threshold: 0.5,
+            vms: vec![VmPolicy {
+                vm: "a".into(),
+                target: Some(0.8),
+                limits: vec![TierLimits {
+                    tier: "dram".into(),
+                    floor_bytes: 1 << 20,
+                    ceiling_bytes: 0,
+                }],
+                excluded: false,
+            }],
+        }
+    }
+
+    #[test]
+    fn converts_a_good_policy() {
+        let c = Config::try_from(&policy()).unwrap();
+        assert_eq!(c.budget, None);
+        assert_eq!(c.min_step(), 1 << 20);
+        let a = c.vm("x", "a").unwrap();
+        assert_eq!(a.target, Some(0.8));
+        let l = a.limits["dram"];
+        assert_eq!(l.resolve(16 << 20), (1 << 20, 16 << 20));
+        assert_eq!(l.resolve(4096), (4096, 4096));
+    }
+
+    #[test]
+    fn names_the_first_bad_field() {
+        let bad = |f: fn(&mut Policy)| {
+            let mut p = policy();
+            f(&mut p);
+            Config::try_from(&p).unwrap_err().field
+        };
+        assert_eq!(bad(|p| p.default_target = f64::NAN), "default_target");
+        assert_eq!(bad(|p| p.epsilon = 0.6), "epsilon");
+        assert_eq!(bad(|p| p.idle_threshold = 1.5), "idle_threshold");
+        assert_eq!(bad(|p| p.max_step_bytes = 0), "max_step_bytes");
+        assert_eq!(bad(|p| p.max_step_bytes = 100), "max_step_bytes");
+        assert_eq!(
+            bad(|p| p.host_dram_budget_bytes = 1),
+            "host_dram_budget_bytes"
+        );
+        assert_eq!(bad(|p| p.vms[0].vm.clear()), "vms[0].vm");
+        assert_eq!(bad(|p| p.vms[0].target = Some(-0.1)), "vms[0].target");
+        assert_eq!(
+            bad(|p| p.vms[0].limits[0].ceiling_bytes = 4096),
+            "vms[0].limits[0].ceiling_bytes"
+        );
+        assert_eq!(
+            bad(|p| p.vms[0].limits[0].floor_bytes = 5),
+            "vms[0].limits[0].floor_bytes"
+        );
+        assert_eq!(
+            bad(|p| {
+                let l = p.vms[0].limits[0].clone();
+                p.vms[0].limits.push(l);
+            }),
+            "vms[0].limits[1].tier"
+        );
+        assert_eq!(
+            bad(|p| {
+                let v = p.vms[0].clone();
+                p.vms.push(v);
+            }),
+            "vms[1].vm"
+        );
+    }
+}

@@ -1,0 +1,345 @@
+//! One round of the decision function: look at every VM, let each managed
+//! one state its want, enforce the budget, split the pool, mirror DRAM
+//! changes on the slow tier, and write decisions.
+
+use super::allocate::{Claim, water_fill};
+use super::classify::{Ctx, Want, Why, classify};
+use super::config::{Config, Limits, PAGE};
+use super::decision;
+use super::input::VmObs;
+use super::model::Load;
+use super::state::{Balloons, Dir, VmState};
+use super::{BudgetSummary, Controller, Plan, Targets, VmStatus};
+
+/// Everything decided about one VM in this round.
+#[derive(Debug, Clone)]
+pub(super) struct Work {
+    pub status: VmStatus,
+    pub newly_uncooperative: bool,
+    pub target: f64,
+    pub lo: u64,
+    pub hi: u64,
+    pub slow_lo: u64,
+    pub slow_hi: u64,
+    pub load: Load,
+    pub want: Want,
+    /// Extra DRAM taken because the host is over budget.
+    pub forced: u64,
+    /// DRAM granted from the pool.
+    pub granted: u64,
+    /// Change of DRAM given, and of slow memory given, bytes.
+    pub delta: i64,
+    pub slow_delta: i64,
+    pub was_budget_limited: bool,
+}
+
+/// What the pool looked like, for the decisions' detail text.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Pool {
+    pub budget: u64,
+    pub committed: u64,
+    pub size: u64,
+}
+
+fn limits(cfg: &Config, vm: &VmObs, tier: &str, size: u64) -> (u64, u64) {
+    cfg.vm(&vm.id, &vm.name)
+        .and_then(|o| o.limits.get(tier))
+        .copied()
+        .unwrap_or(Limits {
+            floor: 0,
+            ceiling: None,
+        })
+        .resolve(size)
+}
+
+fn status(cfg: &Config, vm: &VmObs, st: &mut VmState, round: u64) -> (VmStatus, bool) {
+    if !cfg.enabled {
+        return (VmStatus::Disabled, false);
+    }
+    if cfg.vm(&vm.id, &vm.name).is_some_and(|o| o.excluded) {
+        return (VmStatus::Excluded, false);
+    }
+    if st.uncooperative {
+        return (VmStatus::Uncooperative, false);
+    }
+    let balloons = st.track(vm, round, &cfg.tuning);
+    if !vm.balloon_ok || balloons == Balloons::Stuck {
+        st.uncooperative = true;
+        return (VmStatus::Uncooperative, true);
+    }
+    if balloons == Balloons::Moving {
+        return (VmStatus::Settling, false);
+    }
+    if round <= st.cooldown_until {
+        return (VmStatus::Cooldown, false);
+    }
+    (VmStatus::Managed, false)
+}
+
+fn look(cfg: &Config, vm: &VmObs, st: &mut VmState, round: u64) -> Work {
+    let (status, newly_uncooperative) = status(cfg, vm, st, round);
+    let (lo, hi) = limits(cfg, vm, &vm.dram.name, vm.dram.size);
+    let (slow_lo, slow_hi) = limits(cfg, vm, &vm.slow.name, vm.slow.size);
+    let target = cfg
+        .vm(&vm.id, &vm.name)
+        .and_then(|o| o.target)
+        .unwrap_or(cfg.default_target);
+    let load = Load::of(vm);
+    let want = if status == VmStatus::Managed {
+        let ctx = Ctx {
+            target,
+            lo,
+            hi,
+            last_dir: st.last_dir,
+            reversed_lately: st
+                .last_reversal
+                .is_some_and(|r| round - r < u64::from(cfg.tuning.hysteresis_window)),
+        };
+        classify(vm, &load, &ctx, cfg)
+    } else {
+        Want::Hold
+    };
+    Work {
+        status,
+        newly_uncooperative,
+        target,
+        lo,
+        hi,
+        slow_lo,
+        slow_hi,
+        load,
+        want,
+        forced: 0,
+        granted: 0,
+        delta: 0,
+        slow_delta: 0,
+        was_budget_limited: st.budget_limited,
+    }
+}
+
+/// Sum of byte counts; absurd inputs saturate instead of overflowing.
+fn sum(it: impl Iterator<Item = u64>) -> u64 {
+    it.fold(0, u64::saturating_add)
+}
+
+/// DRAM the VM holds against the budget.
+fn committed(vm: &VmObs, w: &Work, delta: i64) -> u64 {
+    if w.status == VmStatus::Uncooperative {
+        let b = vm.dram.balloon_target.min(vm.dram.balloon_actual);
+        return vm.dram.size.saturating_sub(b);
+    }
+    vm.dram.given().saturating_add_signed(delta)
+}
+
+/// Takes `excess` more from managed VMs, in proportion to what each can
+/// still give this round (step and floor). Their needs go unmet.
+fn force_release(vms: &[VmObs], works: &mut [Work], cfg: &Config, excess: u64) {
+    let room: Vec<u64> = vms
+        .iter()
+        .zip(works.iter())
+        .map(|(vm, w)| {
+            if w.status != VmStatus::Managed {
+                return 0;
+            }
+            let g = vm.dram.given();
+            let taken = match w.want {
+                Want::Release { bytes, .. } => bytes,
+                _ => 0,
+            };
+            g.saturating_sub(w.lo)
+                .min(cfg.max_step)
+                .saturating_sub(taken)
+        })
+        .collect();
+    let total = sum(room.iter().copied());
+    if total == 0 {
+        return;
+    }
+    for (w, r) in works.iter_mut().zip(room) {
+        let share = (excess as f64 * r as f64 / total as f64 / PAGE as f64).ceil() as u64 * PAGE;
+        w.forced = share.min(r);
+    }
+}
+
+/// Splits the pool: floors first, then VMs below target weighted by
+/// deficit x access rate. Returns what was granted.
+fn grant(works: &mut [Work], pool: u64) -> u64 {
+    let mut left = pool;
+    for floor_pass in [true, false] {
+        let idx: Vec<usize> = (0..works.len())
+            .filter(|&i| match works[i].want {
+                Want::Need { why, .. } => (why == Why::Floor) == floor_pass,
+                _ => false,
+            })
+            .collect();
+        let claims: Vec<Claim> = idx
+            .iter()
+            .map(|&i| {
+                let w = &works[i];
+                let cap = match w.want {
+                    Want::Need { bytes, .. } => bytes,
+                    _ => 0,
+                };
+                let deficit = w.load.ratio().map_or(0.0, |r| (w.target - r).max(0.0));
+                let weight = if floor_pass {
+                    1.0
+                } else {
+                    deficit * w.load.total()
+                };
+                Claim { weight, cap }
+            })
+            .collect();
+        for (&i, got) in idx.iter().zip(water_fill(left, &claims)) {
+            works[i].granted = got;
+            left -= got;
+        }
+    }
+    pool - left
+}
+
+/// Slow-tier change mirroring a DRAM change so total guest memory stays
+/// constant where the slow tier's step and limits allow; a slow tier
+/// outside its limits is first brought back toward them.
+fn slow_delta(vm: &VmObs, w: &Work, step: u64) -> i64 {
+    let s = vm.slow.given();
+    let signed = |up: bool, b: u64| {
+        let b = i64::try_from(b).unwrap_or(i64::MAX);
+        if up { b } else { -b }
+    };
+    if s > w.slow_hi {
+        return signed(false, (s - w.slow_hi).min(step));
+    }
+    if s < w.slow_lo {
+        return signed(true, (w.slow_lo - s).min(step));
+    }
+    let d = w.delta.unsigned_abs().min(step);
+    if w.delta > 0 {
+        signed(false, d.min(s - w.slow_lo))
+    } else {
+        signed(true, d.min(w.slow_hi - s))
+    }
+}
+
+pub(super) fn run(c: &mut Controller, vms: &[VmObs], now_unix_ns: u64) -> Plan {
+    c.round += 1;
+    let round = c.round;
+    let cfg = &c.config;
+    let mut works: Vec<Work> = Vec::with_capacity(vms.len());
+    for vm in vms {
+        if !c.state.contains_key(vm.id.as_str()) {
+            c.state.insert(vm.id.clone(), VmState::default());
+        }
+        let mut scratch = VmState::default();
+        let st = c.state.get_mut(vm.id.as_str()).unwrap_or(&mut scratch);
+        st.seen = round;
+        works.push(look(cfg, vm, st, round));
+    }
+    c.state.retain(|_, s| s.seen == round);
+
+    let budget = cfg
+        .budget
+        .unwrap_or_else(|| sum(vms.iter().map(|v| v.dram.size)));
+    let before = sum(vms.iter().zip(&works).map(|(v, w)| committed(v, w, 0)));
+    let releasing = sum(works.iter().map(|w| match w.want {
+        Want::Release { bytes, .. } => bytes,
+        _ => 0,
+    }));
+    let pool = if before > budget {
+        let still = (before - budget).saturating_sub(releasing);
+        if still > 0 {
+            force_release(vms, &mut works, cfg, still);
+        }
+        0
+    } else {
+        (budget - before).saturating_add(releasing)
+    };
+    let granted = grant(&mut works, pool);
+    let mut released = 0;
+    for (vm, w) in vms.iter().zip(works.iter_mut()) {
+        let down = match w.want {
+            Want::Release { bytes, .. } => bytes,
+            _ => 0,
+        } + w.forced;
+        released = down.saturating_add(released);
+        let to_i = |b: u64| i64::try_from(b).unwrap_or(i64::MAX);
+        w.delta = to_i(w.granted) - to_i(down);
+        if w.status == VmStatus::Managed {
+            w.slow_delta = slow_delta(vm, w, cfg.max_step);
+        }
+    }
+    let after = sum(vms
+        .iter()
+        .zip(&works)
+        .map(|(v, w)| committed(v, w, w.delta)));
+    let pool_info = Pool {
+        budget,
+        committed: before,
+        size: pool,
+    };
+
+    let mut targets = Vec::with_capacity(vms.len());
+    let mut decisions = Vec::new();
+    for (vm, w) in vms.iter().zip(&works) {
+        let planned = |t: &super::TierObs, d: i64| {
+            if d == 0 {
+                t.balloon_target
+            } else {
+                t.size.saturating_sub(t.given().saturating_add_signed(d))
+            }
+        };
+        let (dram, slow) = (planned(&vm.dram, w.delta), planned(&vm.slow, w.slow_delta));
+        let changed = dram != vm.dram.balloon_target || slow != vm.slow.balloon_target;
+        if let Some(mut d) = decision::record(cfg, vm, w, pool_info, dram, slow) {
+            c.sequence += 1;
+            d.sequence = c.sequence;
+            d.timestamp_unix_ns = now_unix_ns;
+            decisions.push(d);
+        }
+        if let Some(st) = c.state.get_mut(&vm.id) {
+            if w.status == VmStatus::Managed {
+                st.budget_limited = matches!(
+                    w.want,
+                    Want::Need {
+                        why: Why::Below,
+                        ..
+                    }
+                ) && w.granted == 0;
+            }
+            if changed && !cfg.dry_run {
+                st.cooldown_until = round + u64::from(cfg.cooldown_intervals);
+                if w.delta != 0 {
+                    let dir = if w.delta > 0 { Dir::Up } else { Dir::Down };
+                    if st.last_dir.is_some_and(|d| d != dir) {
+                        st.last_reversal = Some(round);
+                    }
+                    st.last_dir = Some(dir);
+                }
+            }
+        }
+        targets.push(if cfg.dry_run {
+            Targets {
+                dram: vm.dram.balloon_target,
+                slow: vm.slow.balloon_target,
+                status: w.status,
+            }
+        } else {
+            Targets {
+                dram,
+                slow,
+                status: w.status,
+            }
+        });
+    }
+    Plan {
+        round,
+        targets,
+        decisions,
+        budget: BudgetSummary {
+            budget,
+            committed_before: before,
+            committed_after: after,
+            released,
+            granted,
+        },
+    }
+}

@@ -1,0 +1,217 @@
+//! `Decision` records: why, what moved, the expected effect, and the
+//! arithmetic behind it in `detail`.
+
+use std::fmt::Write as _;
+
+use tier_proto::v1::{BalloonChange, Decision, DecisionOutcome, DecisionReason};
+
+use super::VmStatus;
+use super::classify::{Want, Why};
+use super::config::Config;
+use super::decide::{Pool, Work};
+use super::input::VmObs;
+use crate::view::human_bytes as hb;
+
+fn why_text(cfg: &Config, vm: &VmObs, w: &Work, pool: Pool) -> String {
+    let g = vm.dram.given();
+    let (t, e) = (w.target, cfg.epsilon);
+    let r = w.load.ratio().unwrap_or(0.0);
+    let mut s = String::new();
+    let _ = match w.want {
+        Want::Release {
+            why: Why::Ceiling,
+            raw,
+            bytes,
+        } => write!(
+            s,
+            "dram given {} above ceiling {}: -{} of {}",
+            hb(g),
+            hb(w.hi),
+            hb(bytes),
+            hb(raw)
+        ),
+        Want::Need {
+            why: Why::Floor,
+            raw,
+            bytes,
+        } => write!(
+            s,
+            "dram given {} below floor {}: +{} of {} (cap {})",
+            hb(g),
+            hb(w.lo),
+            hb(w.granted),
+            hb(raw),
+            hb(bytes)
+        ),
+        Want::Release {
+            why: Why::Idle,
+            raw,
+            bytes,
+        } => {
+            let (held, idle) = (vm.dram.held(), vm.dram.idle_bytes);
+            let th = cfg.idle_threshold;
+            write!(
+                s,
+                "dram idle {} of {} held = {:.3} > {th:.3}: reclaim ({} - {th:.3} x {}) / (1 - {th:.3}) = {} -> {}",
+                hb(idle),
+                hb(held),
+                idle as f64 / held.max(1) as f64,
+                hb(idle),
+                hb(held),
+                hb(raw),
+                hb(bytes)
+            )
+        }
+        Want::Release { why: _, raw, bytes } => write!(
+            s,
+            "ratio {r:.3} > {t:.3} + {e:.3}: {}; {} can go (idle {} first) -> {}",
+            w.load.explain(t),
+            hb(raw),
+            hb(w.load.dram_idle),
+            hb(bytes)
+        ),
+        Want::Need { why: _, raw, bytes } => write!(
+            s,
+            "ratio {r:.3} < {t:.3} - {e:.3}: {}; need {} (min step {}) cap {} -> granted {} of pool {} (budget {}, committed {})",
+            w.load.explain(t),
+            hb(raw),
+            hb(cfg.min_step()),
+            hb(bytes),
+            hb(w.granted),
+            hb(pool.size),
+            hb(pool.budget),
+            hb(pool.committed)
+        ),
+        Want::Hold => write!(
+            s,
+            "slow given {} outside [{}, {}]",
+            hb(vm.slow.given()),
+            hb(w.slow_lo),
+            hb(w.slow_hi)
+        ),
+    };
+    if w.forced > 0 {
+        let _ = write!(
+            s,
+            "; over budget (committed {} > budget {}): -{} more",
+            hb(pool.committed),
+            hb(pool.budget),
+            hb(w.forced)
+        );
+    }
+    s
+}
+
+fn reason(w: &Work) -> DecisionReason {
+    if w.forced > 0 {
+        return DecisionReason::Budget;
+    }
+    match w.want {
+        Want::Release { why: Why::Idle, .. } => DecisionReason::IdleReclaim,
+        Want::Release {
+            why: Why::Above, ..
+        } => DecisionReason::AboveTarget,
+        Want::Need {
+            why: Why::Below,
+            bytes,
+            ..
+        } if w.granted >= bytes => DecisionReason::BelowTarget,
+        // Limits and a short pool: a configured bound shaped the move.
+        _ => DecisionReason::Budget,
+    }
+}
+
+fn guest_note(vm: &VmObs, r: Option<f64>) -> String {
+    match (vm.guest_ratio(), r) {
+        (Some(g), Some(r)) if (g - r).abs() > 0.1 => {
+            format!("; guest claims {g:.3}, host sees {r:.3}: host used")
+        }
+        (Some(g), _) => format!("; guest claims {g:.3}"),
+        _ => String::new(),
+    }
+}
+
+/// The record for one VM, if the round is worth one.
+pub(super) fn record(
+    cfg: &Config,
+    vm: &VmObs,
+    w: &Work,
+    pool: Pool,
+    dram: u64,
+    slow: u64,
+) -> Option<Decision> {
+    let observed = w.load.ratio();
+    let mut d = Decision {
+        vm_id: vm.id.clone(),
+        observed_ratio: observed.unwrap_or(0.0),
+        target_ratio: w.target,
+        expected_ratio: observed.unwrap_or(0.0),
+        ..Default::default()
+    };
+    if w.newly_uncooperative {
+        d.reason = DecisionReason::Uncooperative as i32;
+        d.outcome = DecisionOutcome::Skipped as i32;
+        d.detail = if vm.balloon_ok {
+            format!(
+                "balloon targets dram {} slow {}, actual dram {} slow {}: off by more than {} for {} intervals without progress; no further pushes",
+                hb(vm.dram.balloon_target),
+                hb(vm.slow.balloon_target),
+                hb(vm.dram.balloon_actual),
+                hb(vm.slow.balloon_actual),
+                hb(cfg.tuning.balloon_tolerance),
+                cfg.tuning.grace_intervals
+            )
+        } else {
+            "actuation reports the balloon cannot follow; no further pushes".into()
+        };
+        return Some(d);
+    }
+    if w.status != VmStatus::Managed {
+        return None;
+    }
+    let mut changes = Vec::new();
+    for (t, new) in [(&vm.dram, dram), (&vm.slow, slow)] {
+        if new != t.balloon_target {
+            changes.push(BalloonChange {
+                tier: t.name.clone(),
+                old_target_bytes: t.balloon_target,
+                new_target_bytes: new,
+            });
+        }
+    }
+    // A VM left short by an empty pool is reported once per episode.
+    let newly_short = matches!(
+        w.want,
+        Want::Need {
+            why: Why::Below,
+            ..
+        }
+    ) && w.granted == 0
+        && !w.was_budget_limited;
+    if changes.is_empty() && !newly_short {
+        return None;
+    }
+    d.reason = reason(w) as i32;
+    d.outcome = if changes.is_empty() {
+        DecisionOutcome::Skipped
+    } else if cfg.dry_run {
+        DecisionOutcome::DryRun
+    } else {
+        DecisionOutcome::Applied
+    } as i32;
+    d.expected_ratio = w.load.expected_ratio(w.delta).unwrap_or(d.observed_ratio);
+    let mut detail = why_text(cfg, vm, w, pool);
+    let _ = write!(
+        detail,
+        "; dram given {} -> {}, slow given {} -> {}; expected {:.3}",
+        hb(vm.dram.given()),
+        hb(vm.dram.size.saturating_sub(dram)),
+        hb(vm.slow.given()),
+        hb(vm.slow.size.saturating_sub(slow)),
+        d.expected_ratio
+    );
+    detail.push_str(&guest_note(vm, observed));
+    d.detail = detail;
+    d.changes = changes;
+    Some(d)
+}

@@ -1,0 +1,186 @@
+//! What the decision function sees of one VM in one interval, and how it is
+//! built from the protocol's `Vm` + `VmStats`.
+
+use tier_proto::v1::{TierKind, Vm, VmStats};
+
+/// One tier of one VM over one interval.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct TierObs {
+    /// Tier.name.
+    pub name: String,
+    pub size: u64,
+    /// Balloon target in force (set by the controller), bytes.
+    pub balloon_target: u64,
+    /// Balloon size the guest reports, bytes.
+    pub balloon_actual: u64,
+    /// Host-sampled access estimate (`TierSample.estimated_accesses`).
+    pub accesses: f64,
+    /// Host-sampled bytes touched in the interval.
+    pub accessed_bytes: u64,
+    /// Bytes the guest holds in this tier that were not touched.
+    pub idle_bytes: u64,
+}
+
+impl TierObs {
+    /// Bytes the target leaves to the guest.
+    pub fn given(&self) -> u64 {
+        self.size.saturating_sub(self.balloon_target)
+    }
+
+    /// Bytes the guest holds now (by the balloon's actual size).
+    pub fn held(&self) -> u64 {
+        self.size.saturating_sub(self.balloon_actual)
+    }
+
+    /// Accesses, with NaN and negatives as 0.
+    pub fn accesses(&self) -> f64 {
+        if self.accesses.is_finite() && self.accesses > 0.0 {
+            self.accesses
+        } else {
+            0.0
+        }
+    }
+}
+
+/// One VM over one interval: its DRAM tier and its slow tier.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct VmObs {
+    pub id: String,
+    pub name: String,
+    pub dram: TierObs,
+    /// Size 0 when the VM has no slow tier.
+    pub slow: TierObs,
+    /// False when the actuation layer knows the balloon cannot follow
+    /// (no per-tier balloon, VMM calls failing): uncooperative at once.
+    pub balloon_ok: bool,
+    /// Guest-reported accesses `[dram, slow]`: shown, never acted on.
+    pub guest_accesses: Option<[u64; 2]>,
+}
+
+impl VmObs {
+    /// DRAM-hit ratio from the host samples; `None` without accesses.
+    pub fn ratio(&self) -> Option<f64> {
+        let (d, s) = (self.dram.accesses(), self.slow.accesses());
+        (d + s > 0.0).then(|| d / (d + s))
+    }
+
+    /// DRAM-hit ratio the guest claims, if it reports.
+    pub fn guest_ratio(&self) -> Option<f64> {
+        let [d, s] = self.guest_accesses?;
+        let total = d.checked_add(s)?;
+        (total > 0).then(|| d as f64 / total as f64)
+    }
+}
+
+/// Why a VM cannot be handed to the policy.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum InputError {
+    #[error("VM {0}: no DRAM tier")]
+    NoDramTier(String),
+    #[error("VM {0}: no stats in this update")]
+    NoStats(String),
+}
+
+/// Builds a `VmObs` from the protocol: the first DRAM tier and the first
+/// other tier. Idle bytes = bytes held minus bytes accessed.
+pub fn from_proto(vm: &Vm, stats: &VmStats) -> Result<VmObs, InputError> {
+    if stats.vm_id != vm.id {
+        return Err(InputError::NoStats(vm.id.clone()));
+    }
+    let pick = |want_dram: bool| {
+        vm.tiers
+            .iter()
+            .enumerate()
+            .find(|(_, t)| (t.kind() == TierKind::Dram) == want_dram)
+    };
+    let (di, dt) = pick(true).ok_or_else(|| InputError::NoDramTier(vm.id.clone()))?;
+    let tier = |i: usize, t: &tier_proto::v1::Tier| {
+        let s = stats.tiers.iter().find(|s| s.tier == t.name);
+        let mut o = TierObs {
+            name: t.name.clone(),
+            size: t.size_bytes,
+            ..Default::default()
+        };
+        if let Some(s) = s {
+            o.balloon_target = s.balloon_target_bytes;
+            o.balloon_actual = s.balloon_actual_bytes;
+            o.accesses = s.estimated_accesses;
+            o.accessed_bytes = s.estimated_accessed_bytes;
+            o.idle_bytes = o.held().saturating_sub(s.estimated_accessed_bytes);
+        }
+        (i, o)
+    };
+    let (_, dram) = tier(di, dt);
+    let slow = pick(false).map(|(i, t)| tier(i, t).1).unwrap_or_default();
+    let guest_accesses = match stats.guest_reported_accesses.as_slice() {
+        r if r.len() == vm.tiers.len() && r.len() >= 2 => {
+            let si = pick(false).map(|(i, _)| i);
+            si.and_then(|si| Some([*r.get(di)?, *r.get(si)?]))
+        }
+        _ => None,
+    };
+    Ok(VmObs {
+        id: vm.id.clone(),
+        name: vm.name.clone(),
+        dram,
+        slow,
+        balloon_ok: true,
+        guest_accesses,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tier_proto::v1::{Tier, TierSample};
+
+    #[test]
+    fn builds_from_proto() {
+        let vm = Vm {
+            id: "ch:1".into(),
+            name: "a".into(),
+            tiers: vec![
+                Tier {
+                    name: "slow".into(),
+                    kind: TierKind::Cxl as i32,
+                    size_bytes: 32 << 20,
+                    ..Default::default()
+                },
+                Tier {
+                    name: "dram".into(),
+                    kind: TierKind::Dram as i32,
+                    size_bytes: 16 << 20,
+                    ..Default::default()
+                },
+            ],
+            ..Default::default()
+        };
+        let stats = VmStats {
+            vm_id: "ch:1".into(),
+            tiers: vec![TierSample {
+                tier: "dram".into(),
+                estimated_accesses: 300.0,
+                estimated_accessed_bytes: 4 << 20,
+                balloon_target_bytes: 8 << 20,
+                balloon_actual_bytes: 6 << 20,
+                ..Default::default()
+            }],
+            guest_reported_accesses: vec![10, 30],
+            ..Default::default()
+        };
+        let o = from_proto(&vm, &stats).unwrap();
+        assert_eq!(o.dram.name, "dram");
+        assert_eq!(o.dram.given(), 8 << 20);
+        // Holds 10M (16 - 6 actual), 4M of it touched.
+        assert_eq!(o.dram.idle_bytes, 6 << 20);
+        assert_eq!(o.slow.name, "slow");
+        assert_eq!(o.slow.accesses, 0.0);
+        assert_eq!(o.ratio(), Some(1.0));
+        // Guest counts are in tier order: slow 10, dram 30.
+        assert_eq!(o.guest_accesses, Some([30, 10]));
+        assert_eq!(o.guest_ratio(), Some(0.75));
+        let mut other = stats.clone();
+        other.vm_id = "x".into();
+        assert!(from_proto(&vm, &other).is_err());
+    }
+}

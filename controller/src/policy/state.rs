@@ -1,0 +1,133 @@
+//! What the controller remembers about a VM between intervals: cooldown,
+//! the direction of its last change (hysteresis), and whether its balloons
+//! follow their targets.
+
+use super::config::Tuning;
+use super::input::{TierObs, VmObs};
+
+/// Direction of a change of a VM's DRAM.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Dir {
+    Up,
+    Down,
+}
+
+/// How far one balloon has come toward its target.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+struct Lag {
+    /// Round since which the balloon lags without progress.
+    since: Option<u64>,
+    /// |actual - target| at the last look.
+    gap: u64,
+}
+
+impl Lag {
+    /// Updates with this round's look: (lagging, grace period over).
+    fn look(&mut self, t: &TierObs, round: u64, tuning: &Tuning) -> (bool, bool) {
+        let gap = t.balloon_actual.abs_diff(t.balloon_target);
+        let tol = tuning.balloon_tolerance;
+        if gap <= tol {
+            *self = Lag { since: None, gap };
+            return (false, false);
+        }
+        // Progress by at least the tolerance restarts the grace period.
+        let progressed = self.gap.saturating_sub(gap) >= tol.max(1);
+        let since = match self.since {
+            Some(s) if !progressed => s,
+            _ => round,
+        };
+        *self = Lag {
+            since: Some(since),
+            gap,
+        };
+        (true, round - since >= u64::from(tuning.grace_intervals))
+    }
+}
+
+/// Where a VM's balloons are.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Balloons {
+    /// Both within tolerance of their targets.
+    Arrived,
+    /// At least one still on its way, within its grace period.
+    Moving,
+    /// One has not followed its target for the whole grace period.
+    Stuck,
+}
+
+/// Per-VM memory of the controller.
+#[derive(Debug, Clone, Default)]
+pub struct VmState {
+    /// Last round the VM was seen (departed VMs are forgotten).
+    pub seen: u64,
+    /// No change in rounds up to and including this one.
+    pub cooldown_until: u64,
+    pub last_dir: Option<Dir>,
+    /// Round of the last change that reversed `last_dir`.
+    pub last_reversal: Option<u64>,
+    pub uncooperative: bool,
+    /// The last round left the VM short for lack of budget.
+    pub budget_limited: bool,
+    lag: [Lag; 2],
+}
+
+impl VmState {
+    /// Looks at both balloons.
+    pub fn track(&mut self, vm: &VmObs, round: u64, tuning: &Tuning) -> Balloons {
+        let (dm, ds) = self.lag[0].look(&vm.dram, round, tuning);
+        let (sm, ss) = self.lag[1].look(&vm.slow, round, tuning);
+        if ds || ss {
+            Balloons::Stuck
+        } else if dm || sm {
+            Balloons::Moving
+        } else {
+            Balloons::Arrived
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const M: u64 = 1 << 20;
+
+    fn vm(target: u64, actual: u64) -> VmObs {
+        VmObs {
+            dram: TierObs {
+                size: 1024 * M,
+                balloon_target: target,
+                balloon_actual: actual,
+                ..Default::default()
+            },
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn stuck_after_grace_without_progress() {
+        let tuning = Tuning::default(); // 4M tolerance, grace 3
+        let mut s = VmState::default();
+        assert_eq!(s.track(&vm(0, 2 * M), 1, &tuning), Balloons::Arrived);
+        assert_eq!(s.track(&vm(512 * M, 0), 2, &tuning), Balloons::Moving);
+        assert_eq!(s.track(&vm(512 * M, 0), 3, &tuning), Balloons::Moving);
+        assert_eq!(s.track(&vm(512 * M, 2 * M), 4, &tuning), Balloons::Moving);
+        assert_eq!(s.track(&vm(512 * M, 2 * M), 5, &tuning), Balloons::Stuck);
+    }
+
+    #[test]
+    fn progress_restarts_grace() {
+        let tuning = Tuning::default();
+        let mut s = VmState::default();
+        for (round, actual) in [(1, 0), (2, 100 * M), (3, 200 * M), (4, 300 * M)] {
+            assert_eq!(
+                s.track(&vm(512 * M, actual), round, &tuning),
+                Balloons::Moving
+            );
+        }
+        assert_eq!(
+            s.track(&vm(512 * M, 510 * M), 5, &tuning),
+            Balloons::Arrived
+        );
+    }
+}

@@ -1,0 +1,141 @@
+//! What a timeline says: when the fleet converged, how often a VM's DRAM
+//! flipped back and forth, how much of the budget was handed out.
+
+use super::Step;
+use super::guest::{Guest, SimVm};
+
+/// VMs whose balloons move: only they can be expected to converge.
+pub fn cooperative(vms: &[SimVm]) -> Vec<bool> {
+    vms.iter().map(|v| v.guest == Guest::Cooperative).collect()
+}
+
+/// Whether a VM's true ratio is within `eps` of its target (no accesses
+/// counts as within: there is nothing to steer).
+pub fn within(s: &super::VmStep, eps: f64) -> bool {
+    s.ratio.is_none_or(|r| (r - s.target).abs() <= eps + 1e-9)
+}
+
+/// Intervals from `from` until every counted VM is within `eps` and stays
+/// so up to `to` (exclusive); `None` if that never happens.
+pub fn converge(
+    steps: &[Step],
+    from: usize,
+    to: usize,
+    eps: f64,
+    counted: &[bool],
+) -> Option<usize> {
+    let to = to.min(steps.len());
+    let ok = |k: usize| {
+        steps[k]
+            .vms
+            .iter()
+            .zip(counted)
+            .all(|(s, &c)| !c || within(s, eps))
+    };
+    let mut first = None;
+    for k in (from..to).rev() {
+        if !ok(k) {
+            break;
+        }
+        first = Some(k - from);
+    }
+    first
+}
+
+/// The DRAM-given changes of VM `i` in `[from, to)` as (interval, sign):
+/// +1 more DRAM, -1 less.
+pub fn changes(steps: &[Step], i: usize, from: usize, to: usize) -> Vec<(usize, i8)> {
+    let mut out = Vec::new();
+    let to = to.min(steps.len());
+    for k in from.max(1)..to {
+        let (a, b) = (steps[k - 1].vms[i].dram_target, steps[k].vms[i].dram_target);
+        // A larger balloon target means less DRAM.
+        if b < a {
+            out.push((k, 1));
+        } else if b > a {
+            out.push((k, -1));
+        }
+    }
+    out
+}
+
+/// Lower bound for `converge` from interval `from`: an oracle that knows
+/// each VM's DRAM for target +- `eps` and moves it there by at most `step`
+/// per change, one change every `cooldown + 1` intervals. Budget ignored.
+pub fn oracle_converge(
+    vms: &[SimVm],
+    steps: &[Step],
+    from: usize,
+    eps: f64,
+    step: u64,
+    cooldown: u32,
+    counted: &[bool],
+) -> Option<usize> {
+    let s = steps.get(from)?;
+    let mut worst = 0;
+    for ((vm, v), &c) in vms.iter().zip(&s.vms).zip(counted) {
+        let Some(p) = vm.phase(s.interval) else {
+            continue;
+        };
+        if !c || within(v, eps) {
+            continue;
+        }
+        let (lo, hi) = (p.dram_for(v.target - eps), p.dram_for(v.target + eps));
+        let dist = lo.saturating_sub(v.dram_held) + v.dram_held.saturating_sub(hi);
+        let changes = dist.div_ceil(step.max(1)).max(1) as usize;
+        worst = worst.max((changes - 1) * (cooldown as usize + 1) + 1);
+    }
+    Some(worst)
+}
+
+/// Signs of the DRAM-given changes of VM `i` in `[from, to)`.
+pub fn directions(steps: &[Step], i: usize, from: usize, to: usize) -> Vec<i8> {
+    changes(steps, i, from, to)
+        .into_iter()
+        .map(|(_, d)| d)
+        .collect()
+}
+
+/// Flip-backs of VM `i` that come less than `window` intervals after the
+/// reversal they undo.
+pub fn flip_backs_within(steps: &[Step], i: usize, window: usize) -> usize {
+    changes(steps, i, 0, steps.len())
+        .windows(3)
+        .filter(|w| w[0].1 == w[2].1 && w[0].1 != w[1].1 && w[2].0 - w[1].0 < window)
+        .count()
+}
+
+/// Flip-backs: a change that undoes a reversal (+ - + or - + -).
+pub fn flip_backs(dirs: &[i8]) -> usize {
+    dirs.windows(3)
+        .filter(|w| w[0] == w[2] && w[0] != w[1])
+        .count()
+}
+
+/// Flip-backs of every VM over `[from, to)`.
+pub fn oscillations(steps: &[Step], from: usize, to: usize) -> usize {
+    let n = steps.first().map_or(0, |s| s.vms.len());
+    (0..n)
+        .map(|i| flip_backs(&directions(steps, i, from, to)))
+        .sum()
+}
+
+/// DRAM the guests hold over the budget, at interval `k`.
+pub fn utilisation(steps: &[Step], k: usize) -> Option<f64> {
+    let s = steps.get(k)?;
+    let held: u64 = s.vms.iter().map(|v| v.dram_held).sum();
+    (s.budget > 0).then(|| held as f64 / s.budget as f64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flip_backs_count_undone_reversals() {
+        assert_eq!(flip_backs(&[1, 1, -1, -1]), 0);
+        assert_eq!(flip_backs(&[1, -1, 1]), 1);
+        assert_eq!(flip_backs(&[1, -1, 1, -1]), 2);
+        assert_eq!(flip_backs(&[]), 0);
+    }
+}

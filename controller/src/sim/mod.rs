@@ -1,0 +1,195 @@
+//! Trace-driven simulator around the real decision function: simulated VMs
+//! produce each interval's per-tier accesses from the DRAM they hold
+//! (`workload`), the controller decides, and the simulated balloons move
+//! toward the new targets at a fixed speed (`guest`). Each interval:
+//!
+//! 1. balloons move toward the targets of the previous decision;
+//! 2. each VM's load follows from what it now holds (its phase for the
+//!    interval), host samples are the truth times (1 +- noise);
+//! 3. the controller decides; its targets become the balloons' targets.
+
+pub mod fleet;
+pub mod guest;
+pub mod metrics;
+pub mod rng;
+pub mod workload;
+
+use std::time::Instant;
+
+use tier_proto::v1::Decision;
+
+use crate::policy::{Config, Controller, TierObs, VmObs, VmStatus};
+use guest::SimVm;
+use rng::Rng;
+
+/// From the design note: about 1 GiB/s for the existing balloon.
+pub const DEFAULT_BALLOON_SPEED: f64 = (1u64 << 30) as f64;
+
+/// Simulation knobs.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SimConfig {
+    pub interval_s: f64,
+    /// Bytes per second each sub-balloon moves toward its target.
+    pub balloon_speed: f64,
+    /// Relative error of the host-sampled accesses, uniform in +-noise.
+    pub noise: f64,
+    pub seed: u64,
+}
+
+impl Default for SimConfig {
+    fn default() -> Self {
+        SimConfig {
+            interval_s: 1.0,
+            balloon_speed: DEFAULT_BALLOON_SPEED,
+            noise: 0.0,
+            seed: 1,
+        }
+    }
+}
+
+/// One VM in one interval of the timeline.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct VmStep {
+    /// True DRAM-hit ratio (no sampling noise); `None` without accesses.
+    pub ratio: Option<f64>,
+    /// The VM's target ratio.
+    pub target: f64,
+    /// DRAM the guest holds, and the balloon targets after the decision.
+    pub dram_held: u64,
+    pub dram_target: u64,
+    pub slow_target: u64,
+    pub status: VmStatus,
+}
+
+/// One interval of the timeline.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Step {
+    pub interval: u64,
+    pub vms: Vec<VmStep>,
+    pub decisions: Vec<Decision>,
+    /// Wall time of `Controller::decide`.
+    pub decide_ns: u64,
+    pub committed: u64,
+    pub budget: u64,
+}
+
+/// A fleet of simulated VMs under one controller.
+#[derive(Debug)]
+pub struct Sim {
+    pub vms: Vec<SimVm>,
+    pub config: SimConfig,
+    pub controller: Controller,
+    interval: u64,
+    rng: Rng,
+    obs: Vec<VmObs>,
+}
+
+fn tier_obs(name: &str, size: u64) -> TierObs {
+    TierObs {
+        name: name.into(),
+        size,
+        ..Default::default()
+    }
+}
+
+impl Sim {
+    pub fn new(vms: Vec<SimVm>, config: SimConfig, policy: Config) -> Sim {
+        let obs = vms
+            .iter()
+            .map(|v| VmObs {
+                id: v.id.clone(),
+                name: v.id.clone(),
+                dram: tier_obs("dram", v.dram_size),
+                slow: tier_obs("slow", v.slow_size),
+                balloon_ok: true,
+                guest_accesses: None,
+            })
+            .collect();
+        Sim {
+            vms,
+            rng: Rng::new(config.seed),
+            config,
+            controller: Controller::new(policy),
+            interval: 0,
+            obs,
+        }
+    }
+
+    fn noisy(&mut self, x: f64) -> f64 {
+        let n = self.config.noise;
+        if n > 0.0 {
+            x * (1.0 + self.rng.range(-n, n))
+        } else {
+            x
+        }
+    }
+
+    /// Runs one interval.
+    pub fn step(&mut self) -> Step {
+        let k = self.interval;
+        let moved = (self.config.balloon_speed * self.config.interval_s).max(0.0) as u64;
+        let mut truth = Vec::with_capacity(self.vms.len());
+        for i in 0..self.vms.len() {
+            self.vms[i].move_balloons(moved);
+            let load = self.vms[i].load(k);
+            let (dram_acc, slow_acc) = (
+                self.noisy(load.dram_accesses),
+                self.noisy(load.slow_accesses),
+            );
+            let vm = &self.vms[i];
+            let (dh, sh) = vm.held();
+            let o = &mut self.obs[i];
+            for (t, b, acc, hot, held) in [
+                (&mut o.dram, vm.dram, dram_acc, load.dram_hot, dh),
+                (&mut o.slow, vm.slow, slow_acc, load.slow_hot, sh),
+            ] {
+                t.balloon_target = b.target;
+                t.balloon_actual = b.actual;
+                t.accesses = acc;
+                t.accessed_bytes = hot;
+                t.idle_bytes = held.saturating_sub(hot);
+            }
+            truth.push((load.ratio(), dh));
+        }
+        let t0 = Instant::now();
+        let plan = self.controller.decide(&self.obs, k * 1_000_000_000);
+        let decide_ns = u64::try_from(t0.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        let cfg = self.controller.config();
+        let mut vms = Vec::with_capacity(self.vms.len());
+        for ((vm, t), (ratio, dram_held)) in self.vms.iter_mut().zip(&plan.targets).zip(truth) {
+            vm.dram.target = t.dram;
+            vm.slow.target = t.slow;
+            let target = cfg
+                .vm(&vm.id, &vm.id)
+                .and_then(|o| o.target)
+                .unwrap_or(cfg.default_target);
+            vms.push(VmStep {
+                ratio,
+                target,
+                dram_held,
+                dram_target: t.dram,
+                slow_target: t.slow,
+                status: t.status,
+            });
+        }
+        self.interval += 1;
+        Step {
+            interval: k,
+            vms,
+            decisions: plan.decisions,
+            decide_ns,
+            committed: plan.budget.committed_after,
+            budget: plan.budget.budget,
+        }
+    }
+
+    /// What the controller saw in the last interval.
+    pub fn observations(&self) -> &[VmObs] {
+        &self.obs
+    }
+
+    /// Runs `n` intervals.
+    pub fn run(&mut self, n: u64) -> Vec<Step> {
+        (0..n).map(|_| self.step()).collect()
+    }
+}

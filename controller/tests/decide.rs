@@ -1,0 +1,338 @@
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly on purpose
+//! Hand-computed rounds of the decision function. Numbers are chosen so the
+//! model's arithmetic is exact in binary: target 0.75, epsilon 1/16, hot
+//! sets of 640M, accesses in thousands.
+
+use std::collections::HashMap;
+
+use tier_controller::policy::{
+    Config, Controller, Limits, Plan, TierObs, Tuning, VmObs, VmOverride, VmStatus,
+};
+use tier_proto::v1::{Decision, DecisionOutcome, DecisionReason};
+
+const M: u64 = 1 << 20;
+const G: u64 = 1 << 30;
+
+fn config(budget: u64) -> Config {
+    Config {
+        enabled: true,
+        dry_run: false,
+        default_target: 0.75,
+        epsilon: 0.0625,
+        budget: Some(budget),
+        max_step: G,
+        cooldown_intervals: 1,
+        idle_threshold: 0.5,
+        vms: HashMap::new(),
+        tuning: Tuning::default(),
+    }
+}
+
+/// A VM with 2G zones: `given` DRAM (`hot` of it accessed `acc` times),
+/// the rest of 2G total as slow memory (`slow_hot` accessed `slow_acc`).
+fn vm(id: &str, given: u64, hot: u64, acc: f64, slow_hot: u64, slow_acc: f64) -> VmObs {
+    let tier = |name: &str, given: u64, hot: u64, acc: f64| TierObs {
+        name: name.into(),
+        size: 2 * G,
+        balloon_target: 2 * G - given,
+        balloon_actual: 2 * G - given,
+        accesses: acc,
+        accessed_bytes: hot,
+        idle_bytes: given - hot,
+    };
+    VmObs {
+        id: id.into(),
+        name: id.into(),
+        dram: tier("dram", given, hot, acc),
+        slow: tier("slow", 2 * G - given, slow_hot, slow_acc),
+        balloon_ok: true,
+        guest_accesses: None,
+    }
+}
+
+fn decision<'a>(p: &'a Plan, id: &str) -> &'a Decision {
+    p.decisions.iter().find(|d| d.vm_id == id).unwrap()
+}
+
+/// (tier, old target, new target) of a decision.
+fn changes(d: &Decision) -> Vec<(&str, u64, u64)> {
+    d.changes
+        .iter()
+        .map(|c| (c.tier.as_str(), c.old_target_bytes, c.new_target_bytes))
+        .collect()
+}
+
+/// Applies a plan's targets with balloons that follow at once.
+fn apply(vms: &mut [VmObs], p: &Plan) {
+    for (v, t) in vms.iter_mut().zip(&p.targets) {
+        for (tier, target) in [(&mut v.dram, t.dram), (&mut v.slow, t.slow)] {
+            tier.balloon_target = target;
+            tier.balloon_actual = target;
+        }
+    }
+}
+
+#[test]
+fn donor_funds_receiver_and_slow_tier_compensates() {
+    // a: 320M of a 640M hot set in DRAM, half the accesses: x = r = 0.5
+    // (uniform fit); 0.75 needs x = 0.75 = 480M hot in DRAM: +160M.
+    // b: everything hot in DRAM (640M of 1G, 384M idle), r = 1: no fit;
+    // 0.75 keeps 750 of 1000 accesses at 1000/640M: 160M hot + 384M idle go.
+    let mut vms = vec![
+        vm("a", 320 * M, 320 * M, 500.0, 320 * M, 500.0),
+        vm("b", G, 640 * M, 1000.0, 0, 0.0),
+    ];
+    // No headroom: a is funded by b alone.
+    let mut c = Controller::new(config(320 * M + G));
+    let p = c.decide(&vms, 7);
+    assert_eq!(p.budget.committed_before, 320 * M + G);
+    assert_eq!((p.budget.released, p.budget.granted), (544 * M, 160 * M));
+    assert_eq!(p.budget.committed_after, 480 * M + 480 * M);
+
+    let a = decision(&p, "a");
+    assert_eq!(a.reason(), DecisionReason::BelowTarget);
+    assert_eq!(a.outcome(), DecisionOutcome::Applied);
+    assert_eq!(
+        changes(a),
+        [
+            ("dram", 2 * G - 320 * M, 2 * G - 480 * M),
+            ("slow", 320 * M, 480 * M)
+        ]
+    );
+    assert_eq!(
+        (a.observed_ratio, a.target_ratio, a.expected_ratio),
+        (0.5, 0.75, 0.75)
+    );
+    assert!(a.detail.contains("granted 160.0M"), "{}", a.detail);
+    assert_eq!(a.timestamp_unix_ns, 7);
+
+    let b = decision(&p, "b");
+    assert_eq!(b.reason(), DecisionReason::AboveTarget);
+    assert_eq!(
+        changes(b),
+        [("dram", G, G + 544 * M), ("slow", G, G - 544 * M)]
+    );
+    assert_eq!((b.observed_ratio, b.expected_ratio), (1.0, 0.75));
+    assert_eq!(a.sequence + 1, b.sequence);
+
+    // Next interval: both in cooldown, nothing happens.
+    apply(&mut vms, &p);
+    let p = c.decide(&vms, 8);
+    assert!(p.decisions.is_empty());
+    assert!(p.targets.iter().all(|t| t.status == VmStatus::Cooldown));
+    // Then both are within 0.75 +- 1/16: left alone.
+    vms[0].dram.accesses = 750.0;
+    vms[0].slow.accesses = 250.0;
+    vms[1].dram.accesses = 780.0;
+    vms[1].slow.accesses = 220.0;
+    vms[1].dram.accessed_bytes = 480 * M;
+    vms[1].dram.idle_bytes = 0;
+    let p = c.decide(&vms, 9);
+    assert!(p.decisions.is_empty());
+    assert!(p.targets.iter().all(|t| t.status == VmStatus::Managed));
+}
+
+#[test]
+fn short_pool_is_split_by_deficit_times_access_rate() {
+    // c: r = 0.5 over 1000 accesses, weight (0.75 - 0.5) x 1000 = 250,
+    // needs 160M. d: r = 0.25 over 2000, weight 1000, needs 320M. The pool
+    // is 100M of headroom: 100M x 250/1250 = 20M and 80M.
+    let vms = vec![
+        vm("c", 320 * M, 320 * M, 500.0, 320 * M, 500.0),
+        vm("d", 160 * M, 160 * M, 500.0, 480 * M, 1500.0),
+    ];
+    let mut c = Controller::new(config(480 * M + 100 * M));
+    let p = c.decide(&vms, 0);
+    let (dc, dd) = (decision(&p, "c"), decision(&p, "d"));
+    assert_eq!(dc.reason(), DecisionReason::Budget);
+    assert_eq!(dd.reason(), DecisionReason::Budget);
+    assert_eq!(p.targets[0].dram, 2 * G - 340 * M);
+    assert_eq!(p.targets[1].dram, 2 * G - 240 * M);
+    // Expected: c x = 340/640; d x = 240/640.
+    assert_eq!(dc.expected_ratio, 340.0 / 640.0);
+    assert_eq!(dd.expected_ratio, 240.0 / 640.0);
+    assert_eq!(p.budget.committed_after, p.budget.budget);
+}
+
+#[test]
+fn empty_pool_is_reported_once() {
+    let vms = vec![vm("c", 320 * M, 320 * M, 500.0, 320 * M, 500.0)];
+    let mut c = Controller::new(config(320 * M));
+    let p = c.decide(&vms, 0);
+    let d = decision(&p, "c");
+    assert_eq!(
+        (d.reason(), d.outcome()),
+        (DecisionReason::Budget, DecisionOutcome::Skipped)
+    );
+    assert!(d.changes.is_empty());
+    assert!(c.decide(&vms, 1).decisions.is_empty());
+}
+
+#[test]
+fn over_budget_takes_in_proportion_to_room() {
+    // Both within the band (r = 0.75, uniform; idle never reclaimed).
+    // Budget 300M below what they hold: e can give 512M, f 1G (the step):
+    // 100M and 200M.
+    let vms = vec![
+        vm("e", 512 * M, 480 * M, 750.0, 160 * M, 250.0),
+        vm("f", 1536 * M, 480 * M, 750.0, 160 * M, 250.0),
+    ];
+    let mut cfg = config(2 * G - 300 * M);
+    cfg.idle_threshold = 1.0;
+    let mut c = Controller::new(cfg);
+    let p = c.decide(&vms, 0);
+    assert_eq!(p.targets[0].dram, 2 * G - 412 * M);
+    assert_eq!(p.targets[1].dram, 2 * G - 1336 * M);
+    assert_eq!(p.budget.committed_after, p.budget.budget);
+    for d in &p.decisions {
+        assert_eq!(d.reason(), DecisionReason::Budget);
+    }
+    // e lost 100M of DRAM of which 32M idle: 68M of its hot 480M go.
+    assert_eq!(decision(&p, "e").expected_ratio, 412.0 / 640.0);
+}
+
+#[test]
+fn idle_reclaim_with_slow_ceiling_and_dram_ceiling() {
+    // g: within the band, 768M of 1G idle: (768 - 0.5 x 1024) / 0.5 =
+    // 512M go; the slow tier may only grow by 100M (its ceiling).
+    let mut cfg = config(4 * G);
+    let limits = HashMap::from([(
+        "slow".to_string(),
+        Limits {
+            floor: 0,
+            ceiling: Some(G + 100 * M),
+        },
+    )]);
+    cfg.vms.insert(
+        "g".into(),
+        VmOverride {
+            limits,
+            ..Default::default()
+        },
+    );
+    // h: 1G given, DRAM ceiling 700M: 324M must go whatever the ratio.
+    let limits = HashMap::from([(
+        "dram".to_string(),
+        Limits {
+            floor: 0,
+            ceiling: Some(700 * M),
+        },
+    )]);
+    cfg.vms.insert(
+        "h".into(),
+        VmOverride {
+            limits,
+            ..Default::default()
+        },
+    );
+    let vms = vec![
+        vm("g", G, 256 * M, 750.0, 80 * M, 250.0),
+        vm("h", G, G, 500.0, 640 * M, 500.0),
+    ];
+    let p = Controller::new(cfg).decide(&vms, 0);
+    let g = decision(&p, "g");
+    assert_eq!(g.reason(), DecisionReason::IdleReclaim);
+    assert_eq!(
+        changes(g),
+        [("dram", G, G + 512 * M), ("slow", G, G - 100 * M)]
+    );
+    assert!((g.expected_ratio - 0.75).abs() < 1e-12, "idle bytes only");
+    let h = decision(&p, "h");
+    assert_eq!(h.reason(), DecisionReason::Budget);
+    assert_eq!(changes(h)[0], ("dram", G, 2 * G - 700 * M));
+    assert!(h.detail.contains("above ceiling"), "{}", h.detail);
+}
+
+#[test]
+fn uncooperative_is_reported_once_and_left_alone() {
+    let mut vms = vec![vm("u", 320 * M, 320 * M, 500.0, 320 * M, 500.0)];
+    vms[0].balloon_ok = false;
+    let mut c = Controller::new(config(4 * G));
+    let p = c.decide(&vms, 0);
+    let d = decision(&p, "u");
+    assert_eq!(
+        (d.reason(), d.outcome()),
+        (DecisionReason::Uncooperative, DecisionOutcome::Skipped)
+    );
+    assert!(d.changes.is_empty());
+    assert_eq!(p.targets[0].status, VmStatus::Uncooperative);
+    vms[0].balloon_ok = true;
+    let p = c.decide(&vms, 1);
+    assert!(p.decisions.is_empty());
+    assert_eq!(p.targets[0].dram, vms[0].dram.balloon_target);
+    assert!(c.is_uncooperative("u"));
+    c.forgive("u");
+    assert!(!c.decide(&vms, 2).decisions.is_empty());
+}
+
+#[test]
+fn balloon_that_does_not_follow_is_marked_after_grace() {
+    // Target 1G ahead of the actual; the guest never moves (grace 3).
+    let mut vms = vec![vm("s", 320 * M, 320 * M, 500.0, 320 * M, 500.0)];
+    vms[0].dram.balloon_actual -= G;
+    let mut c = Controller::new(config(4 * G));
+    for round in 0..3 {
+        let p = c.decide(&vms, round);
+        assert_eq!(p.targets[0].status, VmStatus::Settling);
+        assert!(p.decisions.is_empty());
+    }
+    let p = c.decide(&vms, 3);
+    assert_eq!(decision(&p, "s").reason(), DecisionReason::Uncooperative);
+}
+
+#[test]
+fn dry_run_reports_and_changes_nothing() {
+    let vms = vec![
+        vm("a", 320 * M, 320 * M, 500.0, 320 * M, 500.0),
+        vm("b", G, 640 * M, 1000.0, 0, 0.0),
+    ];
+    let mut cfg = config(320 * M + G);
+    cfg.dry_run = true;
+    let mut c = Controller::new(cfg);
+    for round in 0..3 {
+        let p = c.decide(&vms, round);
+        assert_eq!(p.decisions.len(), 2, "no cooldown in dry-run");
+        for (v, t) in vms.iter().zip(&p.targets) {
+            assert_eq!(
+                (t.dram, t.slow),
+                (v.dram.balloon_target, v.slow.balloon_target)
+            );
+        }
+        for d in &p.decisions {
+            assert_eq!(d.outcome(), DecisionOutcome::DryRun);
+        }
+        assert_eq!(changes(decision(&p, "a"))[0].2, 2 * G - 480 * M);
+    }
+}
+
+#[test]
+fn excluded_and_disabled_are_left_alone() {
+    let vms = vec![vm("a", 320 * M, 320 * M, 500.0, 320 * M, 500.0)];
+    let mut cfg = config(4 * G);
+    cfg.vms.insert(
+        "a".into(),
+        VmOverride {
+            excluded: true,
+            ..Default::default()
+        },
+    );
+    let p = Controller::new(cfg.clone()).decide(&vms, 0);
+    assert!(p.decisions.is_empty());
+    assert_eq!(p.targets[0].status, VmStatus::Excluded);
+    cfg.vms.clear();
+    cfg.enabled = false;
+    let p = Controller::new(cfg).decide(&vms, 0);
+    assert!(p.decisions.is_empty());
+    assert_eq!(p.targets[0].status, VmStatus::Disabled);
+}
+
+#[test]
+fn guest_claims_are_shown_not_used() {
+    let mut vms = vec![vm("a", 320 * M, 320 * M, 500.0, 320 * M, 500.0)];
+    // The guest claims a perfect ratio; the host sees 0.5.
+    vms[0].guest_accesses = Some([1000, 0]);
+    let p = Controller::new(config(4 * G)).decide(&vms, 0);
+    let d = decision(&p, "a");
+    assert_eq!(d.reason(), DecisionReason::BelowTarget);
+    assert!(d.detail.contains("guest claims 1.000"), "{}", d.detail);
+}

@@ -1,0 +1,279 @@
+//! Random scenarios for the property tests: a fleet, a policy, and a
+//! sequence of observation rounds in which balloons follow, lag or refuse.
+
+use std::collections::HashMap;
+
+use proptest::prelude::*;
+use tier_controller::policy::{
+    Config, Controller, Limits, PAGE, Plan, Targets, TierObs, Tuning, VmObs, VmOverride, VmStatus,
+};
+use tier_controller::sim::rng::Rng;
+
+const MIB: u64 = 1 << 20;
+
+/// How a VM's balloon driver reacts to new targets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Behaviour {
+    Follow,
+    /// Halfway per round.
+    Lag,
+    Refuse,
+}
+
+#[derive(Debug, Clone)]
+pub struct VmSpec {
+    pub dram: u64,
+    pub slow: u64,
+    /// Initial balloon targets as a share of the tier size.
+    pub init: (f64, f64),
+    /// Initial actual = target + this (clamped to the size).
+    pub init_lag: u64,
+    pub behaviour: Behaviour,
+    pub balloon_ok: bool,
+}
+
+#[derive(Debug, Clone)]
+pub struct Scenario {
+    pub config: Config,
+    pub vms: Vec<VmSpec>,
+    pub rounds: usize,
+    pub seed: u64,
+}
+
+/// Whole pages, up to `max` bytes.
+fn pages(rng: &mut Rng, max: u64) -> u64 {
+    rng.below(max / PAGE + 1) * PAGE
+}
+
+fn chance(rng: &mut Rng, p: f64) -> bool {
+    rng.unit() < p
+}
+
+/// Random limits for a tier of `size` bytes, or none.
+fn limits(rng: &mut Rng, size: u64) -> Option<Limits> {
+    if !chance(rng, 0.3) {
+        return None;
+    }
+    let floor = (size as f64 * rng.unit()) as u64 / PAGE * PAGE;
+    let ceiling = floor + ((size - floor) as f64 * rng.unit()) as u64 / PAGE * PAGE;
+    let open = chance(rng, 0.5);
+    Some(Limits {
+        floor,
+        ceiling: (!open).then_some(ceiling),
+    })
+}
+
+/// A VM and its overrides (if any).
+fn vm(rng: &mut Rng) -> (VmSpec, Option<VmOverride>) {
+    let (dram, slow) = (pages(rng, 512 * MIB), pages(rng, 512 * MIB));
+    let behaviour = match rng.below(9) {
+        0..=5 => Behaviour::Follow,
+        6 | 7 => Behaviour::Lag,
+        _ => Behaviour::Refuse,
+    };
+    let spec = VmSpec {
+        dram,
+        slow,
+        init: (rng.unit(), rng.unit()),
+        init_lag: if chance(rng, 0.25) {
+            pages(rng, 64 * MIB)
+        } else {
+            0
+        },
+        behaviour,
+        balloon_ok: chance(rng, 0.97),
+    };
+    let mut lim = HashMap::new();
+    for (name, size) in [("dram", dram), ("slow", slow)] {
+        if let Some(l) = limits(rng, size) {
+            lim.insert(name.to_string(), l);
+        }
+    }
+    let excluded = chance(rng, 0.05);
+    let target = chance(rng, 0.3).then(|| rng.unit());
+    let o = (!lim.is_empty() || excluded || target.is_some()).then_some(VmOverride {
+        target,
+        limits: lim,
+        excluded,
+    });
+    (spec, o)
+}
+
+impl Scenario {
+    /// `n` VMs, `rounds` rounds, everything else drawn from `seed`.
+    pub fn random(n: usize, rounds: usize, seed: u64) -> Scenario {
+        let mut rng = Rng::new(seed);
+        let vms: Vec<_> = (0..n).map(|_| vm(&mut rng)).collect();
+        let total: u64 = vms.iter().map(|(v, _)| v.dram).sum();
+        let budget = chance(&mut rng, 0.7)
+            .then(|| ((total as f64 * rng.range(0.2, 1.5)) as u64 / PAGE * PAGE).max(PAGE));
+        let overrides = vms
+            .iter()
+            .enumerate()
+            .filter_map(|(i, (_, o))| o.clone().map(|o| (format!("vm{i}"), o)))
+            .collect();
+        let tolerance = [0, MIB, 4 * MIB][rng.below(3) as usize];
+        Scenario {
+            config: Config {
+                enabled: chance(&mut rng, 0.95),
+                dry_run: false,
+                default_target: rng.unit(),
+                epsilon: rng.range(0.0, 0.5),
+                budget,
+                max_step: (rng.below(64 * MIB / PAGE) + 1) * PAGE,
+                cooldown_intervals: rng.below(3) as u32,
+                idle_threshold: rng.unit(),
+                vms: overrides,
+                tuning: Tuning {
+                    hysteresis_window: rng.below(12) as u32,
+                    balloon_tolerance: tolerance,
+                    grace_intervals: rng.below(4) as u32,
+                    min_step: None,
+                },
+            },
+            vms: vms.into_iter().map(|(v, _)| v).collect(),
+            rounds,
+            seed,
+        }
+    }
+}
+
+/// Scenarios of 1-5 VMs over 1-6 rounds; the seed draws the rest.
+pub fn scenario() -> impl Strategy<Value = Scenario> {
+    (1usize..6, 1usize..7, any::<u64>())
+        .prop_map(|(n, rounds, seed)| Scenario::random(n, rounds, seed))
+}
+
+/// A tier's (floor, ceiling) in bytes given, as the controller resolves it.
+pub fn bounds(cfg: &Config, o: &VmObs, t: &TierObs) -> (u64, u64) {
+    cfg.vm(&o.id, &o.name)
+        .and_then(|v| v.limits.get(&t.name))
+        .copied()
+        .unwrap_or(Limits {
+            floor: 0,
+            ceiling: None,
+        })
+        .resolve(t.size)
+}
+
+/// DRAM held against the budget, before (`after` false) or after a plan.
+pub fn committed(obs: &[VmObs], targets: &[Targets], after: bool) -> u64 {
+    obs.iter()
+        .zip(targets)
+        .map(|(o, t)| {
+            let target = if after { t.dram } else { o.dram.balloon_target };
+            if t.status == VmStatus::Uncooperative {
+                o.dram.size - target.min(o.dram.balloon_actual).min(o.dram.size)
+            } else {
+                o.dram.size.saturating_sub(target)
+            }
+        })
+        .sum()
+}
+
+fn tier(name: &str, size: u64, share: f64, lag: u64) -> TierObs {
+    let target = (size as f64 * share) as u64 / PAGE * PAGE;
+    TierObs {
+        name: name.into(),
+        size,
+        balloon_target: target,
+        balloon_actual: (target + lag).min(size),
+        ..Default::default()
+    }
+}
+
+/// Random host samples for what the guest holds.
+fn sample(rng: &mut Rng, t: &mut TierObs) {
+    let held = t.held();
+    t.accesses = if rng.unit() < 0.15 {
+        0.0
+    } else {
+        rng.range(0.0, 1e6)
+    };
+    t.accessed_bytes = (held as f64 * rng.unit()) as u64 / PAGE * PAGE;
+    t.idle_bytes = held - t.accessed_bytes;
+}
+
+fn moved(b: Behaviour, actual: u64, target: u64) -> u64 {
+    match b {
+        Behaviour::Follow => target,
+        Behaviour::Lag => actual / 2 + target / 2,
+        Behaviour::Refuse => actual,
+    }
+}
+
+impl Scenario {
+    /// Round 0's observations (samples from the scenario's seed).
+    pub fn first_round(&self) -> Vec<VmObs> {
+        let mut rng = Rng::new(self.seed ^ 0xf125);
+        let mut obs: Vec<VmObs> = self
+            .vms
+            .iter()
+            .enumerate()
+            .map(|(i, v)| VmObs {
+                id: format!("vm{i}"),
+                name: format!("name{i}"),
+                dram: tier("dram", v.dram, v.init.0, v.init_lag),
+                slow: tier("slow", v.slow, v.init.1, v.init_lag),
+                balloon_ok: v.balloon_ok,
+                guest_accesses: None,
+            })
+            .collect();
+        for o in &mut obs {
+            sample(&mut rng, &mut o.dram);
+            sample(&mut rng, &mut o.slow);
+        }
+        obs
+    }
+
+    /// Lagging guests refuse instead (for the uncooperative property).
+    pub fn refuse_all_lagging(&mut self) {
+        for v in &mut self.vms {
+            if v.behaviour == Behaviour::Lag {
+                v.behaviour = Behaviour::Refuse;
+            }
+        }
+    }
+
+    /// VMs that the controller must have marked uncooperative by the end.
+    pub fn must_be_marked(&self) -> Vec<String> {
+        let t = &self.config.tuning;
+        let obs = self.first_round();
+        self.vms
+            .iter()
+            .zip(&obs)
+            .filter(|(v, o)| {
+                let excluded = self.config.vm(&o.id, &o.name).is_some_and(|x| x.excluded);
+                let stuck = v.behaviour == Behaviour::Refuse
+                    && [&o.dram, &o.slow].iter().any(|t2| {
+                        t2.balloon_actual.abs_diff(t2.balloon_target) > t.balloon_tolerance
+                    })
+                    && self.rounds > t.grace_intervals as usize;
+                !excluded && (!v.balloon_ok || stuck)
+            })
+            .map(|(_, o)| o.id.clone())
+            .collect()
+    }
+}
+
+/// Runs the scenario's rounds; `check` sees each round's input and plan.
+pub fn run(
+    s: &Scenario,
+    c: &mut Controller,
+    mut check: impl FnMut(&[VmObs], &Plan) -> Result<(), TestCaseError>,
+) -> Result<(), TestCaseError> {
+    let mut obs = s.first_round();
+    let mut rng = Rng::new(s.seed ^ 0x5eed);
+    for round in 0..s.rounds {
+        let plan = c.decide(&obs, round as u64);
+        check(&obs, &plan)?;
+        for ((o, t), v) in obs.iter_mut().zip(&plan.targets).zip(&s.vms) {
+            for (tier, target) in [(&mut o.dram, t.dram), (&mut o.slow, t.slow)] {
+                tier.balloon_target = target;
+                tier.balloon_actual = moved(v.behaviour, tier.balloon_actual, target);
+                sample(&mut rng, tier);
+            }
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,139 @@
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly on purpose
+//! The simulator driving the real policy: fleets converge, stay put, keep
+//! to the budget, and leave uncooperative guests alone.
+
+use tier_controller::policy::{Config, Tuning, VmStatus};
+use tier_controller::sim::fleet::{FleetSpec, fleet};
+use tier_controller::sim::guest::Guest;
+use tier_controller::sim::metrics::{
+    converge, cooperative, oracle_converge, oscillations, utilisation,
+};
+use tier_controller::sim::{Sim, SimConfig, Step};
+use tier_proto::v1::DecisionReason;
+
+fn policy(budget: u64) -> Config {
+    Config {
+        enabled: true,
+        dry_run: false,
+        default_target: 0.9,
+        epsilon: 0.02,
+        budget: Some(budget),
+        max_step: 1 << 30,
+        cooldown_intervals: 1,
+        idle_threshold: 0.5,
+        vms: Default::default(),
+        tuning: Tuning::default(),
+    }
+}
+
+fn run(spec: &FleetSpec, sim_cfg: SimConfig, dry_run: bool, n: u64) -> (Sim, Vec<Step>) {
+    let f = fleet(spec);
+    let mut cfg = policy(f.budget);
+    cfg.dry_run = dry_run;
+    let mut sim = Sim::new(f.vms, sim_cfg, cfg);
+    let steps = sim.run(n);
+    (sim, steps)
+}
+
+#[test]
+fn fleet_converges_after_start_and_phase_change() {
+    for seed in 1..4 {
+        let spec = FleetSpec {
+            vms: 64,
+            phase_change: Some((20, 0.3)),
+            uncooperative: 0.05,
+            seed,
+            ..Default::default()
+        };
+        let (sim, steps) = run(&spec, SimConfig::default(), false, 40);
+        let counted = cooperative(&sim.vms);
+        let first = converge(&steps, 0, 20, 0.02, &counted).unwrap();
+        let second = converge(&steps, 20, 40, 0.02, &counted).unwrap();
+        assert!(first <= 8 && second <= 8, "seed {seed}: {first} {second}");
+        // No controller within the step and cooldown does better.
+        let oracle = |from| oracle_converge(&sim.vms, &steps, from, 0.02, 1 << 30, 1, &counted);
+        assert!(oracle(0).unwrap() <= first && oracle(20).unwrap() <= second);
+        assert_eq!(oscillations(&steps, 0, 40), 0);
+        for s in &steps {
+            assert!(s.committed <= s.budget);
+        }
+        assert!(utilisation(&steps, 39).unwrap() > 0.5);
+    }
+}
+
+#[test]
+fn refusing_guests_are_marked_and_never_pushed_again() {
+    let spec = FleetSpec {
+        vms: 32,
+        uncooperative: 0.3,
+        seed: 9,
+        ..Default::default()
+    };
+    let (sim, steps) = run(&spec, SimConfig::default(), false, 20);
+    let mut marked = 0;
+    for (i, vm) in sim.vms.iter().enumerate() {
+        let from = steps
+            .iter()
+            .position(|s| s.vms[i].status == VmStatus::Uncooperative);
+        if vm.guest == Guest::Cooperative {
+            assert_eq!(from, None, "{} marked", vm.id);
+            continue;
+        }
+        let Some(from) = from else { continue };
+        marked += 1;
+        let reports = steps
+            .iter()
+            .flat_map(|s| &s.decisions)
+            .filter(|d| d.vm_id == vm.id && d.reason() == DecisionReason::Uncooperative)
+            .count();
+        assert_eq!(reports, 1);
+        for s in &steps[from..] {
+            assert_eq!(s.vms[i].dram_target, steps[from].vms[i].dram_target);
+            assert_eq!(s.vms[i].slow_target, steps[from].vms[i].slow_target);
+        }
+    }
+    assert!(marked > 0);
+}
+
+#[test]
+fn slow_balloons_settle_without_being_marked() {
+    // A quarter of the design note's speed: a 1G step takes 4 intervals,
+    // progress each interval keeps the guest cooperative.
+    let spec = FleetSpec {
+        vms: 16,
+        seed: 3,
+        ..Default::default()
+    };
+    let sim_cfg = SimConfig {
+        balloon_speed: (256u64 << 20) as f64,
+        ..SimConfig::default()
+    };
+    let (sim, steps) = run(&spec, sim_cfg, false, 40);
+    let counted = cooperative(&sim.vms);
+    assert!(converge(&steps, 0, 40, 0.02, &counted).is_some());
+    assert!(
+        steps
+            .iter()
+            .all(|s| s.vms.iter().all(|v| v.status != VmStatus::Uncooperative))
+    );
+    assert!(
+        steps
+            .iter()
+            .any(|s| s.vms.iter().any(|v| v.status == VmStatus::Settling))
+    );
+}
+
+#[test]
+fn dry_run_fleet_stays_put() {
+    let spec = FleetSpec {
+        vms: 16,
+        seed: 4,
+        ..Default::default()
+    };
+    let (sim, steps) = run(&spec, SimConfig::default(), true, 5);
+    let initial = fleet(&spec);
+    for (vm, start) in sim.vms.iter().zip(&initial.vms) {
+        assert_eq!((vm.dram, vm.slow), (start.dram, start.slow));
+    }
+    assert!(!steps[0].decisions.is_empty());
+}
