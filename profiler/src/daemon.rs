@@ -11,6 +11,7 @@ use tokio_stream::wrappers::{TcpListenerStream, UnixListenerStream};
 
 use tier_profiler::aggregate::Aggregator;
 use tier_profiler::config::Settings;
+use tier_profiler::control::InProcess;
 use tier_profiler::demo_vm::{DemoVm, DemoVmConfig, tracked::DemoTracked};
 use tier_profiler::discovery::Discoverer;
 use tier_profiler::registry::Registry;
@@ -64,12 +65,18 @@ async fn serve(s: Settings, synthetic: (u32, u32)) -> anyhow::Result<()> {
         kernel: kernel_release(),
         capabilities: report.to_proto(backend.as_ref().map(|b| b.backend())),
         interval_ns,
-        // The controller lands with its issue; until then nothing acts.
-        controller_enabled: false,
+        controller_enabled: s.controller,
     });
-    if s.controller {
-        tracing::info!("controller: not built into this tierd yet; stats only");
-    }
+    let controller = if s.controller {
+        let c = InProcess::new(&shared.policy()).context("the default policy")?;
+        tracing::info!(
+            "controller runs in-process (no VM has a per-tier balloon tierd can drive yet)"
+        );
+        Some(c)
+    } else {
+        tracing::info!("controller disabled");
+        None
+    };
 
     let mut registry = Registry::default();
     if s.demo_vm {
@@ -126,6 +133,7 @@ async fn serve(s: Settings, synthetic: (u32, u32)) -> anyhow::Result<()> {
         registry.clone(),
         discover,
         backend,
+        controller,
         shared.clone(),
         metrics,
         s.interval,
@@ -192,6 +200,7 @@ async fn sample_loop(
     registry: Arc<Mutex<Registry>>,
     mut discover: Option<Discoverer>,
     mut backend: Option<Box<dyn Sampler>>,
+    mut controller: Option<InProcess>,
     shared: Arc<Shared>,
     metrics: Arc<Mutex<Metrics>>,
     interval: Duration,
@@ -225,7 +234,31 @@ async fn sample_loop(
         if let Ok(mut m) = metrics.lock() {
             m.update(&update);
         }
-        shared.publish(update);
+        let update = shared.publish(update);
+        if let Some(c) = controller.as_mut() {
+            control_step(c, &shared, &update);
+        }
+    }
+}
+
+/// Runs the controller on one update and publishes and logs its decisions.
+fn control_step(c: &mut InProcess, shared: &Shared, update: &tier_proto::v1::StatsUpdate) {
+    if let Err(e) = c.set_policy(&shared.policy()) {
+        tracing::error!(error = %e, "policy in force rejected by the controller; keeping the previous one");
+    }
+    for d in c.step(&shared.vms(), update) {
+        tracing::info!(
+            vm = %d.vm_id,
+            reason = ?d.reason(),
+            outcome = ?d.outcome(),
+            observed = d.observed_ratio,
+            target = d.target_ratio,
+            expected = d.expected_ratio,
+            changes = ?d.changes,
+            detail = %d.detail,
+            "controller decision"
+        );
+        shared.publish_decision(d);
     }
 }
 

@@ -8,6 +8,7 @@
 pub mod aggregate;
 pub mod bpf;
 pub mod config;
+pub mod control;
 pub mod demo_vm;
 pub mod discovery;
 pub mod policy;

@@ -29,6 +29,9 @@ pub struct Shared {
     stats_tx: broadcast::Sender<Arc<StatsUpdate>>,
     /// Controller decisions; the in-process controller publishes here.
     decisions_tx: broadcast::Sender<Arc<Decision>>,
+    /// The last decision per VM, replayed to a new decision watcher so a
+    /// fresh `tierctl top` shows every VM's last action.
+    last_decisions: RwLock<std::collections::BTreeMap<String, Arc<Decision>>>,
     policy: RwLock<Policy>,
     /// Set once at shutdown: every open stream ends so connections drain.
     closing: tokio::sync::watch::Sender<bool>,
@@ -44,6 +47,7 @@ impl Shared {
             vms: RwLock::new(Arc::new(Vec::new())),
             stats_tx,
             decisions_tx,
+            last_decisions: RwLock::new(Default::default()),
             policy: RwLock::new(policy::default_policy()),
             closing: tokio::sync::watch::Sender::new(false),
         })
@@ -56,13 +60,19 @@ impl Shared {
         }
     }
 
-    fn vms(&self) -> Arc<Vec<Vm>> {
+    /// The known VMs.
+    pub fn vms(&self) -> Arc<Vec<Vm>> {
         self.vms.read().map(|v| v.clone()).unwrap_or_default()
     }
 
     /// Publishes one interval's update to every watcher; an update whose
-    /// VM list changed also replaces the known VMs.
-    pub fn publish(&self, update: StatsUpdate) {
+    /// VM list changed also replaces the known VMs. Returns it, shared.
+    pub fn publish(&self, update: StatsUpdate) -> Arc<StatsUpdate> {
+        if let Ok(mut last) = self.last_decisions.write() {
+            for id in &update.departed_vm_ids {
+                last.remove(id);
+            }
+        }
         if !update.vms_unchanged {
             self.set_vms(update.vms.clone());
         }
@@ -71,7 +81,25 @@ impl Shared {
             *latest = Some(update.clone());
         }
         // No receivers is fine: nobody watches right now.
-        let _ = self.stats_tx.send(update);
+        let _ = self.stats_tx.send(update.clone());
+        update
+    }
+
+    /// Publishes one controller decision to every decision watcher.
+    pub fn publish_decision(&self, d: Decision) {
+        let d = Arc::new(d);
+        if let Ok(mut last) = self.last_decisions.write() {
+            last.insert(d.vm_id.clone(), d.clone());
+        }
+        let _ = self.decisions_tx.send(d);
+    }
+
+    /// The policy in force.
+    pub fn policy(&self) -> Policy {
+        self.policy
+            .read()
+            .map(|p| p.clone())
+            .unwrap_or_else(|_| policy::default_policy())
     }
 
     /// Ends every open stream (graceful shutdown).
@@ -139,7 +167,7 @@ fn filter(update: &StatsUpdate, ids: &[String]) -> StatsUpdate {
 fn forward<T, U, F>(
     mut rx: broadcast::Receiver<Arc<T>>,
     mut closing: tokio::sync::watch::Receiver<bool>,
-    first: Option<Arc<T>>,
+    first: Vec<Arc<T>>,
     mut map: F,
 ) -> BoxStream<U>
 where
@@ -149,10 +177,10 @@ where
 {
     let (tx, out) = mpsc::channel(WATCH_BACKLOG);
     tokio::spawn(async move {
-        if let Some(item) = first.as_deref().and_then(&mut map)
-            && tx.send(Ok(item)).await.is_err()
-        {
-            return;
+        for item in first.iter().filter_map(|f| map(f)) {
+            if tx.send(Ok(item)).await.is_err() {
+                return;
+            }
         }
         loop {
             let received = tokio::select! {
@@ -215,7 +243,7 @@ impl TierService for TierServer {
         let ids = req.into_inner().vm_ids;
         check_ids(&ids)?;
         let rx = self.shared.stats_tx.subscribe();
-        let first = self.shared.latest();
+        let first = self.shared.latest().into_iter().collect();
         let closing = self.shared.closing.subscribe();
         let shared = self.shared.clone();
         let mut sent_vms = false;
@@ -249,7 +277,8 @@ impl TierService for TierServer {
             .into_inner()
             .policy
             .ok_or_else(|| Status::invalid_argument("policy: required"))?;
-        policy::validate(&new).map_err(|e| Status::invalid_argument(format!("policy.{e}")))?;
+        tier_controller::policy::Config::try_from(&new)
+            .map_err(|e| Status::invalid_argument(e.to_string()))?;
         let mut p = self
             .shared
             .policy
@@ -269,11 +298,17 @@ impl TierService for TierServer {
         let ids = req.into_inner().vm_ids;
         check_ids(&ids)?;
         let rx = self.shared.decisions_tx.subscribe();
+        let recent = self
+            .shared
+            .last_decisions
+            .read()
+            .map(|l| l.values().cloned().collect())
+            .unwrap_or_default();
         let closing = self.shared.closing.subscribe();
         Ok(Response::new(forward(
             rx,
             closing,
-            None,
+            recent,
             move |d: &Decision| (ids.is_empty() || ids.contains(&d.vm_id)).then(|| d.clone()),
         )))
     }

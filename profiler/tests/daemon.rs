@@ -202,14 +202,33 @@ async fn serves_the_demo_vm_with_increasing_sequence_numbers() {
         }
     }
 
-    drop((stream, client));
+    // The in-process controller saw the VM and said, once, that it cannot
+    // act on it (no per-tier balloon yet); a new watcher gets that replayed.
+    assert!(info.controller_enabled);
+    let mut decisions = client
+        .watch_decisions(WatchDecisionsRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    let d = tokio::time::timeout(Duration::from_secs(5), decisions.next())
+        .await
+        .expect("a decision for the demo VM")
+        .unwrap()
+        .unwrap();
+    assert_eq!(d.vm_id, vm.id);
+    assert_eq!(d.reason(), DecisionReason::Uncooperative);
+    assert_eq!(d.outcome(), DecisionOutcome::Skipped);
+    assert!(d.changes.is_empty());
+    assert!(d.detail.contains("no per-tier balloon"), "{}", d.detail);
+
+    drop((stream, decisions, client));
     let status = tierd.terminate();
     assert!(status.success(), "tierd exit after SIGTERM: {status}");
 }
 
 #[tokio::test]
 async fn bad_requests_get_clear_status_and_the_daemon_keeps_serving() {
-    let tierd = Tierd::start(&["--interval-ms", "100"]);
+    let tierd = Tierd::start(&["--interval-ms", "100", "--no-controller"]);
     let mut client = tier_proto::connect(&tierd.endpoint()).await.unwrap();
 
     let e = client
@@ -232,6 +251,12 @@ async fn bad_requests_get_clear_status_and_the_daemon_keeps_serving() {
         .unwrap_err();
     assert_eq!(e.code(), tonic::Code::InvalidArgument);
 
+    let info = client
+        .get_info(GetInfoRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(!info.controller_enabled, "--no-controller");
     let before = client
         .get_policy(GetPolicyRequest {})
         .await
