@@ -51,4 +51,8 @@ fn capability_cfgs() {
     if kvm.is_ok() {
         println!("cargo:rustc-cfg=has_kvm");
     }
+    println!("cargo:rustc-check-cfg=cfg(has_page_idle)");
+    if std::path::Path::new("/sys/kernel/mm/page_idle/bitmap").exists() {
+        println!("cargo:rustc-cfg=has_page_idle");
+    }
 }

@@ -114,7 +114,7 @@ fn invalid(key: &str, reason: impl Into<String>) -> ConfigError {
 }
 
 /// Sampler backends `backend` may name.
-pub const BACKENDS: &[&str] = &["auto", "hostpte", "none"];
+pub const BACKENDS: &[&str] = &["auto", "ept-fexit", "ept-tracepoint", "hostpte", "none"];
 
 /// The configuration after validation, in the types tierd uses.
 #[derive(Debug, Clone, PartialEq)]

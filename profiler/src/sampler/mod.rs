@@ -2,7 +2,9 @@
 //! accessed. Each backend reads what the host saw, never the guest.
 
 pub mod ept;
+pub mod ept_ageing;
 pub mod hostpte;
+pub mod page_idle;
 
 use tier_proto::v1::{Backend, Vm};
 
@@ -42,7 +44,7 @@ pub enum SampleError {
 pub enum SelectError {
     #[error("backend {0:?}: unavailable here: {1}")]
     Unavailable(String, String),
-    #[error("backend {0:?}: unknown (implemented: auto, hostpte, none)")]
+    #[error("backend {0:?}: unknown (implemented: auto, ept-fexit, ept-tracepoint, hostpte, none)")]
     Unknown(String),
 }
 
@@ -56,6 +58,8 @@ pub fn select(
         "auto" => report.best_backend(),
         "none" => None,
         "hostpte" => Some(Backend::Hostpte),
+        "ept-fexit" => Some(Backend::EptFexit),
+        "ept-tracepoint" => Some(Backend::EptTracepoint),
         other => return Err(SelectError::Unknown(other.into())),
     };
     match wanted {
@@ -64,6 +68,17 @@ pub fn select(
             Some(c) if !c.available => Err(SelectError::Unavailable(name.into(), c.reason.clone())),
             _ => Ok(Some(Box::new(hostpte::HostPte::new()))),
         },
+        Some(b @ (Backend::EptFexit | Backend::EptTracepoint)) => {
+            for check in [b.short_name(), "page_idle"] {
+                if let Some(c) = report.get(check).filter(|c| !c.available) {
+                    return Err(SelectError::Unavailable(name.into(), c.reason.clone()));
+                }
+            }
+            // All EPT VMs are aged in full; a sampled fraction is a config knob to come.
+            let s = ept_ageing::EptAgeing::new(b, 1)
+                .map_err(|e| SelectError::Unavailable(name.into(), e.to_string()))?;
+            Ok(Some(Box::new(s)))
+        }
         Some(other) => {
             tracing::warn!(
                 backend = other.short_name(),

@@ -1,0 +1,220 @@
+//! Backends `ept-fexit` and `ept-tracepoint`: per interval, tierd marks a
+//! sample of each VM's pages idle (page_idle driver) while it is the scan
+//! owner of the VM's slot, and reads back what the BPF programs counted per
+//! (VM, tier): the pages KVM found young since the previous pass.
+//!
+//! Needs each tier's guest-physical ranges (gfn -> tier happens in BPF), so
+//! VMs whose layout is unknown (kvm-fd discovery reports GPA 0) get a clear
+//! error instead of numbers.
+
+use std::collections::{HashMap, HashSet};
+use std::fs::File;
+use std::path::Path;
+
+use tier_proto::v1::{Backend, Vm};
+
+use super::ept::{EptOptions, EptPrograms, GfnRange, MAX_VMS};
+use super::page_idle::{self, Bitmap};
+use super::{SampleError, Sampler, TierReading};
+
+const PAGE: u64 = 4096;
+
+/// The EPT sampler: BPF programs plus the page_idle driver.
+#[derive(Debug)]
+pub struct EptAgeing {
+    backend: Backend,
+    progs: EptPrograms,
+    bitmap: Bitmap,
+    /// Every `stride`-th page of each tier is aged (1 = all).
+    stride: u64,
+    slots: HashMap<String, u32>,
+    armed: HashSet<String>,
+}
+
+fn err(what: &str, e: impl std::fmt::Display) -> SampleError {
+    SampleError::Io {
+        path: what.into(),
+        message: e.to_string(),
+    }
+}
+
+impl EptAgeing {
+    /// Loads and attaches the programs `backend` needs and opens the bitmap.
+    pub fn new(backend: Backend, stride: u64) -> Result<EptAgeing, SampleError> {
+        let bitmap = Bitmap::open(Path::new(page_idle::BITMAP)).map_err(|e| err("page_idle", e))?;
+        let options = EptOptions {
+            tracepoint: backend == Backend::EptTracepoint,
+            fexit: backend == Backend::EptFexit,
+            ..EptOptions::default()
+        };
+        let progs = EptPrograms::load(&options).map_err(|e| err("bpf", e))?;
+        Ok(EptAgeing {
+            backend,
+            progs,
+            bitmap,
+            stride: stride.max(1),
+            slots: HashMap::new(),
+            armed: HashSet::new(),
+        })
+    }
+
+    fn slot(&mut self, vm: &Vm) -> Result<u32, SampleError> {
+        if let Some(s) = self.slots.get(&vm.id) {
+            return Ok(*s);
+        }
+        let used: HashSet<u32> = self.slots.values().copied().collect();
+        let slot = (0..MAX_VMS)
+            .find(|s| !used.contains(s))
+            .ok_or_else(|| err("bpf", format!("more than {MAX_VMS} VMs")))?;
+        let ranges = gfn_ranges(vm)?;
+        self.progs.clear_vm(slot).map_err(|e| err("bpf", e))?;
+        self.progs
+            .set_vm(slot, Some(vm.vmm_pid), &ranges)
+            .map_err(|e| err("bpf", e))?;
+        self.slots.insert(vm.id.clone(), slot);
+        Ok(slot)
+    }
+
+    fn sample_vm(&mut self, vm: &Vm) -> Result<Vec<TierReading>, SampleError> {
+        let slot = self.slot(vm)?;
+        let path = format!("/proc/{}/pagemap", vm.vmm_pid);
+        let pagemap =
+            File::open(&path).map_err(|_| SampleError::ProcessGone { pid: vm.vmm_pid })?;
+        let mut sampled = Vec::with_capacity(vm.tiers.len());
+        let mut pfns = Vec::new();
+        for t in &vm.tiers {
+            let mut n = 0u64;
+            for r in &t.ranges {
+                let pages = page_idle::sampled_pfns(&pagemap, r.hva_start, r.length, self.stride)
+                    .map_err(|e| err(&path, e))?;
+                n += pages.len() as u64;
+                pfns.extend(pages.into_iter().map(|p| p.pfn));
+            }
+            sampled.push(n);
+        }
+        {
+            let _owner = self.progs.scan_as(slot).map_err(|e| err("bpf", e))?;
+            self.bitmap
+                .mark_idle(&page_idle::words(pfns))
+                .map_err(|e| err(page_idle::BITMAP, e))?;
+        }
+        let counts = self.progs.take_vm_counts(slot).map_err(|e| err("bpf", e))?;
+        // The first pass only arms: young since the VMM started means nothing.
+        let first = self.armed.insert(vm.id.clone());
+        Ok(sampled
+            .iter()
+            .enumerate()
+            .map(|(i, &n)| TierReading {
+                sampled_pages: if first { 0 } else { n },
+                young_pages: if first {
+                    0
+                } else {
+                    counts.tiers.get(i).map_or(0, |c| c.young_pages).min(n)
+                },
+            })
+            .collect())
+    }
+}
+
+/// gfn ranges per tier index; an unknown layout (overlaps, GPA 0 for every
+/// tier) is an error naming the VM.
+pub fn gfn_ranges(vm: &Vm) -> Result<Vec<GfnRange>, SampleError> {
+    let mut out = Vec::new();
+    for (i, t) in vm.tiers.iter().enumerate() {
+        for r in &t.ranges {
+            out.push(GfnRange {
+                start_gfn: r.gpa_start / PAGE,
+                end_gfn: (r.gpa_start + r.length) / PAGE,
+                tier: i as u32,
+            });
+        }
+    }
+    let mut sorted = out.clone();
+    sorted.sort_by_key(|r| r.start_gfn);
+    if sorted.windows(2).any(|w| w[0].end_gfn > w[1].start_gfn) {
+        return Err(SampleError::Io {
+            path: vm.id.clone(),
+            message: "guest-physical layout unknown (tier ranges overlap): the EPT backends need it; use hostpte".into(),
+        });
+    }
+    Ok(out)
+}
+
+impl Sampler for EptAgeing {
+    fn backend(&self) -> Backend {
+        self.backend
+    }
+
+    fn sample(&mut self, vms: &[&Vm]) -> Vec<Result<Vec<TierReading>, SampleError>> {
+        vms.iter().map(|vm| self.sample_vm(vm)).collect()
+    }
+
+    fn forget(&mut self, vm_id: &str) {
+        self.armed.remove(vm_id);
+        if let Some(slot) = self.slots.remove(vm_id)
+            && let Err(e) = self.progs.clear_vm(slot)
+        {
+            tracing::warn!(vm = vm_id, error = %e, "clearing the BPF slot");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tier_proto::v1::{GpaRange, Tier};
+
+    fn vm(ranges: &[(u64, u64)]) -> Vm {
+        Vm {
+            id: "t".into(),
+            tiers: ranges
+                .iter()
+                .map(|&(gpa, len)| Tier {
+                    ranges: vec![GpaRange {
+                        gpa_start: gpa,
+                        length: len,
+                        hva_start: 1,
+                    }],
+                    ..Default::default()
+                })
+                .collect(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn gfn_ranges_follow_the_tier_map() {
+        let r = gfn_ranges(&vm(&[(0, 16 << 20), (0x1000_0000, 16 << 20)])).unwrap();
+        assert_eq!(
+            r,
+            vec![
+                GfnRange {
+                    start_gfn: 0,
+                    end_gfn: 4096,
+                    tier: 0
+                },
+                GfnRange {
+                    start_gfn: 0x10000,
+                    end_gfn: 0x11000,
+                    tier: 1
+                },
+            ]
+        );
+    }
+
+    #[test]
+    fn unknown_layout_is_refused() {
+        let e = gfn_ranges(&vm(&[(0, 16 << 20), (0, 16 << 20)])).unwrap_err();
+        assert!(e.to_string().contains("layout unknown"), "{e}");
+    }
+
+    #[test]
+    #[cfg_attr(
+        has_page_idle,
+        ignore = "this host has page_idle: tests/ept_ageing.rs covers the driver"
+    )]
+    fn without_page_idle_the_backend_says_so() {
+        let e = EptAgeing::new(Backend::EptTracepoint, 1).unwrap_err();
+        assert!(e.to_string().contains("page_idle"), "{e}");
+    }
+}
