@@ -3,6 +3,10 @@
 //! (`policy`, see docs/controller.md) and a simulator that drives it
 //! (`sim`). Actuation against the VMM comes with its own issue.
 
+pub mod cli;
+pub mod conn;
 pub mod policy;
+pub mod policy_json;
 pub mod sim;
+pub mod top;
 pub mod view;

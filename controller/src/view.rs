@@ -1,10 +1,11 @@
 //! Flat per-VM, per-tier rows built from a `StatsUpdate`, and their table,
-//! JSON and CSV forms for `tierctl top --once`.
+//! JSON and CSV forms for `tierctl top --once`. The JSON form is described by
+//! controller/schema/top.schema.json.
 
 use std::fmt::Write as _;
 
 use serde::Serialize;
-use tier_proto::v1::{StatsUpdate, TierKind};
+use tier_proto::v1::{StatsUpdate, TierKind, VmSource};
 
 /// One tier of one VM in one interval.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -28,10 +29,17 @@ pub struct TierRow {
     /// The DRAM share of the guest-reported accesses (ground truth where the
     /// guest reports; same on every row of a VM).
     pub guest_hit_ratio: Option<f64>,
+    /// Host-sampled access estimate of the tier per second
+    /// (`estimated_accesses` / interval); None before the first interval.
+    pub accesses_per_s: Option<f64>,
+    /// Half-width of the ~95 % interval of `dram_hit_ratio` (same on every row).
+    pub dram_hit_error: Option<f64>,
+    /// The controller's target for the VM, when it manages it.
+    pub dram_hit_target: Option<f64>,
 }
 
 /// DRAM share of guest-reported accesses, if the guest reported any.
-fn guest_hit(vm: &tier_proto::v1::Vm, reported: &[u64]) -> Option<f64> {
+pub fn guest_hit(vm: &tier_proto::v1::Vm, reported: &[u64]) -> Option<f64> {
     let total: u64 = reported.iter().sum();
     if total == 0 || reported.len() != vm.tiers.len() {
         return None;
@@ -77,6 +85,11 @@ pub fn rows(update: &StatsUpdate) -> Vec<TierRow> {
                 guest_accesses_per_s: guest,
                 dram_hit_ratio: stats.filter(|s| s.has_accesses).map(|s| s.dram_hit_ratio),
                 guest_hit_ratio,
+                accesses_per_s: sample
+                    .filter(|_| secs > 0.0)
+                    .map(|s| s.estimated_accesses / secs),
+                dram_hit_error: stats.filter(|s| s.has_accesses).map(|s| s.dram_hit_error),
+                dram_hit_target: stats.and_then(|s| s.dram_hit_target),
             });
         }
     }
@@ -99,7 +112,8 @@ pub fn human_bytes(b: u64) -> String {
     format!("{b}B")
 }
 
-fn rate(r: Option<f64>) -> String {
+/// Rates as 188.2k, 3.1M, 950.
+pub fn rate(r: Option<f64>) -> String {
     match r {
         Some(r) if r >= 1e6 => format!("{:.1}M", r / 1e6),
         Some(r) if r >= 1e3 => format!("{:.1}k", r / 1e3),
@@ -193,13 +207,13 @@ pub fn table(rows: &[TierRow]) -> String {
 /// CSV with a header row; numbers unformatted.
 pub fn csv(rows: &[TierRow]) -> String {
     let mut out = String::from(
-        "vm_id,vm_name,vcpus,tier,kind,size_bytes,resident_bytes,balloon_target_bytes,balloon_actual_bytes,young_pages,sampled_pages,source,guest_accesses_per_s,dram_hit_ratio,guest_hit_ratio\n",
+        "vm_id,vm_name,vcpus,tier,kind,size_bytes,resident_bytes,balloon_target_bytes,balloon_actual_bytes,young_pages,sampled_pages,source,guest_accesses_per_s,dram_hit_ratio,guest_hit_ratio,accesses_per_s,dram_hit_error,dram_hit_target\n",
     );
     let opt = |v: Option<f64>| v.map(|x| format!("{x}")).unwrap_or_default();
     for r in rows {
         let _ = writeln!(
             out,
-            "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}",
+            "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}",
             csv_field(&r.vm_id),
             csv_field(&r.vm_name),
             r.vcpus,
@@ -215,9 +229,60 @@ pub fn csv(rows: &[TierRow]) -> String {
             opt(r.guest_accesses_per_s),
             opt(r.dram_hit_ratio),
             opt(r.guest_hit_ratio),
+            opt(r.accesses_per_s),
+            opt(r.dram_hit_error),
+            opt(r.dram_hit_target),
         );
     }
     out
+}
+
+/// How tierd found a VM, short.
+pub fn source_name(s: VmSource) -> &'static str {
+    match s {
+        VmSource::Unspecified => "-",
+        VmSource::CloudHypervisor => "cloud-hypervisor",
+        VmSource::KvmFd => "kvm-fd",
+        VmSource::Demo => "demo",
+    }
+}
+
+/// One update as the JSON object `top --output json` prints per line.
+pub fn update_json(update: &StatsUpdate) -> serde_json::Value {
+    serde_json::json!({
+        "sequence": update.sequence,
+        "timestamp_unix_ns": update.timestamp_unix_ns,
+        "interval_ns": update.interval_ns,
+        "vm_count": update.vms.len(),
+        "rows": rows(update),
+        "departed_vm_ids": update.departed_vm_ids,
+    })
+}
+
+/// A VM's identity and tier map as JSON (`tierctl vm`, `vms --output json`).
+pub fn vm_json(vm: &tier_proto::v1::Vm) -> serde_json::Value {
+    let tiers: Vec<serde_json::Value> = vm
+        .tiers
+        .iter()
+        .map(|t| {
+            serde_json::json!({
+                "name": t.name,
+                "kind": TierKind::try_from(t.kind).unwrap_or(TierKind::Unknown).short_name(),
+                "host_numa_nodes": t.host_numa_nodes,
+                "size_bytes": t.size_bytes,
+                "ranges": t.ranges.iter().map(|r| serde_json::json!({
+                    "gpa_start": format!("{:#x}", r.gpa_start),
+                    "length": r.length,
+                    "hva_start": format!("{:#x}", r.hva_start),
+                })).collect::<Vec<_>>(),
+                "derivation": t.derivation,
+            })
+        })
+        .collect();
+    serde_json::json!({
+        "id": vm.id, "name": vm.name, "vmm_pid": vm.vmm_pid, "api_socket": vm.api_socket,
+        "vcpus": vm.vcpus, "source": source_name(vm.source()), "tiers": tiers,
+    })
 }
 
 /// Quotes a field when it holds a comma, quote or newline (RFC 4180).

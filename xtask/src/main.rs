@@ -3,6 +3,7 @@
 mod demo;
 mod deps;
 mod run;
+mod vmm_patch;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -46,6 +47,18 @@ enum Task {
     },
     /// Regenerate bpf/include/x86_64/vmlinux.h from this kernel's BTF.
     Vmlinux,
+    /// Apply our patch series to a cloud-hypervisor v53.0 checkout, or build it.
+    VmmPatch {
+        /// apply: `git am` the series onto a new branch; build: release build of the patched tree.
+        #[arg(value_enum)]
+        action: vmm_patch::Action,
+        /// cloud-hypervisor v53.0 git checkout.
+        #[arg(long)]
+        ch_src: Option<PathBuf>,
+        /// micro_http checkout at 5c2254d6 (default: beside --ch-src, `micro-http`).
+        #[arg(long)]
+        micro_http: Option<PathBuf>,
+    },
 }
 
 fn main() -> ExitCode {
@@ -70,6 +83,11 @@ fn dispatch(task: Task) -> anyhow::Result<()> {
         Task::Bench { name } => bench(&name),
         Task::E2e { ch_src } => e2e(ch_src),
         Task::Vmlinux => vmlinux(),
+        Task::VmmPatch {
+            action,
+            ch_src,
+            micro_http,
+        } => vmm_patch::run(action, ch_src, micro_http),
     }
 }
 
@@ -105,6 +123,10 @@ const BENCHES: &[(&str, &str)] = &[
         "ns per event of the EPT sampler's BPF programs vs an empty raw_tp program",
     ),
     ("controller", "policy on simulated 8/64/1000-VM fleets"),
+    (
+        "tierctl-render",
+        "tierctl top frame time for 1000 VMs on a TestBackend",
+    ),
 ];
 
 fn bench(name: &str) -> anyhow::Result<()> {
@@ -215,6 +237,38 @@ mod tests {
             }
         );
         assert_eq!(parse(&["vmlinux"]).unwrap(), Task::Vmlinux);
+        assert_eq!(
+            parse(&["vmm-patch", "apply", "--ch-src", "/src/ch"]).unwrap(),
+            Task::VmmPatch {
+                action: vmm_patch::Action::Apply,
+                ch_src: Some("/src/ch".into()),
+                micro_http: None,
+            }
+        );
+        assert_eq!(
+            parse(&[
+                "vmm-patch",
+                "build",
+                "--ch-src",
+                "/src/ch",
+                "--micro-http",
+                "/src/mh"
+            ])
+            .unwrap(),
+            Task::VmmPatch {
+                action: vmm_patch::Action::Build,
+                ch_src: Some("/src/ch".into()),
+                micro_http: Some("/src/mh".into()),
+            }
+        );
+        assert_eq!(
+            parse(&["vmm-patch", "build"]).unwrap(),
+            Task::VmmPatch {
+                action: vmm_patch::Action::Build,
+                ch_src: None,
+                micro_http: None,
+            }
+        );
     }
 
     #[test]
@@ -223,6 +277,8 @@ mod tests {
         assert!(parse(&["bench"]).is_err(), "bench needs a name");
         assert!(parse(&["demo", "--updates", "x"]).is_err());
         assert!(parse(&["frobnicate"]).is_err());
+        assert!(parse(&["vmm-patch"]).is_err(), "vmm-patch needs an action");
+        assert!(parse(&["vmm-patch", "frob", "--ch-src", "/x"]).is_err());
     }
 
     #[test]

@@ -48,7 +48,7 @@ pub fn sampled_pfns(
         pagemap.read_exact_at(bytes, (first + start) * 8)?;
         for (i, e) in bytes.chunks_exact(8).enumerate() {
             let index = start + i as u64;
-            if index % stride != 0 {
+            if !index.is_multiple_of(stride) {
                 continue;
             }
             let mut w = [0u8; 8];

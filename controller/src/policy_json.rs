@@ -1,0 +1,209 @@
+//! The controller policy as JSON, for `tierctl policy get|set`. The
+//! generated tier.v1 types carry no serde, so the mapping is spelled out
+//! here, with the proto's field names.
+
+use serde::{Deserialize, Serialize};
+use tier_proto::v1::{Policy, TierLimits, VmPolicy};
+
+use crate::cli::PolicySetArgs;
+
+#[derive(Debug, thiserror::Error)]
+pub enum PolicyFileError {
+    #[error("policy JSON: {0}")]
+    Parse(#[from] serde_json::Error),
+}
+
+/// `policy set --file`: every key optional (a missing key keeps the value
+/// in force); unknown keys are refused so a typo does not pass silently.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PolicyPatch {
+    enabled: Option<bool>,
+    dry_run: Option<bool>,
+    default_target: Option<f64>,
+    epsilon: Option<f64>,
+    host_dram_budget_bytes: Option<u64>,
+    max_step_bytes: Option<u64>,
+    cooldown_intervals: Option<u32>,
+    idle_threshold: Option<f64>,
+    /// Replaces the whole per-VM list when present.
+    vms: Option<Vec<VmPolicyJson>>,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct VmPolicyJson {
+    vm: String,
+    #[serde(default)]
+    target: Option<f64>,
+    #[serde(default)]
+    limits: Vec<LimitsJson>,
+    #[serde(default)]
+    excluded: bool,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct LimitsJson {
+    tier: String,
+    #[serde(default)]
+    floor_bytes: u64,
+    #[serde(default)]
+    ceiling_bytes: u64,
+}
+
+#[derive(Debug, Serialize)]
+struct PolicyJson {
+    enabled: bool,
+    dry_run: bool,
+    default_target: f64,
+    epsilon: f64,
+    host_dram_budget_bytes: u64,
+    max_step_bytes: u64,
+    cooldown_intervals: u32,
+    idle_threshold: f64,
+    vms: Vec<VmPolicyJson>,
+}
+
+/// The policy as pretty JSON (what `policy get` prints and `--file` reads).
+pub fn to_json(p: &Policy) -> serde_json::Value {
+    let j = PolicyJson {
+        enabled: p.enabled,
+        dry_run: p.dry_run,
+        default_target: p.default_target,
+        epsilon: p.epsilon,
+        host_dram_budget_bytes: p.host_dram_budget_bytes,
+        max_step_bytes: p.max_step_bytes,
+        cooldown_intervals: p.cooldown_intervals,
+        idle_threshold: p.idle_threshold,
+        vms: p
+            .vms
+            .iter()
+            .map(|v| VmPolicyJson {
+                vm: v.vm.clone(),
+                target: v.target,
+                limits: v
+                    .limits
+                    .iter()
+                    .map(|l| LimitsJson {
+                        tier: l.tier.clone(),
+                        floor_bytes: l.floor_bytes,
+                        ceiling_bytes: l.ceiling_bytes,
+                    })
+                    .collect(),
+                excluded: v.excluded,
+            })
+            .collect(),
+    };
+    serde_json::to_value(j).unwrap_or(serde_json::Value::Null)
+}
+
+/// Applies a JSON file's keys onto `base`.
+pub fn apply_file(base: &mut Policy, json: &str) -> Result<(), PolicyFileError> {
+    let p: PolicyPatch = serde_json::from_str(json)?;
+    set(&mut base.enabled, p.enabled);
+    set(&mut base.dry_run, p.dry_run);
+    set(&mut base.default_target, p.default_target);
+    set(&mut base.epsilon, p.epsilon);
+    set(&mut base.host_dram_budget_bytes, p.host_dram_budget_bytes);
+    set(&mut base.max_step_bytes, p.max_step_bytes);
+    set(&mut base.cooldown_intervals, p.cooldown_intervals);
+    set(&mut base.idle_threshold, p.idle_threshold);
+    if let Some(vms) = p.vms {
+        base.vms = vms
+            .into_iter()
+            .map(|v| VmPolicy {
+                vm: v.vm,
+                target: v.target,
+                limits: v
+                    .limits
+                    .into_iter()
+                    .map(|l| TierLimits {
+                        tier: l.tier,
+                        floor_bytes: l.floor_bytes,
+                        ceiling_bytes: l.ceiling_bytes,
+                    })
+                    .collect(),
+                excluded: v.excluded,
+            })
+            .collect();
+    }
+    Ok(())
+}
+
+/// Applies `policy set` flags onto `base` (after the file, if any).
+pub fn apply_flags(base: &mut Policy, a: &PolicySetArgs) {
+    set(&mut base.enabled, a.enabled);
+    set(&mut base.dry_run, a.dry_run);
+    set(&mut base.default_target, a.default_target);
+    set(&mut base.epsilon, a.epsilon);
+    set(&mut base.host_dram_budget_bytes, a.budget);
+    set(&mut base.max_step_bytes, a.max_step);
+    set(&mut base.cooldown_intervals, a.cooldown);
+    set(&mut base.idle_threshold, a.idle_threshold);
+}
+
+fn set<T>(field: &mut T, v: Option<T>) {
+    if let Some(v) = v {
+        *field = v;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn policy() -> Policy {
+        Policy {
+            enabled: true,
+            default_target: 0.9,
+            epsilon: 0.02,
+            max_step_bytes: 64 << 20,
+            vms: vec![VmPolicy {
+                vm: "a".into(),
+                target: Some(0.8),
+                limits: vec![TierLimits {
+                    tier: "dram".into(),
+                    floor_bytes: 1 << 20,
+                    ceiling_bytes: 0,
+                }],
+                excluded: false,
+            }],
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn get_then_set_round_trips() {
+        let p = policy();
+        let text = serde_json::to_string_pretty(&to_json(&p)).unwrap();
+        let mut q = Policy::default();
+        apply_file(&mut q, &text).unwrap();
+        assert_eq!(q, p);
+    }
+
+    #[test]
+    fn file_is_a_patch_and_refuses_typos() {
+        let mut p = policy();
+        apply_file(&mut p, r#"{"epsilon": 0.05}"#).unwrap();
+        assert_eq!((p.epsilon, p.default_target, p.vms.len()), (0.05, 0.9, 1));
+        apply_file(&mut p, r#"{"vms": []}"#).unwrap();
+        assert!(p.vms.is_empty());
+        let e = apply_file(&mut p, r#"{"epsilom": 0.05}"#).unwrap_err();
+        assert!(e.to_string().contains("epsilom"), "{e}");
+    }
+
+    #[test]
+    fn flags_override() {
+        let mut p = policy();
+        apply_flags(
+            &mut p,
+            &PolicySetArgs {
+                default_target: Some(0.95),
+                dry_run: Some(true),
+                ..Default::default()
+            },
+        );
+        assert_eq!((p.default_target, p.dry_run, p.epsilon), (0.95, true, 0.02));
+    }
+}

@@ -1,0 +1,304 @@
+//! The detail pane of one VM: identity, hit ratio against target, the last
+//! decision, the latest numbers per tier, a minute of them as sparklines,
+//! and the heat histogram when a backend gives one.
+
+use ratatui::Frame;
+use ratatui::layout::Rect;
+use ratatui::style::{Color, Modifier, Style};
+use ratatui::text::{Line, Span};
+use ratatui::widgets::{Block, Paragraph};
+use tier_proto::v1::{DecisionOutcome, TierKind};
+
+use super::app::App;
+use super::format::{action, ago, delta, pct, spark};
+use super::model::{VmView, WINDOW_NS};
+use super::render::delta_style;
+use crate::view::{guest_hit, human_bytes, rate, source_name};
+
+/// Widths of the label and of the now/min/max columns of the sparklines.
+const LABEL: usize = 16;
+const STATS: usize = 42;
+
+pub fn render(app: &App, v: &VmView, f: &mut Frame<'_>, area: Rect) {
+    let block = Block::bordered()
+        .title(Span::styled(
+            format!(" {} ({}) detail ", v.vm.name, v.vm.id),
+            Style::new().add_modifier(Modifier::BOLD),
+        ))
+        .title_bottom(" Esc/Enter back ");
+    let inner = block.inner(area);
+    f.render_widget(block, area);
+    let mut lines = header_lines(app, v, inner.width as usize);
+    lines.push(Line::raw(""));
+    lines.extend(tier_table(app, v));
+    lines.push(Line::raw(""));
+    lines.extend(history_lines(app, v, inner.width as usize));
+    lines.push(Line::raw(""));
+    // No tier.v1 backend reports a heat histogram yet (the BPF maps exist,
+    // the protocol field does not).
+    lines.push(Line::from(vec![
+        Span::styled(
+            "heat histogram: ",
+            Style::new().add_modifier(Modifier::BOLD),
+        ),
+        Span::styled(
+            "unavailable: no sampler backend of this tierd reports one",
+            Style::new().fg(Color::DarkGray),
+        ),
+    ]));
+    f.render_widget(Paragraph::new(lines), inner);
+}
+
+fn header_lines(app: &App, v: &VmView, width: usize) -> Vec<Line<'static>> {
+    let default = app.default_target();
+    let discovered = if v.vm.discovered_unix_ns > 0 && app.now_ns >= v.vm.discovered_unix_ns {
+        format!("{} ago", ago(app.now_ns - v.vm.discovered_unix_ns))
+    } else {
+        "-".into()
+    };
+    let mut out = vec![Line::raw(format!(
+        "id {}  pid {}  vcpus {}  source {}  discovered {}{}",
+        v.vm.id,
+        v.vm.vmm_pid,
+        v.vm.vcpus,
+        source_name(v.vm.source()),
+        discovered,
+        if v.vm.api_socket.is_empty() {
+            String::new()
+        } else {
+            format!("  api {}", v.vm.api_socket)
+        }
+    ))];
+    let err = v
+        .stats
+        .as_ref()
+        .filter(|s| s.has_accesses)
+        .map_or(String::new(), |s| {
+            format!(" ±{:.1}", s.dram_hit_error * 100.0)
+        });
+    let own = v.stats.as_ref().and_then(|s| s.dram_hit_target).is_some();
+    let guest = v
+        .stats
+        .as_ref()
+        .and_then(|s| guest_hit(&v.vm, &s.guest_reported_accesses));
+    let d = v.delta(default);
+    out.push(Line::from(vec![
+        Span::raw(format!(
+            "DRAM-hit {}{err}  target {} ",
+            pct(v.hit()),
+            pct(v.target(default))
+        )),
+        Span::raw(if own {
+            "(controller) "
+        } else {
+            "(policy default) "
+        }),
+        Span::raw("delta "),
+        Span::styled(delta(d), delta_style(d, app.epsilon())),
+        Span::raw(format!("  guest-reported hit {}", pct(guest))),
+    ]));
+    match &v.last_decision {
+        None => out.push(Line::raw(
+            "last action: - (no controller decision for this VM yet)",
+        )),
+        Some(d) => {
+            let moved = matches!(
+                d.outcome(),
+                DecisionOutcome::Applied | DecisionOutcome::DryRun
+            );
+            out.push(Line::raw(format!(
+                "last action: {}{}",
+                action(d, app.now_ns),
+                if moved {
+                    format!(
+                        "  (observed {}, expected {})",
+                        pct(Some(d.observed_ratio)),
+                        pct(Some(d.expected_ratio))
+                    )
+                } else {
+                    String::new()
+                }
+            )));
+            for l in wrap("  why: ", &d.detail, width, 3) {
+                out.push(Line::styled(l, Style::new().fg(Color::DarkGray)));
+            }
+        }
+    }
+    out
+}
+
+/// `prefix` and `body` in at most `max` lines of `width` characters,
+/// broken at spaces, continuations indented under the body; what does
+/// not fit in `max` lines is left out.
+fn wrap(prefix: &str, body: &str, width: usize, max: usize) -> Vec<String> {
+    let indent = " ".repeat(prefix.chars().count());
+    let width = width.max(indent.len() + 8);
+    let mut out = Vec::new();
+    let mut line = prefix.to_string();
+    let mut empty = true;
+    for word in body.split_whitespace() {
+        if !empty && line.chars().count() + 1 + word.chars().count() > width {
+            out.push(std::mem::replace(&mut line, indent.clone()));
+            empty = true;
+            if out.len() == max {
+                return out;
+            }
+        }
+        if !empty {
+            line.push(' ');
+        }
+        line.push_str(word);
+        empty = false;
+    }
+    if !empty {
+        out.push(line);
+    }
+    out
+}
+
+fn tier_table(app: &App, v: &VmView) -> Vec<Line<'static>> {
+    let secs = app.shown().interval_ns as f64 / 1e9;
+    let head = format!(
+        "{:<10} {:<7} {:>8} {:>9} {:>15} {:>13} {:>6} {:>6} {:>8} {:>11}  {}",
+        "TIER",
+        "KIND",
+        "SIZE",
+        "RESIDENT",
+        "BALLOON T/A",
+        "YOUNG/SAMPLED",
+        "COVER",
+        "PASSES",
+        "ACC/s",
+        "GUEST ACC/s",
+        "SOURCE"
+    );
+    let mut out = vec![Line::styled(
+        head,
+        Style::new().add_modifier(Modifier::BOLD | Modifier::UNDERLINED),
+    )];
+    for (i, t) in v.vm.tiers.iter().enumerate() {
+        let kind = TierKind::try_from(t.kind).unwrap_or(TierKind::Unknown);
+        let s = v.sample(i);
+        let guest = v
+            .stats
+            .as_ref()
+            .and_then(|st| st.guest_reported_accesses.get(i))
+            .filter(|_| secs > 0.0)
+            .map(|&a| a as f64 / secs);
+        out.push(Line::raw(format!(
+            "{:<10} {:<7} {:>8} {:>9} {:>15} {:>13} {:>6} {:>6} {:>8} {:>11}  {}",
+            t.name,
+            kind.short_name(),
+            human_bytes(t.size_bytes),
+            s.map_or("-".into(), |s| human_bytes(s.resident_bytes)),
+            s.map_or("-".into(), |s| format!(
+                "{}/{}",
+                human_bytes(s.balloon_target_bytes),
+                human_bytes(s.balloon_actual_bytes)
+            )),
+            s.map_or("-".into(), |s| format!(
+                "{}/{}",
+                s.young_pages, s.sampled_pages
+            )),
+            s.map_or("-".into(), |s| format!("{:.0}%", s.coverage * 100.0)),
+            s.map_or("-".into(), |s| s.passes.to_string()),
+            rate(v.now.get(i).and_then(|p| p.accesses_per_s)),
+            rate(guest),
+            s.map_or("-", |s| s.source().short_name()),
+        )));
+    }
+    out
+}
+
+/// One labelled sparkline with its latest, lowest and highest value.
+fn spark_line(
+    label: String,
+    points: Vec<(u64, Option<f64>)>,
+    end_ns: u64,
+    width: usize,
+    max: Option<f64>,
+    fmt: &dyn Fn(Option<f64>) -> String,
+) -> Line<'static> {
+    let vals = || points.iter().filter_map(|p| p.1);
+    let hi = vals().reduce(f64::max);
+    let lo = vals().reduce(f64::min);
+    let now = points.last().and_then(|p| p.1);
+    let stats = format!(
+        "  now {:>8}  min {:>8}  max {:>8}",
+        fmt(now),
+        fmt(lo),
+        fmt(hi)
+    );
+    let w = width.saturating_sub(LABEL + STATS).max(8);
+    let line = spark(
+        points.iter().copied(),
+        end_ns,
+        WINDOW_NS,
+        w,
+        max.or(hi).unwrap_or(0.0),
+    );
+    Line::from(vec![
+        Span::raw(format!("{label:<LABEL$}")),
+        Span::styled(line, Style::new().fg(Color::Cyan)),
+        Span::raw(stats),
+    ])
+}
+
+fn history_lines(app: &App, v: &VmView, width: usize) -> Vec<Line<'static>> {
+    let end = app.shown().timestamp_ns;
+    let mut out = vec![Line::styled(
+        format!(
+            "over the last minute ({} points, oldest left)",
+            v.history.len()
+        ),
+        Style::new().add_modifier(Modifier::BOLD),
+    )];
+    out.push(spark_line(
+        "DRAM-hit".into(),
+        v.history.iter().map(|p| (p.t_ns, p.hit)).collect(),
+        end,
+        width,
+        Some(1.0),
+        &pct,
+    ));
+    for (i, t) in v.vm.tiers.iter().enumerate() {
+        let at = |f: fn(&super::model::TierPoint) -> Option<f64>| -> Vec<(u64, Option<f64>)> {
+            v.history
+                .iter()
+                .map(|p| (p.t_ns, p.tiers.get(i).and_then(f)))
+                .collect()
+        };
+        out.push(spark_line(
+            format!("{} acc/s", t.name),
+            at(|p| p.accesses_per_s),
+            end,
+            width,
+            None,
+            &rate,
+        ));
+        out.push(spark_line(
+            format!("{} resident", t.name),
+            at(|p| Some(p.resident_bytes as f64)),
+            end,
+            width,
+            None,
+            &|b| b.map_or("-".into(), |b| human_bytes(b as u64)),
+        ));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::wrap;
+
+    #[test]
+    fn wraps_at_spaces_under_the_body() {
+        assert_eq!(
+            wrap("why: ", "aaa bbb ccc ddd", 13, 3),
+            ["why: aaa bbb", "     ccc ddd"]
+        );
+        assert_eq!(wrap("why: ", "aaa bbb ccc ddd eee", 13, 2).len(), 2);
+        assert!(wrap("why: ", "", 13, 2).is_empty());
+    }
+}

@@ -1,0 +1,138 @@
+//! A deterministic synthetic fleet for render tests and the render bench:
+//! VMs with 2-4 tiers, hit ratios spread around the target, a controller
+//! decision for every third VM.
+
+use tier_proto::v1::{
+    Backend, BalloonChange, Decision, DecisionOutcome, DecisionReason, StatsUpdate, Tier, TierKind,
+    TierSample, Vm, VmSource, VmStats,
+};
+
+const S: u64 = 1_000_000_000;
+/// Unix time of update 0 (arbitrary, fixed).
+pub const T0: u64 = 1_700_000_000 * S;
+
+/// VM `i` of a synthetic fleet.
+pub fn vm(i: usize) -> Vm {
+    let kinds = [
+        TierKind::Dram,
+        TierKind::Cxl,
+        TierKind::Pmem,
+        TierKind::Remote,
+    ];
+    let names = ["dram", "cxl", "pmem", "remote"];
+    let n = 2 + i % 3;
+    Vm {
+        id: format!("kvm-fd:{}", 10_000 + i),
+        name: format!("vm-{i:04}"),
+        vmm_pid: 10_000 + i as u32,
+        vcpus: 1 + (i % 8) as u32,
+        tiers: (0..n)
+            .map(|t| Tier {
+                name: names[t].into(),
+                kind: kinds[t] as i32,
+                size_bytes: (4u64 << 30) >> (t % 2),
+                ..Default::default()
+            })
+            .collect(),
+        source: VmSource::KvmFd as i32,
+        discovered_unix_ns: T0,
+        ..Default::default()
+    }
+}
+
+/// Update `seq` (1-based) for `n` VMs; the first carries the VM list.
+pub fn update(n: usize, seq: u64) -> StatsUpdate {
+    let vms: Vec<Vm> = (0..n).map(vm).collect();
+    let stats = vms
+        .iter()
+        .enumerate()
+        .map(|(i, v)| {
+            // Ratios wander with time, differently per VM.
+            let phase = ((i as u64 * 7 + seq) % 20) as f64 / 20.0;
+            let hit = (0.5 + 0.45 * (phase * std::f64::consts::TAU).sin()).clamp(0.0, 1.0);
+            VmStats {
+                vm_id: v.id.clone(),
+                tiers: v
+                    .tiers
+                    .iter()
+                    .enumerate()
+                    .map(|(t, tier)| TierSample {
+                        tier: tier.name.clone(),
+                        sampled_pages: 4096,
+                        young_pages: 100 + (i as u64 + t as u64 * 13) % 900,
+                        estimated_accesses: if t == 0 { hit } else { 1.0 - hit } * 1e6,
+                        coverage: 0.25,
+                        resident_bytes: (1 << 30) + (i as u64 % 64) * (16 << 20),
+                        balloon_target_bytes: if t == 0 { 0 } else { 256 << 20 },
+                        balloon_actual_bytes: if t == 0 { 0 } else { 200 << 20 },
+                        source: Backend::Hostpte as i32,
+                        passes: 4,
+                        ..Default::default()
+                    })
+                    .collect(),
+                dram_hit_ratio: hit,
+                dram_hit_error: 0.01,
+                has_accesses: i % 17 != 5,
+                dram_hit_target: i.is_multiple_of(4).then_some(0.8),
+                guest_reported_accesses: Vec::new(),
+            }
+        })
+        .collect();
+    StatsUpdate {
+        sequence: seq,
+        timestamp_unix_ns: T0 + seq * S,
+        interval_ns: S,
+        vms_unchanged: seq > 1,
+        vms: if seq > 1 { Vec::new() } else { vms },
+        stats,
+        ..Default::default()
+    }
+}
+
+/// The decision of VM `i`, if it has one.
+pub fn decision(i: usize, seq: u64) -> Option<Decision> {
+    i.is_multiple_of(3).then(|| Decision {
+        sequence: i as u64,
+        timestamp_unix_ns: T0 + seq * S,
+        vm_id: vm(i).id,
+        reason: DecisionReason::BelowTarget as i32,
+        changes: vec![BalloonChange {
+            tier: "dram".into(),
+            old_target_bytes: 128 << 20,
+            new_target_bytes: 64 << 20,
+        }],
+        observed_ratio: 0.6,
+        target_ratio: 0.9,
+        expected_ratio: 0.7,
+        outcome: DecisionOutcome::Applied as i32,
+        detail: "synthetic".into(),
+    })
+}
+
+/// An app that has seen `updates` updates of `n` VMs and their decisions.
+pub fn app(n: usize, updates: u64) -> super::App {
+    let mut app = super::App::new();
+    app.info = Some(tier_proto::v1::DaemonInfo {
+        protocol_version: tier_proto::PROTOCOL_VERSION,
+        daemon_version: "0.1.0".into(),
+        hostname: "synthetic".into(),
+        interval_ns: S,
+        ..Default::default()
+    });
+    app.policy = Some(tier_proto::v1::Policy {
+        enabled: true,
+        default_target: 0.9,
+        epsilon: 0.02,
+        ..Default::default()
+    });
+    for seq in 1..=updates {
+        app.on_update(update(n, seq), seq == 1);
+    }
+    for i in 0..n {
+        if let Some(d) = decision(i, updates) {
+            app.on_decision(d);
+        }
+    }
+    app.now_ns = T0 + (updates + 3) * S;
+    app
+}

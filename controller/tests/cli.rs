@@ -1,0 +1,429 @@
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly on purpose
+//! tierctl's batch commands and errors, as a user runs them: the binary
+//! against a real tierd (with the demo VM where a VM is needed), a fake
+//! daemon speaking another protocol version, and a socket it may not use.
+//!
+//! Custom harness (libtest-mimic): a test whose requirement is missing
+//! (/dev/kvm for the demo VM; root and setpriv to drop privileges) is
+//! reported as ignored with the reason, never as passed.
+
+mod cli_common;
+
+use std::os::unix::fs::PermissionsExt;
+use std::pin::Pin;
+
+use cli_common::{Tierd, kvm_missing, run_tierctl};
+use libtest_mimic::{Arguments, Completion, Failed, Trial};
+use tier_proto::v1::tier_service_server::{TierService, TierServiceServer};
+use tier_proto::v1::*;
+use tokio_stream::Stream;
+use tonic::{Request, Response, Status};
+
+const SCHEMA: &str = include_str!("../schema/top.schema.json");
+
+fn daemon_not_running() {
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("none.sock");
+    let (out, _, err) = run_tierctl(sock.to_str().unwrap(), &["vms"]);
+    assert!(!out.status.success());
+    assert!(
+        err.contains(&format!(
+            "tierd is not running: no socket at {}",
+            sock.display()
+        )),
+        "{err}"
+    );
+    // A stale socket file nobody listens on reads the same.
+    drop(std::os::unix::net::UnixListener::bind(&sock).unwrap());
+    let (_, _, err) = run_tierctl(sock.to_str().unwrap(), &["top", "--once"]);
+    assert!(err.contains("tierd is not running"), "{err}");
+    let (_, _, err) = run_tierctl("tcp:nowhere", &["info"]);
+    assert!(err.contains("bad endpoint \"tcp:nowhere\""), "{err}");
+}
+
+/// As nobody, on a root:daemon 0660 socket: tierctl names the group.
+fn permission_denied_names_the_group() -> Result<Completion, Failed> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        return Ok(Completion::ignored_with(
+            "needs root to give a socket to another group and drop privileges",
+        ));
+    }
+    let Ok(setpriv) = which("setpriv") else {
+        return Ok(Completion::ignored_with("needs setpriv (util-linux)"));
+    };
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let sock = dir.path().join("tierd.sock");
+    let _listener = std::os::unix::net::UnixListener::bind(&sock).unwrap();
+    // Group 1 is `daemon` on Debian; whatever its name, tierctl must say it.
+    std::os::unix::fs::chown(&sock, Some(0), Some(1)).unwrap();
+    std::fs::set_permissions(&sock, std::fs::Permissions::from_mode(0o660)).unwrap();
+    let group = tier_controller::conn::group_name(1).unwrap_or_else(|| "1".into());
+    // The build tree may not be readable by nobody: a copy is.
+    let bin = dir.path().join("tierctl");
+    std::fs::copy(env!("CARGO_BIN_EXE_tierctl"), &bin).unwrap();
+    std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let out = std::process::Command::new(setpriv)
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+        .arg(&bin)
+        .arg("--endpoint")
+        .arg(&sock)
+        .arg("vms")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        err.contains(&format!("permission denied on {}", sock.display())),
+        "{err}"
+    );
+    assert!(
+        err.contains(&format!(
+            "the socket belongs to group `{group}` (mode 0660)"
+        )) && err.contains(&format!("usermod -aG {group}")),
+        "{err}"
+    );
+    Ok(Completion::Completed)
+}
+
+fn which(name: &str) -> Result<std::path::PathBuf, ()> {
+    std::env::var_os("PATH")
+        .into_iter()
+        .flat_map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
+        .map(|d| d.join(name))
+        .find(|p| p.is_file())
+        .ok_or(())
+}
+
+/// A daemon that answers GetInfo with another protocol version.
+struct Future99;
+
+type Stream_<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl TierService for Future99 {
+    async fn get_info(&self, _: Request<GetInfoRequest>) -> Result<Response<DaemonInfo>, Status> {
+        Ok(Response::new(DaemonInfo {
+            protocol_version: 99,
+            daemon_version: "9.0.0-future".into(),
+            ..Default::default()
+        }))
+    }
+    async fn list_vms(
+        &self,
+        _: Request<ListVmsRequest>,
+    ) -> Result<Response<ListVmsResponse>, Status> {
+        Err(Status::unimplemented("fake"))
+    }
+    async fn get_vm(&self, _: Request<GetVmRequest>) -> Result<Response<Vm>, Status> {
+        Err(Status::unimplemented("fake"))
+    }
+    type WatchStatsStream = Stream_<StatsUpdate>;
+    async fn watch_stats(
+        &self,
+        _: Request<WatchStatsRequest>,
+    ) -> Result<Response<Self::WatchStatsStream>, Status> {
+        Err(Status::unimplemented("fake"))
+    }
+    async fn get_policy(&self, _: Request<GetPolicyRequest>) -> Result<Response<Policy>, Status> {
+        Err(Status::unimplemented("fake"))
+    }
+    async fn set_policy(&self, _: Request<SetPolicyRequest>) -> Result<Response<Policy>, Status> {
+        Err(Status::unimplemented("fake"))
+    }
+    type WatchDecisionsStream = Stream_<Decision>;
+    async fn watch_decisions(
+        &self,
+        _: Request<WatchDecisionsRequest>,
+    ) -> Result<Response<Self::WatchDecisionsStream>, Status> {
+        Err(Status::unimplemented("fake"))
+    }
+}
+
+fn protocol_version_mismatch() {
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("future.sock");
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let listener = rt
+        .block_on(async { tokio::net::UnixListener::bind(&sock) })
+        .unwrap();
+    rt.spawn(
+        tonic::transport::Server::builder()
+            .add_service(TierServiceServer::new(Future99))
+            .serve_with_incoming(tokio_stream::wrappers::UnixListenerStream::new(listener)),
+    );
+    for args in [&["info"][..], &["top", "--once"], &["policy", "get"]] {
+        let (out, _, err) = run_tierctl(sock.to_str().unwrap(), args);
+        assert!(!out.status.success(), "{args:?}");
+        assert!(
+            err.contains(
+                "protocol version mismatch: tierd 9.0.0-future speaks tier.v1 version 99, this tierctl speaks 1"
+            ),
+            "{args:?}: {err}"
+        );
+    }
+}
+
+fn completions() {
+    // No daemon needed: the endpoint points nowhere.
+    for (shell, want) in [
+        ("bash", "complete -F _tierctl"),
+        ("zsh", "#compdef tierctl"),
+        ("fish", "complete -c tierctl"),
+    ] {
+        let (out, stdout, err) = run_tierctl("/nonexistent.sock", &["completions", shell]);
+        assert!(out.status.success(), "{shell}: {err}");
+        assert!(stdout.contains(want), "{shell}: {want:?} missing");
+        for sub in ["top", "policy", "balloon", "endpoint"] {
+            assert!(stdout.contains(sub), "{shell} completes {sub}");
+        }
+    }
+}
+
+fn policy_get_and_set() {
+    let tierd = Tierd::start(&["--interval-ms", "200"]);
+    let ep = tierd.endpoint();
+    let get = || {
+        let (out, stdout, err) = run_tierctl(&ep, &["policy", "get"]);
+        assert!(out.status.success(), "{err}");
+        serde_json::from_str::<serde_json::Value>(&stdout).unwrap()
+    };
+    let before = get();
+    assert_eq!(before["default_target"], 0.9, "{before}");
+    assert_eq!(before["epsilon"], 0.02);
+
+    // tierd validates; tierctl prints its words and changes nothing.
+    let (out, _, err) = run_tierctl(&ep, &["policy", "set", "--epsilon", "0.9"]);
+    assert!(!out.status.success());
+    assert!(
+        err.contains(
+            "tierd refused SetPolicy: policy.epsilon: 0.9 is not in [0, 0.5]; the policy in force is unchanged"
+        ),
+        "{err}"
+    );
+    assert_eq!(get(), before);
+
+    let (out, stdout, err) = run_tierctl(
+        &ep,
+        &[
+            "policy",
+            "set",
+            "--default-target",
+            "0.8",
+            "--epsilon",
+            "0.05",
+            "--max-step",
+            "128M",
+        ],
+    );
+    assert!(out.status.success(), "{err}");
+    let now: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(
+        (
+            &now["default_target"],
+            &now["epsilon"],
+            &now["max_step_bytes"]
+        ),
+        (&0.8.into(), &0.05.into(), &(128u64 << 20).into())
+    );
+    assert_eq!(get(), now);
+
+    // From a file (what `policy get` prints, edited), then flags on top.
+    let file = tierd.dir.path().join("policy.json");
+    std::fs::write(
+        &file,
+        r#"{"dry_run": true, "vms": [{"vm": "demo", "target": 0.7, "limits": [{"tier": "dram", "floor_bytes": 4096}]}]}"#,
+    )
+    .unwrap();
+    let f = file.to_str().unwrap();
+    let (out, _, err) = run_tierctl(&ep, &["policy", "set", "-f", f, "--cooldown", "5"]);
+    assert!(out.status.success(), "{err}");
+    let now = get();
+    assert_eq!(now["dry_run"], true);
+    assert_eq!(now["cooldown_intervals"], 5);
+    assert_eq!(now["default_target"], 0.8, "kept from before");
+    assert_eq!(now["vms"][0]["target"], 0.7);
+    assert_eq!(now["vms"][0]["limits"][0]["floor_bytes"], 4096);
+
+    // A typo is caught before anything is sent; a bad value by tierd.
+    std::fs::write(&file, r#"{"epsilom": 0.05}"#).unwrap();
+    let (out, _, err) = run_tierctl(&ep, &["policy", "set", "-f", f]);
+    assert!(
+        !out.status.success() && err.contains("unknown field `epsilom`"),
+        "{err}"
+    );
+    std::fs::write(&file, r#"{"vms": [{"vm": "a"}, {"vm": "a"}]}"#).unwrap();
+    let (_, _, err) = run_tierctl(&ep, &["policy", "set", "-f", f]);
+    assert!(
+        err.contains("policy.vms[1].vm: \"a\" appears twice"),
+        "{err}"
+    );
+    assert_eq!(get(), now);
+
+    let (out, _, err) = run_tierctl(&ep, &["policy", "set"]);
+    assert_eq!(out.status.code(), Some(2), "usage error: {err}");
+}
+
+fn demo_tierd() -> Tierd {
+    Tierd::start(&["--demo-vm", "--interval-ms", "200"])
+}
+
+fn top_json_matches_the_schema_csv_has_a_header() {
+    let tierd = demo_tierd();
+    let ep = tierd.endpoint();
+    let schema: serde_json::Value = serde_json::from_str(SCHEMA).unwrap();
+    let validator = jsonschema::validator_for(&schema).unwrap();
+
+    let (out, stdout, err) = run_tierctl(&ep, &["top", "-n", "4", "--output", "json"]);
+    assert!(out.status.success(), "{err}");
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(lines.len(), 4, "one object per update:\n{stdout}");
+    let mut seqs = Vec::new();
+    for l in &lines {
+        let v: serde_json::Value = serde_json::from_str(l).unwrap();
+        let errors: Vec<String> = validator.iter_errors(&v).map(|e| e.to_string()).collect();
+        assert!(errors.is_empty(), "{errors:?}\n{l}");
+        let tiers: Vec<&str> = v["rows"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["tier"].as_str().unwrap())
+            .collect();
+        assert_eq!(tiers, ["dram", "slow"]);
+        seqs.push(v["sequence"].as_u64().unwrap());
+    }
+    assert!(seqs.windows(2).all(|w| w[1] == w[0] + 1), "{seqs:?}");
+    // By the last update the host sampler has seen accesses.
+    let last: serde_json::Value = serde_json::from_str(lines[3]).unwrap();
+    assert_eq!(last["rows"][0]["source"], "hostpte", "{last}");
+    assert!(last["rows"][0]["accesses_per_s"].as_f64().unwrap() > 0.0);
+
+    let (out, stdout, err) = run_tierctl(&ep, &["top", "-n", "2", "--output", "csv"]);
+    assert!(out.status.success(), "{err}");
+    let mut lines = stdout.lines();
+    let header = lines.next().unwrap();
+    assert_eq!(
+        header,
+        "vm_id,vm_name,vcpus,tier,kind,size_bytes,resident_bytes,balloon_target_bytes,balloon_actual_bytes,young_pages,sampled_pages,source,guest_accesses_per_s,dram_hit_ratio,guest_hit_ratio,accesses_per_s,dram_hit_error,dram_hit_target"
+    );
+    let rows: Vec<&str> = lines.collect();
+    assert_eq!(rows.len(), 4, "2 updates x 2 tiers, one header:\n{stdout}");
+    let cols = header.split(',').count();
+    for r in &rows {
+        assert!(r.starts_with("demo:"), "{r}");
+        assert_eq!(r.split(',').count(), cols, "{r}");
+    }
+
+    let (out, stdout, _) = run_tierctl(&ep, &["top", "--once"]);
+    assert!(out.status.success());
+    assert!(
+        stdout.starts_with("update #") && stdout.contains("DRAM-HIT"),
+        "{stdout}"
+    );
+    assert_eq!(
+        stdout.lines().count(),
+        4,
+        "title, header, 2 tiers:\n{stdout}"
+    );
+}
+
+fn vms_vm_and_balloon() {
+    let tierd = demo_tierd();
+    let ep = tierd.endpoint();
+    let (out, stdout, _) = run_tierctl(&ep, &["vms"]);
+    assert!(out.status.success());
+    assert!(
+        stdout.contains("dram(dram, 16.0M) slow(cxl, 16.0M)"),
+        "{stdout}"
+    );
+    let (_, stdout, _) = run_tierctl(&ep, &["vms", "--output", "json"]);
+    let vms: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    let id = vms[0]["id"].as_str().unwrap().to_string();
+    assert!(id.starts_with("demo:"), "{vms}");
+    assert_eq!(vms[0]["source"], "demo");
+
+    // `vm` by id and by name.
+    for key in [id.as_str(), "demo"] {
+        let (out, stdout, err) = run_tierctl(&ep, &["vm", key]);
+        assert!(out.status.success(), "{err}");
+        let vm: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+        assert_eq!(vm["id"], id.as_str());
+        assert_eq!(vm["tiers"][1]["kind"], "cxl");
+    }
+    let (out, _, err) = run_tierctl(&ep, &["vm", "nope"]);
+    assert!(!out.status.success());
+    assert!(
+        err.contains("tierd knows no VM with id or name \"nope\""),
+        "{err}"
+    );
+
+    // Balloons: arguments parsed and checked, then an honest refusal.
+    let balloon = |tiers: &[&str]| {
+        let mut args = vec!["balloon", "set", "demo"];
+        for t in tiers {
+            args.extend(["--tier", t]);
+        }
+        run_tierctl(&ep, &args)
+    };
+    let (out, _, err) = balloon(&["dram=12Q"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(err.contains("unknown unit \"Q\""), "{err}");
+    let (_, _, err) = balloon(&["dram=8M", "slow=2G"]);
+    assert!(
+        err.contains("balloon slow=2.0G is larger than the tier (16.0M)"),
+        "{err}"
+    );
+    let (_, _, err) = balloon(&["fast=8M"]);
+    assert!(
+        err.contains("has no tier \"fast\"; its tiers: dram, slow"),
+        "{err}"
+    );
+    let (_, _, err) = balloon(&["dram=8M", "dram=4M"]);
+    assert!(err.contains("tier \"dram\" is given twice"), "{err}");
+    let (out, stdout, err) = balloon(&["dram=8M", "slow=512K"]);
+    assert!(!out.status.success() && stdout.is_empty());
+    assert!(
+        err.contains("tierd does not support per-tier balloons yet")
+            && err.contains("nothing was changed")
+            && err.contains(&format!("{id} dram=8.0M slow=512.0K")),
+        "{err}"
+    );
+}
+
+fn main() {
+    let args = Arguments::from_args();
+    let kvm = kvm_missing();
+    let plain = |name: &'static str, f: fn()| {
+        Trial::test(name, move || {
+            f();
+            Ok(())
+        })
+    };
+    let demo = |name: &'static str, f: fn()| {
+        let kvm = kvm.clone();
+        Trial::ignorable_test(name, move || match kvm {
+            Some(reason) => Ok(Completion::ignored_with(reason)),
+            None => {
+                f();
+                Ok(Completion::Completed)
+            }
+        })
+    };
+    let tests = vec![
+        plain("cli_daemon_not_running", daemon_not_running),
+        Trial::ignorable_test(
+            "cli_permission_denied_names_the_group",
+            permission_denied_names_the_group,
+        ),
+        plain("cli_protocol_version_mismatch", protocol_version_mismatch),
+        plain("cli_completions", completions),
+        plain("cli_policy_get_and_set", policy_get_and_set),
+        demo(
+            "cli_top_json_matches_the_schema_csv_has_a_header",
+            top_json_matches_the_schema_csv_has_a_header,
+        ),
+        demo("cli_vms_vm_and_balloon", vms_vm_and_balloon),
+    ];
+    libtest_mimic::run(&args, tests).exit();
+}
