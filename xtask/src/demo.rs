@@ -87,7 +87,7 @@ pub fn run(updates: Option<u64>) -> anyhow::Result<()> {
     match (terminal, updates) {
         (true, Some(n)) => top.args(["-n", &n.to_string()]),
         (true, None) => {
-            println!("\n== tierctl top (Ctrl-C to stop)");
+            println!("\n== tierctl top (q or Ctrl-C to stop, ? for help)");
             &mut top
         }
         (false, _) => {

@@ -30,7 +30,7 @@ enum Task {
     Test,
     /// Build, start tierd with the demo VM, show the capability report and `tierctl top`.
     Demo {
-        /// Live view for this many updates instead of until Ctrl-C (terminal only).
+        /// Print this many updates as tables instead of the live view (terminal only).
         #[arg(long)]
         updates: Option<u64>,
     },
