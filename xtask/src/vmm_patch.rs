@@ -231,9 +231,12 @@ fn apply(dir: &Path, patches: &[PathBuf]) -> anyhow::Result<()> {
     }
     am.args(["am", "--keep-cr"]).args(patches);
     if let Err(e) = run::status(&mut am) {
+        // Put the checkout back as it was: v53.0, detached, no branch.
         let _ = git(dir).args(["am", "--abort"]).status();
+        let _ = git(dir).args(["checkout", "-q", V53_COMMIT]).status();
+        let _ = git(dir).args(["branch", "-q", "-D", BRANCH]).status();
         return Err(e.context(format!(
-            "the series does not apply to {}; left on branch {BRANCH} at v53.0",
+            "the series does not apply to {}; it is back at v53.0 without branch {BRANCH}",
             dir.display()
         )));
     }
