@@ -11,7 +11,6 @@ pub mod config;
 pub mod control;
 pub mod demo_vm;
 pub mod discovery;
-pub mod policy;
 pub mod probe;
 pub mod registry;
 pub mod sampler;

@@ -13,7 +13,7 @@ use tonic::{Request, Response, Status};
 use tier_proto::v1::tier_service_server::TierService;
 use tier_proto::v1::*;
 
-use crate::policy;
+use tier_controller::policy::default_policy;
 
 /// Updates a watcher may fall behind before it starts losing them.
 const WATCH_BACKLOG: usize = 8;
@@ -48,7 +48,7 @@ impl Shared {
             stats_tx,
             decisions_tx,
             last_decisions: RwLock::new(Default::default()),
-            policy: RwLock::new(policy::default_policy()),
+            policy: RwLock::new(default_policy()),
             closing: tokio::sync::watch::Sender::new(false),
         })
     }
@@ -99,7 +99,7 @@ impl Shared {
         self.policy
             .read()
             .map(|p| p.clone())
-            .unwrap_or_else(|_| policy::default_policy())
+            .unwrap_or_else(|_| default_policy())
     }
 
     /// Ends every open stream (graceful shutdown).

@@ -192,21 +192,33 @@ impl TryFrom<&Policy> for Config {
     }
 }
 
+/// The policy tierd starts with (and `tierctl policy` documents).
+pub fn default_policy() -> Policy {
+    Policy {
+        enabled: true,
+        dry_run: false,
+        default_target: 0.9,
+        epsilon: 0.02,
+        host_dram_budget_bytes: 0,
+        max_step_bytes: 64 << 20,
+        cooldown_intervals: 2,
+        idle_threshold: 0.5,
+        vms: Vec::new(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use tier_proto::v1::{TierLimits, VmPolicy};
 
+    #[test]
+    fn the_default_policy_is_valid() {
+        Config::try_from(&default_policy()).unwrap();
+    }
+
     fn policy() -> Policy {
         Policy {
-            enabled: true,
-            dry_run: false,
-            default_target: 0.9,
-            epsilon: 0.02,
-            host_dram_budget_bytes: 0,
-            max_step_bytes: 64 << 20,
-            cooldown_intervals: 2,
-            idle_threshold: 0.5,
             vms: vec![VmPolicy {
                 vm: "a".into(),
                 target: Some(0.8),
@@ -217,6 +229,7 @@ mod tests {
                 }],
                 excluded: false,
             }],
+            ..default_policy()
         }
     }
 

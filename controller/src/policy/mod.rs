@@ -16,7 +16,7 @@ use std::collections::HashMap;
 
 use tier_proto::v1::Decision;
 
-pub use config::{Config, ConfigError, Limits, PAGE, Tuning, VmOverride};
+pub use config::{Config, ConfigError, Limits, PAGE, Tuning, VmOverride, default_policy};
 pub use input::{TierObs, VmObs};
 
 use state::VmState;
