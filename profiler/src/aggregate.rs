@@ -1,4 +1,11 @@
 //! Turns the registry's per-VM readings into one `StatsUpdate` per interval.
+//!
+//! Accessed bits say whether a page was touched, not how often. So an
+//! interval is made of several ageing passes (like DAMON's sampling vs
+//! aggregation intervals): `young_pages` is the most pages found young in
+//! one pass (a lower bound of the distinct pages touched), and
+//! `estimated_accesses` sums young pages over the passes, so a small set
+//! touched in every pass outweighs a large set touched in one.
 
 use std::collections::HashMap;
 
@@ -16,41 +23,111 @@ const PAGE: u64 = 4096;
 #[derive(Debug, Default)]
 pub struct Aggregator {
     sequence: u64,
+    /// VMs that went away in this interval's earlier passes.
+    departed: Vec<String>,
     /// Registry generation of the last update that carried the VM list.
     sent_generation: Option<u64>,
     last_guest: HashMap<String, Vec<u64>>,
+    /// Per VM and tier, what this interval's passes found so far.
+    passes: HashMap<String, Vec<PassSum>>,
+    /// Sampler health summed over this interval's passes.
+    health: Option<SamplerHealth>,
+}
+
+/// One tier's passes within the current interval.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+struct PassSum {
+    sampled_pages: u64,
+    young_max: u64,
+    young_sum: u64,
+    passes: u32,
+}
+
+impl PassSum {
+    fn add(&mut self, r: TierReading) {
+        // A VM's arming pass examines nothing: it is not a pass.
+        if r.sampled_pages == 0 {
+            return;
+        }
+        self.sampled_pages = self.sampled_pages.max(r.sampled_pages);
+        self.young_max = self.young_max.max(r.young_pages);
+        self.young_sum += r.young_pages;
+        self.passes += 1;
+    }
 }
 
 impl Aggregator {
-    /// Reaps dead VMs, samples and reads the live ones, and returns the
-    /// next update.
+    /// One ageing pass within the interval: samples every live VM and keeps
+    /// what it found for the interval's update.
+    pub fn pass(&mut self, registry: &mut Registry, sampler: Option<&mut dyn Sampler>) {
+        let departed = registry.reap();
+        self.pass_over(registry, sampler, &departed);
+        self.departed.extend(departed);
+    }
+
+    fn pass_over(
+        &mut self,
+        registry: &Registry,
+        sampler: Option<&mut dyn Sampler>,
+        departed: &[String],
+    ) {
+        for id in departed {
+            self.passes.remove(id);
+        }
+        let (readings, health) = match sampler {
+            Some(s) => sample(s, registry, departed),
+            None => (vec![None; registry.len()], None),
+        };
+        for (t, r) in registry.iter().zip(readings) {
+            let Some(r) = t.synthetic_readings().or(r) else {
+                continue;
+            };
+            let sums = self.passes.entry(t.vm().id.clone()).or_default();
+            sums.resize(r.len(), PassSum::default());
+            for (sum, reading) in sums.iter_mut().zip(r) {
+                sum.add(reading);
+            }
+        }
+        if let Some(h) = health {
+            let total = self.health.get_or_insert_with(|| SamplerHealth {
+                backend: h.backend,
+                active: true,
+                ..Default::default()
+            });
+            total.events += h.events;
+            total.lost += h.lost;
+            total.scan_cost_ns += h.scan_cost_ns;
+            if !h.error.is_empty() {
+                total.error = h.error;
+            }
+        }
+    }
+
+    /// The interval's last pass; reaps dead VMs, reads the live ones and
+    /// returns the next update.
     pub fn tick(
         &mut self,
         registry: &mut Registry,
         sampler: Option<&mut dyn Sampler>,
         interval_ns: u64,
     ) -> StatsUpdate {
-        let departed = registry.reap();
+        let mut departed = std::mem::take(&mut self.departed);
+        departed.extend(registry.reap());
         for id in &departed {
             self.last_guest.remove(id);
         }
-        let (readings, health) = match sampler {
-            Some(s) => sample(s, registry, &departed),
-            None => (vec![None; registry.len()], Vec::new()),
-        };
-        let readings: Vec<_> = registry
-            .iter()
-            .zip(readings)
-            .map(|(t, r)| t.synthetic_readings().or(r))
-            .collect();
+        self.pass_over(registry, sampler, &departed);
+        let health: Vec<SamplerHealth> = self.health.take().into_iter().collect();
+        let mut passes = std::mem::take(&mut self.passes);
         let backend = health.first().map_or(0, |h| h.backend);
         // The VM list travels only when the set of VMs changed.
         let vms_unchanged = self.sent_generation == Some(registry.generation());
         self.sent_generation = Some(registry.generation());
         let mut vms = Vec::with_capacity(if vms_unchanged { 0 } else { registry.len() });
         let mut stats = Vec::with_capacity(registry.len());
-        for (tracked, reading) in registry.iter().zip(readings) {
+        for tracked in registry.iter() {
             let vm = tracked.vm();
+            let reading = passes.remove(&vm.id);
             let resident = tracked.resident_bytes();
             let guest = tracked.guest_reported_accesses();
             let guest_delta = guest.map(|now| {
@@ -68,16 +145,16 @@ impl Aggregator {
                         resident_bytes: resident.get(i).copied().unwrap_or(0),
                         ..Default::default()
                     };
-                    if let Some(r) = r.filter(|r| r.sampled_pages > 0) {
+                    if let Some(r) = r.filter(|r| r.passes > 0) {
                         let pages = (t.size_bytes / PAGE).max(1);
                         let scale = pages as f64 / r.sampled_pages as f64;
                         sample.sampled_pages = r.sampled_pages;
-                        sample.young_pages = r.young_pages;
+                        sample.young_pages = r.young_max;
                         sample.coverage = (r.sampled_pages as f64 / pages as f64).min(1.0);
                         sample.estimated_accessed_bytes =
-                            (r.young_pages as f64 * scale) as u64 * PAGE;
-                        sample.estimated_accesses = r.young_pages as f64 * scale;
-                        sample.passes = 1;
+                            (r.young_max as f64 * scale) as u64 * PAGE;
+                        sample.estimated_accesses = r.young_sum as f64 * scale;
+                        sample.passes = r.passes;
                         sample.source = backend;
                     }
                     sample
@@ -119,7 +196,7 @@ fn sample(
     s: &mut dyn Sampler,
     registry: &Registry,
     departed: &[String],
-) -> (Vec<Option<Vec<TierReading>>>, Vec<SamplerHealth>) {
+) -> (Vec<Option<Vec<TierReading>>>, Option<SamplerHealth>) {
     for id in departed {
         s.forget(id);
     }
@@ -161,7 +238,7 @@ fn sample(
         .iter()
         .map(|h| if *h { results.next().flatten() } else { None })
         .collect();
-    (readings, vec![health])
+    (readings, Some(health))
 }
 
 /// Per-tier increase of cumulative counters; a counter that went backwards

@@ -21,6 +21,7 @@ pub struct Config {
     pub socket_mode: String,
     pub socket_group: Option<String>,
     pub interval_ms: u64,
+    pub passes_per_interval: u32,
     pub backend: String,
     pub discover: bool,
     pub tier_kinds: BTreeMap<String, String>,
@@ -64,6 +65,7 @@ impl Default for Config {
             socket_mode: "0660".into(),
             socket_group: None,
             interval_ms: 1000,
+            passes_per_interval: 4,
             backend: "auto".into(),
             discover: true,
             tier_kinds: BTreeMap::new(),
@@ -123,6 +125,7 @@ pub struct Settings {
     pub socket_mode: u32,
     pub socket_group: Option<(String, u32)>,
     pub interval: Duration,
+    pub passes: u32,
     pub backend: String,
     pub discover: bool,
     pub tier_kinds: BTreeMap<String, TierKind>,
@@ -196,6 +199,21 @@ impl Config {
             return Err(invalid(
                 "interval_ms",
                 format!("{} is not in [10, 3600000]", self.interval_ms),
+            ));
+        }
+        if !(1..=64).contains(&self.passes_per_interval) {
+            return Err(invalid(
+                "passes_per_interval",
+                format!("{} is not in [1, 64]", self.passes_per_interval),
+            ));
+        }
+        if self.interval_ms / u64::from(self.passes_per_interval) < 5 {
+            return Err(invalid(
+                "passes_per_interval",
+                format!(
+                    "{} passes in {} ms leave less than 5 ms per pass",
+                    self.passes_per_interval, self.interval_ms
+                ),
             ));
         }
         if !BACKENDS.contains(&self.backend.as_str()) {
@@ -274,6 +292,7 @@ impl Config {
             socket_mode,
             socket_group,
             interval: Duration::from_millis(self.interval_ms),
+            passes: self.passes_per_interval,
             backend: self.backend.clone(),
             discover: self.discover,
             tier_kinds,
@@ -364,6 +383,11 @@ mod tests {
             "socket_group"
         );
         assert_eq!(key_of("interval_ms = 5"), "interval_ms");
+        assert_eq!(key_of("passes_per_interval = 0"), "passes_per_interval");
+        assert_eq!(
+            key_of("interval_ms = 20\npasses_per_interval = 8"),
+            "passes_per_interval"
+        );
         assert_eq!(key_of("backend = \"magic\""), "backend");
         assert_eq!(key_of("[tier_kinds]\nslow = \"fast\""), "tier_kinds.slow");
         assert_eq!(key_of("log_format = \"xml\""), "log_format");

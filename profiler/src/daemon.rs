@@ -129,15 +129,16 @@ async fn serve(s: Settings, synthetic: (u32, u32)) -> anyhow::Result<()> {
             s.tier_kinds.clone().into_iter().collect(),
         )
     });
-    let sampling = tokio::spawn(sample_loop(
-        registry.clone(),
+    let sampling = tokio::spawn(sample_loop(Sampling {
+        registry: registry.clone(),
         discover,
         backend,
         controller,
-        shared.clone(),
+        shared: shared.clone(),
         metrics,
-        s.interval,
-    ));
+        interval: s.interval,
+        passes: s.passes,
+    }));
 
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
@@ -195,39 +196,55 @@ async fn serve(s: Settings, synthetic: (u32, u32)) -> anyhow::Result<()> {
     served
 }
 
-/// One update per interval. The registry lock is held only for the tick.
-async fn sample_loop(
+/// What the sampling loop works with.
+struct Sampling {
     registry: Arc<Mutex<Registry>>,
-    mut discover: Option<Discoverer>,
-    mut backend: Option<Box<dyn Sampler>>,
-    mut controller: Option<InProcess>,
+    discover: Option<Discoverer>,
+    backend: Option<Box<dyn Sampler>>,
+    controller: Option<InProcess>,
     shared: Arc<Shared>,
     metrics: Arc<Mutex<Metrics>>,
     interval: Duration,
-) {
+    passes: u32,
+}
+
+/// One update per interval. The registry lock is held only for a pass.
+async fn sample_loop(l: Sampling) {
+    let Sampling {
+        registry,
+        mut discover,
+        mut backend,
+        mut controller,
+        shared,
+        metrics,
+        interval,
+        passes,
+    } = l;
     let mut agg = Aggregator::default();
-    let mut ticker = tokio::time::interval(interval);
+    // `passes` ageing passes per interval; the last one closes it.
+    let mut ticker = tokio::time::interval(interval / passes.max(1));
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     ticker.tick().await;
     let interval_ns = u64::try_from(interval.as_nanos()).unwrap_or(u64::MAX);
+    let mut pass = 0u32;
     loop {
         ticker.tick().await;
-        let update = match registry.lock() {
-            Ok(mut reg) => {
-                if let Some(d) = discover.as_mut() {
-                    d.run(&mut reg);
-                }
-                agg.tick(
-                    &mut reg,
-                    backend.as_deref_mut().map(|b| b as &mut dyn Sampler),
-                    interval_ns,
-                )
-            }
-            Err(_) => {
-                tracing::error!("registry lock poisoned; sampling stops");
-                return;
-            }
+        pass += 1;
+        let Ok(mut reg) = registry.lock() else {
+            tracing::error!("registry lock poisoned; sampling stops");
+            return;
         };
+        let sampler = backend.as_deref_mut().map(|b| b as &mut dyn Sampler);
+        if pass < passes {
+            agg.pass(&mut reg, sampler);
+            continue;
+        }
+        pass = 0;
+        if let Some(d) = discover.as_mut() {
+            d.run(&mut reg);
+        }
+        let update = agg.tick(&mut reg, sampler, interval_ns);
+        drop(reg);
         for id in &update.departed_vm_ids {
             tracing::info!(vm = %id, "VM left");
         }

@@ -57,7 +57,10 @@ pub struct RunArgs {
     /// Sampling interval in milliseconds [interval_ms].
     #[arg(long)]
     pub interval_ms: Option<u64>,
-    /// Sampler backend: auto, hostpte or none [backend].
+    /// Ageing passes per interval [passes_per_interval].
+    #[arg(long)]
+    pub passes: Option<u32>,
+    /// Sampler backend: auto, ept-fexit, ept-tracepoint, hostpte or none [backend].
     #[arg(long)]
     pub backend: Option<String>,
     /// Do not look for VMs in other processes [discover = false].
@@ -114,6 +117,9 @@ impl RunArgs {
         }
         if let Some(v) = self.interval_ms {
             c.interval_ms = v;
+        }
+        if let Some(v) = self.passes {
+            c.passes_per_interval = v;
         }
         if let Some(v) = &self.backend {
             c.backend = v.clone();

@@ -11,6 +11,10 @@ use tier_profiler::registry::TrackedVm;
 use tier_profiler::sampler::{Sampler, hostpte::HostPte};
 use tier_proto::v1::TierKind;
 
+/// hostpte re-arms the whole process (/proc/self here): tests that sample
+/// this process's VMs must not run at the same time.
+static SAME_PROCESS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 fn young(sampler: &mut HostPte, tracked: &DemoTracked) -> Vec<u64> {
     let r = sampler.sample(&[tracked.vm()]).pop().unwrap().unwrap();
     r.iter().map(|t| t.young_pages).collect()
@@ -26,6 +30,7 @@ fn assert_close(got: &[u64], truth: [u64; 2], what: &str) {
 #[test]
 #[cfg_attr(not(has_kvm), ignore = "needs a usable /dev/kvm")]
 fn young_pages_per_tier_match_the_guest_within_2_percent() {
+    let _one = SAME_PROCESS.lock().unwrap_or_else(|e| e.into_inner());
     let vm = DemoVm::start(DemoVmConfig::default()).unwrap();
     let tracked = DemoTracked::new(vm, TierKind::Cxl);
     let mut s = HostPte::new();
@@ -84,4 +89,73 @@ fn a_vanished_process_is_reported_as_gone() {
         matches!(err, tier_profiler::sampler::SampleError::ProcessGone { .. }),
         "{err}"
     );
+}
+
+/// Lets the test keep a handle on a VM the registry owns.
+struct SharedVm(std::sync::Arc<DemoTracked>);
+
+impl TrackedVm for SharedVm {
+    fn vm(&self) -> &tier_proto::v1::Vm {
+        self.0.vm()
+    }
+    fn alive(&self) -> bool {
+        self.0.alive()
+    }
+    fn resident_bytes(&self) -> Vec<u64> {
+        self.0.resident_bytes()
+    }
+    fn guest_reported_accesses(&self) -> Option<Vec<u64>> {
+        self.0.guest_reported_accesses()
+    }
+}
+
+/// Several passes per interval weigh a set touched in every pass above a
+/// larger set touched in one: the page count alone would say otherwise.
+#[test]
+#[cfg_attr(not(has_kvm), ignore = "needs a usable /dev/kvm")]
+fn passes_weigh_pages_by_how_often_they_are_young() {
+    let _one = SAME_PROCESS.lock().unwrap_or_else(|e| e.into_inner());
+    use tier_profiler::aggregate::Aggregator;
+    use tier_profiler::registry::Registry;
+
+    let hot_only = Phase {
+        dram_pages: 10,
+        dram_repeat: 1,
+        slow_pages: 0,
+        slow_repeat: 0,
+    };
+    let with_slow = Phase {
+        slow_pages: 30,
+        slow_repeat: 1,
+        ..hot_only
+    };
+    let cfg = DemoVmConfig {
+        phase: hot_only,
+        ..DemoVmConfig::default()
+    };
+    let vm = std::sync::Arc::new(DemoTracked::new(DemoVm::start(cfg).unwrap(), TierKind::Cxl));
+    let mut reg = Registry::default();
+    reg.insert(Box::new(SharedVm(vm.clone())));
+    let mut sampler = HostPte::new();
+    let mut agg = Aggregator::default();
+    let wait = || std::thread::sleep(Duration::from_millis(100));
+    wait();
+    agg.pass(&mut reg, Some(&mut sampler)); // arms
+    for _ in 0..3 {
+        wait();
+        agg.pass(&mut reg, Some(&mut sampler));
+    }
+    // The interval's last pass sees the slow set too.
+    vm.demo().set_phase(with_slow).unwrap();
+    wait();
+    let u = agg.tick(&mut reg, Some(&mut sampler), 400_000_000);
+    let s = &u.stats[0];
+    let (dram, slow) = (&s.tiers[0], &s.tiers[1]);
+    assert_eq!((dram.passes, slow.passes), (4, 4));
+    // Code + parameter pages + 10 work pages in dram; 30 in slow.
+    assert_eq!((dram.young_pages, slow.young_pages), (12, 30));
+    assert_eq!(dram.estimated_accesses, 48.0);
+    assert_eq!(slow.estimated_accesses, 30.0);
+    // 48 / 78 by passes, where the pages alone (12 / 42) would say 0.29.
+    assert!((s.dram_hit_ratio - 48.0 / 78.0).abs() < 1e-9, "{s:?}");
 }
