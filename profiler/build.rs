@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use libbpf_cargo::SkeletonBuilder;
 
-const PROGRAMS: &[&str] = &["probe", "ept"];
+const PROGRAMS: &[&str] = &["probe", "ept", "pmu"];
 
 fn main() -> Result<(), Box<dyn Error>> {
     let bpf_dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../bpf");

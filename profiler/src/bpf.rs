@@ -42,3 +42,17 @@ pub mod probe {
 pub mod ept {
     include!(concat!(env!("OUT_DIR"), "/ept.skel.rs"));
 }
+
+/// `bpf/pmu.bpf.c`: per-(VM, tier) attribution of perf_event samples on vCPU threads.
+#[allow(
+    missing_debug_implementations,
+    clippy::all,
+    clippy::undocumented_unsafe_blocks,
+    clippy::unwrap_used,
+    clippy::expect_used,
+    unsafe_op_in_unsafe_fn,
+    rust_2018_idioms
+)]
+pub mod pmu {
+    include!(concat!(env!("OUT_DIR"), "/pmu.skel.rs"));
+}

@@ -17,6 +17,9 @@ pub struct Check {
     pub backend: Backend,
     pub available: bool,
     pub reason: String,
+    /// Finer lines under the check (e.g. one per PMU event), for humans.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub details: Vec<String>,
 }
 
 fn ser_backend<S: serde::Serializer>(b: &Backend, s: S) -> Result<S::Ok, S::Error> {
@@ -30,6 +33,7 @@ impl Check {
             backend,
             available: true,
             reason: reason.into(),
+            details: Vec::new(),
         }
     }
     fn no(name: &'static str, backend: Backend, reason: impl Into<String>) -> Check {
@@ -38,6 +42,7 @@ impl Check {
             backend,
             available: false,
             reason: reason.into(),
+            details: Vec::new(),
         }
     }
 }
@@ -100,6 +105,9 @@ impl Report {
                 "unavailable"
             };
             out.push_str(&format!("  {:width$}  {state}  {}\n", c.name, c.reason));
+            for d in &c.details {
+                out.push_str(&format!("  {:width$}               {d}\n", ""));
+            }
         }
         match self.best_backend() {
             Some(b) => out.push_str(&format!(
@@ -123,7 +131,7 @@ pub fn run() -> Report {
         check_page_idle(),
         check_damon(),
         check_hostpte(kvm_impl.as_deref()),
-        check_pmu(),
+        with_pmu_events(check_pmu()),
     ];
     Report { kvm_impl, checks }
 }
@@ -374,6 +382,38 @@ fn check_pmu() -> Check {
         Backend::Pmu,
         format!("{why} (perf_event_open cycles, exclude_host: {err})"),
     )
+}
+
+/// One line per memory-source event the built-in table selects for this
+/// CPU, with whether it opens guest-only here.
+fn with_pmu_events(mut check: Check) -> Check {
+    use crate::sampler::pmu::{self, events::CpuId, events::EventTable};
+    let (cpu, table) = match (CpuId::current(), EventTable::builtin()) {
+        (Ok(c), Ok(t)) => (c, t),
+        (Err(e), _) => {
+            check
+                .details
+                .push(format!("events: cannot read the CPU model: {e}"));
+            return check;
+        }
+        (_, Err(e)) => {
+            check.details.push(format!("events: built-in table: {e}"));
+            return check;
+        }
+    };
+    let status = pmu::events_status(&cpu, &table, false);
+    if status.is_empty() {
+        check
+            .details
+            .push(format!("events: none in the table for {cpu}"));
+    }
+    for (event, result) in status {
+        check.details.push(match result {
+            Ok(()) => format!("{event}: opens"),
+            Err(e) => format!("{event}: {e}"),
+        });
+    }
+    check
 }
 
 /// The prefix of `struct perf_event_attr` (PERF_ATTR_SIZE_VER0 plus the

@@ -127,6 +127,10 @@ const BENCHES: &[(&str, &str)] = &[
         "tierctl-render",
         "tierctl top frame time for 1000 VMs on a TestBackend",
     ),
+    (
+        "balloon",
+        "tier-balloon inflate GiB/s (coalesced runs) vs per-page punch+madvise and one call",
+    ),
 ];
 
 fn bench(name: &str) -> anyhow::Result<()> {

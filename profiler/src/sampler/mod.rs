@@ -5,6 +5,7 @@ pub mod ept;
 pub mod ept_ageing;
 pub mod hostpte;
 pub mod page_idle;
+pub mod pmu;
 
 use tier_proto::v1::{Backend, Vm};
 
