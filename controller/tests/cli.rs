@@ -139,6 +139,12 @@ impl TierService for Future99 {
     ) -> Result<Response<Self::WatchDecisionsStream>, Status> {
         Err(Status::unimplemented("fake"))
     }
+    async fn set_balloon_targets(
+        &self,
+        _: Request<SetBalloonTargetsRequest>,
+    ) -> Result<Response<SetBalloonTargetsResponse>, Status> {
+        Err(Status::unimplemented("fake"))
+    }
 }
 
 fn protocol_version_mismatch() {
@@ -358,7 +364,7 @@ fn vms_vm_and_balloon() {
         "{err}"
     );
 
-    // Balloons: arguments parsed and checked, then an honest refusal.
+    // Balloons: tierd validates the targets, then refuses honestly.
     let balloon = |tiers: &[&str]| {
         let mut args = vec!["balloon", "set", "demo"];
         for t in tiers {
@@ -371,7 +377,7 @@ fn vms_vm_and_balloon() {
     assert!(err.contains("unknown unit \"Q\""), "{err}");
     let (_, _, err) = balloon(&["dram=8M", "slow=2G"]);
     assert!(
-        err.contains("balloon slow=2.0G is larger than the tier (16.0M)"),
+        err.contains("balloon slow=2147483648 bytes is larger than the tier (16777216 bytes)"),
         "{err}"
     );
     let (_, _, err) = balloon(&["fast=8M"]);
@@ -381,10 +387,12 @@ fn vms_vm_and_balloon() {
     );
     let (_, _, err) = balloon(&["dram=8M", "dram=4M"]);
     assert!(err.contains("tier \"dram\" is given twice"), "{err}");
+    // Valid targets: tierd cannot drive this VM's balloon and says so.
     let (out, stdout, err) = balloon(&["dram=8M", "slow=512K"]);
     assert!(!out.status.success() && stdout.is_empty());
     assert!(
-        err.contains("tierd does not support per-tier balloons yet")
+        err.contains("tierd refused SetBalloonTargets")
+            && err.contains("no per-tier balloon tierd can drive")
             && err.contains("nothing was changed")
             && err.contains(&format!("{id} dram=8.0M slow=512.0K")),
         "{err}"

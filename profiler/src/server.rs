@@ -133,6 +133,44 @@ fn check_ids(ids: &[String]) -> Result<(), Status> {
     Ok(())
 }
 
+/// Every target names a tier of `vm` once and fits in it.
+fn check_balloon_targets(vm: &Vm, targets: &[BalloonTarget]) -> Result<(), Status> {
+    if targets.is_empty() {
+        return Err(Status::invalid_argument("targets is empty"));
+    }
+    let mut seen = std::collections::HashSet::new();
+    for t in targets {
+        if !seen.insert(t.tier.as_str()) {
+            return Err(Status::invalid_argument(format!(
+                "tier {:?} is given twice",
+                t.tier
+            )));
+        }
+        let Some(tier) = vm.tiers.iter().find(|x| x.name == t.tier) else {
+            let names: Vec<&str> = vm.tiers.iter().map(|x| x.name.as_str()).collect();
+            return Err(Status::invalid_argument(format!(
+                "VM {} has no tier {:?}; its tiers: {}",
+                vm.name,
+                t.tier,
+                names.join(", ")
+            )));
+        };
+        if t.target_bytes > tier.size_bytes {
+            return Err(Status::out_of_range(format!(
+                "balloon {}={} bytes is larger than the tier ({} bytes)",
+                t.tier, t.target_bytes, tier.size_bytes
+            )));
+        }
+        if !t.target_bytes.is_multiple_of(4096) {
+            return Err(Status::invalid_argument(format!(
+                "balloon {}={} bytes is not a multiple of 4096",
+                t.tier, t.target_bytes
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// The part of an update a watcher asked for.
 fn filter(update: &StatsUpdate, ids: &[String]) -> StatsUpdate {
     if ids.is_empty() {
@@ -287,6 +325,27 @@ impl TierService for TierServer {
         *p = new;
         tracing::info!(policy = ?*p, "policy replaced");
         Ok(Response::new(p.clone()))
+    }
+
+    async fn set_balloon_targets(
+        &self,
+        req: Request<SetBalloonTargetsRequest>,
+    ) -> Result<Response<SetBalloonTargetsResponse>, Status> {
+        let req = req.into_inner();
+        if req.vm_id.is_empty() {
+            return Err(Status::invalid_argument("vm_id is empty"));
+        }
+        let vms = self.shared.vms();
+        let vm = vms
+            .iter()
+            .find(|v| v.id == req.vm_id)
+            .ok_or_else(|| Status::not_found(format!("no VM with id {:?}", req.vm_id)))?;
+        check_balloon_targets(vm, &req.targets)?;
+        // No VM has a per-tier balloon tierd can drive yet (docs/controller.md).
+        Err(Status::failed_precondition(format!(
+            "VM {} has no per-tier balloon tierd can drive (needs the patched cloud-hypervisor or the vhost-user balloon backend); nothing was changed",
+            vm.name
+        )))
     }
 
     type WatchDecisionsStream = BoxStream<Decision>;

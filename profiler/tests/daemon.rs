@@ -202,6 +202,54 @@ async fn serves_the_demo_vm_with_increasing_sequence_numbers() {
         }
     }
 
+    // Manual balloon targets: validated against the tier map, then refused
+    // because nothing can drive this VM's balloon; nothing changes.
+    let target = |tier: &str, bytes: u64| BalloonTarget {
+        tier: tier.into(),
+        target_bytes: bytes,
+    };
+    let set = |targets: Vec<BalloonTarget>| SetBalloonTargetsRequest {
+        vm_id: vm.id.clone(),
+        targets,
+    };
+    let code = |r: Result<tonic::Response<SetBalloonTargetsResponse>, tonic::Status>| {
+        r.unwrap_err().code()
+    };
+    assert_eq!(
+        code(
+            client
+                .set_balloon_targets(set(vec![target("slow", 32 << 20)]))
+                .await
+        ),
+        tonic::Code::OutOfRange
+    );
+    assert_eq!(
+        code(
+            client
+                .set_balloon_targets(set(vec![target("fast", 4096)]))
+                .await
+        ),
+        tonic::Code::InvalidArgument
+    );
+    assert_eq!(
+        code(
+            client
+                .set_balloon_targets(set(vec![target("dram", 4097)]))
+                .await
+        ),
+        tonic::Code::InvalidArgument
+    );
+    let e = client
+        .set_balloon_targets(set(vec![target("dram", 8 << 20), target("slow", 4096)]))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::FailedPrecondition);
+    assert!(
+        e.message().contains("nothing was changed"),
+        "{}",
+        e.message()
+    );
+
     // The in-process controller saw the VM and said, once, that it cannot
     // act on it (no per-tier balloon yet); a new watcher gets that replayed.
     assert!(info.controller_enabled);
@@ -236,6 +284,19 @@ async fn bad_requests_get_clear_status_and_the_daemon_keeps_serving() {
         .await
         .unwrap_err();
     assert_eq!(e.code(), tonic::Code::InvalidArgument);
+    let e = client
+        .set_balloon_targets(SetBalloonTargetsRequest::default())
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::InvalidArgument);
+    let e = client
+        .set_balloon_targets(SetBalloonTargetsRequest {
+            vm_id: "nope".into(),
+            targets: vec![],
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::NotFound);
     let e = client
         .get_vm(GetVmRequest { id: "nope".into() })
         .await

@@ -35,7 +35,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         } => policy::set(&mut client, &args).await?,
         Cmd::Balloon {
             cmd: BalloonCmd::Set { vm, tiers },
-        } => balloon::set(&mut client, &info, &vm, &tiers).await?,
+        } => balloon::set(&mut client, &vm, &tiers).await?,
         Cmd::Completions { .. } => {}
     }
     Ok(())
