@@ -1,0 +1,338 @@
+//! [`Vmm`] over the patched cloud-hypervisor's HTTP API (vmm-patch/SPEC.md
+//! section 5): `PUT /api/v1/vm.resize` with `desired_balloon_zones`,
+//! `GET /api/v1/vm.info` (`balloon`, `memory_zones`), `GET /api/v1/vm.counters`.
+//!
+//! Retries: transport failures (connect, reset, timeout, a truncated or
+//! malformed answer) are retried with [`Backoff`] on every call. A 5xx is
+//! retried on the GETs only: on `vm.resize` cloud-hypervisor answers 500 for
+//! a request it rejected (unknown zone, target above the zone size, no
+//! tiers), with no target changed, and the same request would be rejected
+//! again. Re-sending a `vm.resize` after a transport failure is safe even if
+//! the first one was applied: the body carries absolute per-zone targets,
+//! so applying it twice leaves the VMM where applying it once does.
+
+use std::collections::{BTreeMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use super::http::{self, HttpError, Response};
+use super::{ActuateError, Backoff, TierState, Vmm};
+
+const PING: &str = "GET /api/v1/vmm.ping";
+const INFO: &str = "GET /api/v1/vm.info";
+const COUNTERS: &str = "GET /api/v1/vm.counters";
+const RESIZE: &str = "PUT /api/v1/vm.resize";
+
+/// The balloon device id cloud-hypervisor uses unless `--balloon id=` was
+/// given.
+pub const BALLOON_DEVICE: &str = "__balloon";
+
+/// The cloud-hypervisor API on its unix socket (`--api-socket path=`).
+#[derive(Debug, Clone)]
+pub struct ChApi {
+    socket: PathBuf,
+    timeout: Duration,
+    backoff: Backoff,
+}
+
+/// `GET /api/v1/vmm.ping`.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct VmmPing {
+    pub build_version: String,
+    pub version: String,
+    #[serde(default)]
+    pub pid: Option<u64>,
+}
+
+/// The parts of `GET /api/v1/vm.info` tierd uses.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct VmInfo {
+    pub state: String,
+    #[serde(default)]
+    pub memory_actual_size: Option<u64>,
+    /// Absent (or null) before boot and without the patch.
+    #[serde(default)]
+    pub balloon: Option<BalloonInfo>,
+    #[serde(default)]
+    pub memory_zones: Option<Vec<MemoryZone>>,
+}
+
+/// vm.info `balloon`.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct BalloonInfo {
+    pub tiers_offered: bool,
+    pub tiers_negotiated: bool,
+    pub legacy_target: u64,
+    pub legacy_actual: u64,
+    pub zones: Vec<BalloonZone>,
+}
+
+/// vm.info `balloon.zones[]`, bytes and cumulative PFN counts.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct BalloonZone {
+    pub id: String,
+    pub tier: u32,
+    pub target: u64,
+    pub actual: u64,
+    pub host_ballooned: u64,
+    pub inflated_pfns: u64,
+    pub deflated_pfns: u64,
+    pub rejected_pfns: u64,
+}
+
+/// vm.info `memory_zones[]`.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct MemoryZone {
+    pub id: String,
+    pub host_numa_node: Option<u32>,
+    pub guest_numa_node: Option<u32>,
+    pub ranges: Vec<ZoneRange>,
+}
+
+/// A guest-physical RAM range of a zone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+pub struct ZoneRange {
+    pub start: u64,
+    pub size: u64,
+}
+
+/// The `vm.resize` body of SPEC.md section 5, zones in the caller's order:
+/// `{"desired_balloon_zones":{"dram":67108864,"slow":134217728}}`.
+/// An empty or duplicate zone id is refused (a JSON object with a repeated
+/// key would silently keep one of them).
+pub fn resize_zones_body(targets: &[(String, u64)]) -> Result<String, ActuateError> {
+    let mut seen = HashSet::new();
+    let mut body = String::from("{\"desired_balloon_zones\":{");
+    for (i, (zone, bytes)) in targets.iter().enumerate() {
+        if zone.is_empty() {
+            return Err(ActuateError::InvalidTargets("empty zone id".into()));
+        }
+        if !seen.insert(zone.as_str()) {
+            return Err(ActuateError::InvalidTargets(format!(
+                "zone {zone:?} listed twice"
+            )));
+        }
+        if i > 0 {
+            body.push(',');
+        }
+        // A JSON string (escaped); serializing a &str cannot fail.
+        body.push_str(&serde_json::Value::from(zone.as_str()).to_string());
+        body.push(':');
+        body.push_str(&bytes.to_string());
+    }
+    body.push_str("}}");
+    Ok(body)
+}
+
+/// The VMM's message from an error body: cloud-hypervisor sends a JSON array
+/// of strings (the error chain), joined here with ": "; anything else is
+/// kept as text.
+fn vmm_message(body: &[u8]) -> String {
+    if let Ok(chain) = serde_json::from_slice::<Vec<String>>(body) {
+        return chain.join(": ");
+    }
+    String::from_utf8_lossy(body).trim().to_string()
+}
+
+enum Retry {
+    /// Transport failures and 5xx.
+    Get,
+    /// Transport failures only.
+    Put,
+}
+
+impl ChApi {
+    /// Per-attempt timeout unless set otherwise.
+    pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(5);
+
+    pub fn new(socket: impl Into<PathBuf>) -> Self {
+        ChApi {
+            socket: socket.into(),
+            timeout: Self::DEFAULT_TIMEOUT,
+            backoff: Backoff::default(),
+        }
+    }
+
+    /// Timeout of each attempt (connect, send, whole answer).
+    pub fn with_timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    pub fn with_backoff(mut self, backoff: Backoff) -> Self {
+        self.backoff = backoff;
+        self
+    }
+
+    pub fn socket(&self) -> &Path {
+        &self.socket
+    }
+
+    /// `GET /api/v1/vmm.ping`.
+    pub async fn ping(&self) -> Result<VmmPing, ActuateError> {
+        let body = self
+            .call(PING, "GET", "/api/v1/vmm.ping", None, Retry::Get)
+            .await?;
+        decode(PING, &body)
+    }
+
+    /// `GET /api/v1/vm.info`.
+    pub async fn vm_info(&self) -> Result<VmInfo, ActuateError> {
+        let body = self
+            .call(INFO, "GET", "/api/v1/vm.info", None, Retry::Get)
+            .await?;
+        decode(INFO, &body)
+    }
+
+    /// `GET /api/v1/vm.counters`: device id -> counter -> value.
+    pub async fn counters(&self) -> Result<BTreeMap<String, BTreeMap<String, u64>>, ActuateError> {
+        let body = self
+            .call(COUNTERS, "GET", "/api/v1/vm.counters", None, Retry::Get)
+            .await?;
+        decode(COUNTERS, &body)
+    }
+
+    /// One call with its retries; the body of a 2xx answer.
+    async fn call(
+        &self,
+        endpoint: &'static str,
+        method: &str,
+        path: &str,
+        body: Option<&[u8]>,
+        retry: Retry,
+    ) -> Result<Vec<u8>, ActuateError> {
+        let attempts = self.backoff.attempts.max(1);
+        let mut attempt = 1;
+        loop {
+            let result = tokio::time::timeout(
+                self.timeout,
+                http::request(&self.socket, method, path, body),
+            )
+            .await;
+            let retryable = match &result {
+                Err(_) | Ok(Err(_)) => true,
+                Ok(Ok(resp)) => resp.status >= 500 && matches!(retry, Retry::Get),
+            };
+            if !retryable || attempt >= attempts {
+                return self.finish(endpoint, attempt, result);
+            }
+            tokio::time::sleep(self.backoff.delay(attempt)).await;
+            attempt += 1;
+        }
+    }
+
+    fn finish(
+        &self,
+        endpoint: &'static str,
+        attempts: u32,
+        result: Result<Result<Response, HttpError>, tokio::time::error::Elapsed>,
+    ) -> Result<Vec<u8>, ActuateError> {
+        match result {
+            Err(_) => Err(ActuateError::Timeout {
+                endpoint,
+                socket: self.socket.clone(),
+                timeout: self.timeout,
+                attempts,
+            }),
+            Ok(Err(HttpError::Io(source))) => Err(ActuateError::Transport {
+                endpoint,
+                socket: self.socket.clone(),
+                attempts,
+                source,
+            }),
+            Ok(Err(HttpError::Protocol(detail))) => {
+                Err(ActuateError::Protocol { endpoint, detail })
+            }
+            Ok(Ok(Response { status, body })) => match status {
+                200..=299 => Ok(body),
+                400..=499 => Err(ActuateError::Rejected {
+                    endpoint,
+                    status,
+                    message: vmm_message(&body),
+                }),
+                500..=599 => Err(ActuateError::Vmm {
+                    endpoint,
+                    status,
+                    message: vmm_message(&body),
+                }),
+                _ => Err(ActuateError::Protocol {
+                    endpoint,
+                    detail: format!("unexpected status {status}"),
+                }),
+            },
+        }
+    }
+}
+
+fn decode<T: serde::de::DeserializeOwned>(
+    endpoint: &'static str,
+    body: &[u8],
+) -> Result<T, ActuateError> {
+    serde_json::from_slice(body).map_err(|e| ActuateError::Decode {
+        endpoint,
+        detail: e.to_string(),
+    })
+}
+
+impl Vmm for ChApi {
+    async fn set_tier_targets(&self, targets: &[(String, u64)]) -> Result<(), ActuateError> {
+        if targets.is_empty() {
+            return Ok(());
+        }
+        let body = resize_zones_body(targets)?;
+        self.call(
+            RESIZE,
+            "PUT",
+            "/api/v1/vm.resize",
+            Some(body.as_bytes()),
+            Retry::Put,
+        )
+        .await?;
+        Ok(())
+    }
+
+    async fn tier_state(&self) -> Result<Vec<TierState>, ActuateError> {
+        let info = self.vm_info().await?;
+        let balloon = match info.balloon {
+            Some(b) if b.tiers_offered && !b.zones.is_empty() => b,
+            _ => return Err(ActuateError::NotTiered { endpoint: INFO }),
+        };
+        let mut zones = balloon.zones;
+        zones.sort_by_key(|z| z.tier);
+        Ok(zones
+            .into_iter()
+            .map(|z| TierState {
+                zone: z.id,
+                target: z.target,
+                actual: z.actual,
+                host_ballooned: z.host_ballooned,
+            })
+            .collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn resize_body_escapes_zone_ids_and_keeps_order() {
+        let body = resize_zones_body(&[("slow".into(), 4096), ("a\"b".into(), 0)]);
+        assert_eq!(
+            body.ok().as_deref(),
+            Some(r#"{"desired_balloon_zones":{"slow":4096,"a\"b":0}}"#)
+        );
+        assert!(matches!(
+            resize_zones_body(&[(String::new(), 0)]),
+            Err(ActuateError::InvalidTargets(_))
+        ));
+    }
+
+    #[test]
+    fn vmm_message_joins_the_chain_or_keeps_text() {
+        assert_eq!(vmm_message(br#"["a","b"]"#), "a: b");
+        assert_eq!(vmm_message(b"plain text\n"), "plain text");
+    }
+}
