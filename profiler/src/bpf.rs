@@ -14,45 +14,41 @@ pub fn route_libbpf_logs() {
     libbpf_rs::set_print(Some((libbpf_rs::PrintLevel::Debug, print)));
 }
 
-/// `bpf/probe.bpf.c`: capability probes.
-#[allow(
-    missing_debug_implementations,
-    clippy::all,
-    clippy::undocumented_unsafe_blocks,
-    clippy::unwrap_used,
-    clippy::expect_used,
-    unsafe_op_in_unsafe_fn,
-    rust_2018_idioms
-)]
-pub mod probe {
-    include!(concat!(env!("OUT_DIR"), "/probe.skel.rs"));
+/// One generated skeleton module. The lint allowances for generated code
+/// live here once, for every skeleton.
+macro_rules! skeleton {
+    ($(#[$doc:meta])* $name:ident, $file:literal) => {
+        $(#[$doc])*
+        #[allow(
+            missing_debug_implementations,
+            clippy::all,
+            clippy::undocumented_unsafe_blocks,
+            clippy::unwrap_used,
+            clippy::expect_used,
+            unsafe_op_in_unsafe_fn,
+            rust_2018_idioms
+        )]
+        pub mod $name {
+            include!(concat!(env!("OUT_DIR"), "/", $file));
+        }
+    };
 }
 
-/// `bpf/ept.bpf.c`: the EPT sampler (ageing tracepoint, fexit on the ageing
-/// functions, and an empty baseline program for the cost benchmark).
-#[allow(
-    missing_debug_implementations,
-    clippy::all,
-    clippy::undocumented_unsafe_blocks,
-    clippy::unwrap_used,
-    clippy::expect_used,
-    unsafe_op_in_unsafe_fn,
-    rust_2018_idioms
-)]
-pub mod ept {
-    include!(concat!(env!("OUT_DIR"), "/ept.skel.rs"));
-}
-
-/// `bpf/pmu.bpf.c`: per-(VM, tier) attribution of perf_event samples on vCPU threads.
-#[allow(
-    missing_debug_implementations,
-    clippy::all,
-    clippy::undocumented_unsafe_blocks,
-    clippy::unwrap_used,
-    clippy::expect_used,
-    unsafe_op_in_unsafe_fn,
-    rust_2018_idioms
-)]
-pub mod pmu {
-    include!(concat!(env!("OUT_DIR"), "/pmu.skel.rs"));
-}
+skeleton!(
+    /// `bpf/probe.bpf.c`: capability probes.
+    probe,
+    "probe.skel.rs"
+);
+skeleton!(
+    /// `bpf/ept.bpf.c`: the EPT sampler (ageing tracepoint, fexit on the
+    /// ageing functions, and an empty baseline program for the cost
+    /// benchmark).
+    ept,
+    "ept.skel.rs"
+);
+skeleton!(
+    /// `bpf/pmu.bpf.c`: per-(VM, tier) attribution of perf_event samples on
+    /// vCPU threads.
+    pmu,
+    "pmu.skel.rs"
+);

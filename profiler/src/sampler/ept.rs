@@ -960,33 +960,27 @@ impl EptPrograms {
     /// The heat histogram: (vm slot, 2 MiB granule = gfn / 512) -> young
     /// pages since load or the last drain.
     pub fn heat(&self) -> Result<BTreeMap<(u32, u64), u64>, EptError> {
-        let mut out = BTreeMap::new();
-        for k in self.heat_keys()? {
-            if let Some(v) = self
-                .skel
-                .maps
-                .heat
-                .lookup(&k, MapFlags::ANY)
-                .map_err(map_err("heat", "lookup"))?
-            {
-                out.insert((u32_at(&k, 0), u64_at(&k, 8)), u64_at(&v, 0));
-            }
-        }
-        Ok(out)
+        self.read_heat(false)
     }
 
     /// Like [`EptPrograms::heat`], removing each entry atomically as it is
     /// read (young pages added later start a new entry).
     pub fn drain_heat(&self) -> Result<BTreeMap<(u32, u64), u64>, EptError> {
+        self.read_heat(true)
+    }
+
+    fn read_heat(&self, drain: bool) -> Result<BTreeMap<(u32, u64), u64>, EptError> {
+        let map = &self.skel.maps.heat;
         let mut out = BTreeMap::new();
         for k in self.heat_keys()? {
-            if let Some(v) = self
-                .skel
-                .maps
-                .heat
-                .lookup_and_delete(&k)
-                .map_err(map_err("heat", "lookup_and_delete"))?
-            {
+            let v = if drain {
+                map.lookup_and_delete(&k)
+                    .map_err(map_err("heat", "lookup_and_delete"))?
+            } else {
+                map.lookup(&k, MapFlags::ANY)
+                    .map_err(map_err("heat", "lookup"))?
+            };
+            if let Some(v) = v {
                 out.insert((u32_at(&k, 0), u64_at(&k, 8)), u64_at(&v, 0));
             }
         }
