@@ -9,7 +9,7 @@
  *   change (handle_changed_spte) and from kvm_tdp_mmu_age_spte when it
  *   clears the accessed bit of a young SPTE. Only that ageing transition is
  *   counted; the VM is the one tierd's scanning thread is ageing right now
- *   (scan_owner, keyed by the current tid).
+ *   (scan_slot(): scan_owner_cache, then scan_owner, by the current tid).
  * - fexit/kvm_age_gfn, fexit/kvm_test_age_gfn: the result of each ageing
  *   call of a gfn range; the VM from kvm->userspace_pid (vm_by_pid).
  *
@@ -65,7 +65,7 @@ int BPF_PROG(ept_spte_changed, int as_id, u64 gfn, int level, u64 old_spte, u64 
 	pages = 1ULL << (9 * (level - 1));
 
 	tid = (__u32)bpf_get_current_pid_tgid();
-	slot = bpf_map_lookup_elem(&scan_owner, &tid);
+	slot = scan_slot(tid);
 	if (!slot) {
 		count_unattributed(pages, true);
 		return 0;

@@ -17,20 +17,26 @@
 #define MAX_TIERS 8
 #define MAX_RANGES 16
 #define MAX_SCAN_OWNERS 256
+/* Direct-mapped scan owner cache: tid & (SCAN_OWNER_CACHE - 1). */
+#define SCAN_OWNER_CACHE 1024
 #define MAX_VM_PIDS 256
-/* Default size of the heat histogram; userspace may shrink it before load. */
+/* Default size of the heat histogram; userspace may resize it before load. */
 #define HEAT_MAX_ENTRIES 65536
 /* Heat granule: 2 MiB = 512 pages of 4 KiB. */
 #define HEAT_GRANULE_SHIFT 9
 
-/* Errnos (vmlinux.h carries types only). */
-#define EEXIST 17
-
-/* One guest-physical range of a VM: [start_gfn, end_gfn) lies in `tier`. */
+/*
+ * One guest-physical range of a VM: [start_gfn, end_gfn) lies in `tier`.
+ * Its 2 MiB granules (counted from start_gfn >> HEAT_GRANULE_SHIFT) own the
+ * heat slots [heat_base, heat_base + heat_len); userspace hands them out, and
+ * a granule past heat_len (the histogram was full) counts as dropped.
+ */
 struct gfn_range {
 	__u64 start_gfn;
 	__u64 end_gfn;
 	__u32 tier;
+	__u32 heat_base;
+	__u32 heat_len;
 	__u32 _pad;
 };
 
@@ -48,19 +54,40 @@ struct tier_count {
 	__u64 events;
 };
 
-struct heat_key {
-	__u32 vm_slot;
-	__u32 _pad;
-	__u64 granule; /* gfn >> HEAT_GRANULE_SHIFT */
+struct scan_owner_entry {
+	__u32 tid; /* 0: empty */
+	__u32 slot;
 };
 
-/* tid of a tierd scanning thread -> vm slot it is ageing right now. */
+/*
+ * tid of a tierd scanning thread -> vm slot it is ageing right now. The
+ * cache answers with one inlined array lookup; userspace puts an owner in
+ * the hash only when its cache entry is held by another tid.
+ */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, SCAN_OWNER_CACHE);
+	__type(key, __u32);
+	__type(value, struct scan_owner_entry);
+} scan_owner_cache SEC(".maps");
+
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, MAX_SCAN_OWNERS);
 	__type(key, __u32);
 	__type(value, __u32);
 } scan_owner SEC(".maps");
+
+/* The vm slot thread `tid` is scanning for, or NULL. */
+static __always_inline __u32 *scan_slot(__u32 tid)
+{
+	__u32 idx = tid & (SCAN_OWNER_CACHE - 1);
+	struct scan_owner_entry *e = bpf_map_lookup_elem(&scan_owner_cache, &idx);
+
+	if (e && tid != 0 && e->tid == tid)
+		return &e->slot;
+	return bpf_map_lookup_elem(&scan_owner, &tid);
+}
 
 /* kvm->userspace_pid (tid that issued KVM_CREATE_VM) -> vm slot. */
 struct {
@@ -102,11 +129,15 @@ struct {
 	__type(value, struct tier_count);
 } unattributed SEC(".maps");
 
-/* (vm slot, 2 MiB granule) -> young pages; only when heat_enabled. */
+/*
+ * Heat slot (see gfn_range) -> young pages; only when heat_enabled. A
+ * per-CPU array indexed from the range found anyway costs one inlined
+ * lookup, where a hash keyed by (vm, granule) cost a jhash and an atomic.
+ */
 struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
 	__uint(max_entries, HEAT_MAX_ENTRIES);
-	__type(key, struct heat_key);
+	__type(key, __u32);
 	__type(value, __u64);
 } heat SEC(".maps");
 
@@ -138,33 +169,21 @@ static __always_inline void count_unattributed(__u64 pages, bool young)
 		add_count(c, pages, young);
 }
 
-static __always_inline void heat_add(__u32 slot, __u64 gfn, __u64 pages)
+/* Young pages of range r from gfn on, into the heat slot of gfn's granule. */
+static __always_inline void heat_add(const struct gfn_range *r, __u64 gfn, __u64 pages)
 {
-	struct heat_key key = {
-		.vm_slot = slot,
-		._pad = 0,
-		.granule = gfn >> HEAT_GRANULE_SHIFT,
-	};
-	__u64 *v = bpf_map_lookup_elem(&heat, &key);
-	__u32 zero = 0;
-	long err;
+	__u64 g = (gfn >> HEAT_GRANULE_SHIFT) - (r->start_gfn >> HEAT_GRANULE_SHIFT);
+	__u32 zero = 0, idx;
+	__u64 *v;
 
-	if (v) {
-		__sync_fetch_and_add(v, pages);
-		return;
-	}
-	err = bpf_map_update_elem(&heat, &key, &pages, BPF_NOEXIST);
-	if (!err)
-		return;
-	if (err == -EEXIST) {
-		/* Another CPU created the entry between lookup and update. */
-		v = bpf_map_lookup_elem(&heat, &key);
+	if (g < r->heat_len) {
+		idx = r->heat_base + (__u32)g;
+		v = bpf_map_lookup_elem(&heat, &idx);
 		if (v) {
-			__sync_fetch_and_add(v, pages);
+			*v += pages;
 			return;
 		}
 	}
-	/* Full (-E2BIG) or out of memory. */
 	v = bpf_map_lookup_elem(&heat_dropped, &zero);
 	if (v)
 		*v += pages;
@@ -220,7 +239,11 @@ static __always_inline __u64 account_page(struct vm_ranges *vr, __u32 nr, __u32 
 	r = &vr->ranges[(lo - 1) & (MAX_RANGES - 1)];
 	if (gfn >= r->end_gfn)
 		return 0;
-	return count_tier(slot, r->tier, 1, young, true) ? 1 : 0;
+	if (!count_tier(slot, r->tier, 1, young, true))
+		return 0;
+	if (young && heat_enabled)
+		heat_add(r, gfn, 1);
+	return 1;
 }
 
 struct span_walk {
@@ -255,6 +278,9 @@ static long span_step(__u64 i, void *ctx)
 	if (count_tier(w->slot, tier, hi - lo, w->young, !(w->seen & (1u << tier)))) {
 		w->seen |= 1u << tier;
 		w->covered += hi - lo;
+		/* The chunk's pages go to the granule it starts in. */
+		if (w->young && heat_enabled)
+			heat_add(r, lo, hi - lo);
 	}
 	return 0;
 }
@@ -285,7 +311,7 @@ static __always_inline __u64 account_span(struct vm_ranges *vr, __u32 nr, __u32 
 /*
  * Counts `pages` pages starting at `gfn` for the VM in `slot`, in the tiers
  * of the ranges they fall in; pages in no range count as unmapped for the
- * VM. The heat histogram gets all young pages at the granule of `gfn`.
+ * VM. Young pages in a range also go to the heat histogram.
  */
 static __always_inline void account(__u32 slot, __u64 gfn, __u64 pages, bool young)
 {
@@ -313,8 +339,6 @@ static __always_inline void account(__u32 slot, __u64 gfn, __u64 pages, bool you
 		if (c)
 			add_count(c, pages - covered, young);
 	}
-	if (young && heat_enabled)
-		heat_add(slot, gfn, pages);
 }
 
 #endif /* TIER_COMMON_H */

@@ -366,7 +366,7 @@ fn heat_histogram_buckets() {
     age(&p, 0x1ff); // same granule as 0
     age(&p, 0x200); // granule 1
     spte(&p, 0, 0x400, 2, YOUNG, OLD); // granule 2, 512 pages
-    age(&p, 0x20000); // unmapped gfn: still heat of VM A
+    age(&p, 0x20000); // unmapped gfn: counted as unmapped, no heat
     spte(&p, 0, 0x600, 1, OLD, YOUNG); // not ageing: nothing
     p.set_scan_owner(tid, VM_B).unwrap();
     age(&p, 0x1); // VM B granule 0
@@ -377,7 +377,6 @@ fn heat_histogram_buckets() {
         ((VM_A, 0), 2),
         ((VM_A, 1), 1),
         ((VM_A, 2), HEAT_GRANULE_PAGES),
-        ((VM_A, 0x20000 / HEAT_GRANULE_PAGES), 1),
         ((VM_B, 0), 1),
     ]
     .into_iter()
@@ -407,6 +406,60 @@ fn heat_histogram_buckets() {
         [((VM_B, 0), 1)].into_iter().collect::<BTreeMap<_, _>>()
     );
     assert_eq!(p.vm_counts(VM_A).unwrap(), VmCounts::default());
+    // A new VM in the slot starts from empty heat slots, though the kernel
+    // held VM A's old sums in them.
+    p.set_vm(VM_A, None, &[range(0, 0x400, DRAM)]).unwrap();
+    assert_eq!(
+        p.heat().unwrap(),
+        [((VM_B, 0), 1)].into_iter().collect::<BTreeMap<_, _>>()
+    );
+}
+
+/// A scanning thread whose cache entry another tid holds is found in the
+/// hash; freeing the entry moves it back to the cache.
+fn scan_owner_cache_collisions() {
+    let mut p = load(tracepoint_only(false));
+    two_vms(&mut p);
+    let me = current_tid();
+    // Same cache entry as this thread (SCAN_OWNER_CACHE = 1024).
+    let other = me ^ 1024;
+    p.set_scan_owner(other, VM_B).unwrap();
+    p.set_scan_owner(me, VM_A).unwrap();
+    age(&p, 0);
+    p.clear_scan_owner(other).unwrap();
+    age(&p, 0);
+    p.set_scan_owner(me, VM_A).unwrap();
+    age(&p, 0);
+    assert_eq!(
+        p.vm_counts(VM_A).unwrap(),
+        vm(&[(DRAM, tc(3, 3, 3))], zero())
+    );
+    assert_eq!(p.vm_counts(VM_B).unwrap(), VmCounts::default());
+    p.clear_scan_owner(me).unwrap();
+    age(&p, 0);
+    assert_eq!(p.unattributed().unwrap(), tc(1, 1, 1));
+    assert!(matches!(p.set_scan_owner(0, VM_A), Err(EptError::TidZero)));
+}
+
+/// Ranges that start mid-granule and spans that cross ranges.
+fn heat_granules_follow_the_ranges() {
+    let mut p = load(tracepoint_only(true));
+    p.set_vm(
+        VM_A,
+        None,
+        &[range(0x100, 0x300, DRAM), range(0x300, 0x800, CXL)],
+    )
+    .unwrap();
+    let _owner = p.scan_as(VM_A).unwrap();
+    age(&p, 0x100); // granule 0, first range
+    age(&p, 0x2ff); // granule 1, first range
+    age(&p, 0x300); // granule 1, second range: same granule, summed
+    spte(&p, 0, 0x200, 2, YOUNG, OLD); // 512 pages over both ranges
+    let want: BTreeMap<(u32, u64), u64> = [((VM_A, 0), 1), ((VM_A, 1), 2 + 256 + 256)]
+        .into_iter()
+        .collect();
+    assert_eq!(p.heat().unwrap(), want);
+    assert_eq!(p.heat_dropped().unwrap(), 0);
 }
 
 fn heat_overflow_is_counted() {
@@ -809,6 +862,11 @@ fn main() {
         raw_tp("huge_sptes_count_their_pages", huge_sptes_count_their_pages),
         raw_tp("heat_histogram_buckets", heat_histogram_buckets),
         raw_tp("heat_overflow_is_counted", heat_overflow_is_counted),
+        raw_tp("scan_owner_cache_collisions", scan_owner_cache_collisions),
+        raw_tp(
+            "heat_granules_follow_the_ranges",
+            heat_granules_follow_the_ranges,
+        ),
         per_cpu,
         raw_tp("take_and_reset", take_and_reset),
         raw_tp(
