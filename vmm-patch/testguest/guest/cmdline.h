@@ -1,0 +1,52 @@
+/*
+ * The test guest's kernel command line (docs/testguest.md):
+ *
+ *   hot=P0,P1,...          hot-set pages of set i (set i prefers tier i)
+ *   phases=PH,PH,...       PH = W0/W1/...@LEN: percent of accesses to set i
+ *                          (sum 100) for LEN accesses (k = 1e3, m = 1e6) or
+ *                          LENs seconds (RTC ticks); LEN 0 = forever (last only)
+ *   loop=0|1               after the last phase start again at phase 0
+ *   accesses=N             stop touching memory after N accesses (0 = never)
+ *   report=N|Ns            progress line every N accesses or N seconds (0 = off)
+ *   poll=N                 accesses between two balloon polls
+ *   seed=N                 PRNG seed
+ *
+ * Pure parsing, no guest dependencies: tested on the host by the crate.
+ */
+#ifndef TG_CMDLINE_H
+#define TG_CMDLINE_H
+
+#include <stdint.h>
+
+#include "spec.h"
+
+#define TG_MAX_SETS VIRTIO_BALLOON_TIERS_MAX
+#define TG_MAX_PHASES 16
+#define TG_ERR_LEN 120
+
+struct tg_phase {
+	uint8_t weight[TG_MAX_SETS]; /* percent of accesses to set i */
+	uint64_t len;		     /* accesses, or seconds when `seconds` */
+	uint8_t seconds;
+};
+
+struct tg_params {
+	unsigned nsets; /* entries given in hot= */
+	uint32_t hot[TG_MAX_SETS];
+	unsigned nphases;
+	struct tg_phase phase[TG_MAX_PHASES];
+	uint8_t loop;
+	uint64_t accesses;
+	uint64_t report;
+	uint8_t report_seconds;
+	uint32_t poll;
+	uint64_t seed;
+	char err[TG_ERR_LEN]; /* why tg_params_parse failed */
+};
+
+/* Defaults: hot=256,256 phases=80/20@100k,20/80@100k loop=1 report=1s poll=2048 seed=1. */
+void tg_params_default(struct tg_params *p);
+/* Parse `cmdline` over the defaults. Returns 0, or -1 with p->err set. */
+int tg_params_parse(const char *cmdline, struct tg_params *p);
+
+#endif

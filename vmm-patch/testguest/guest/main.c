@@ -1,0 +1,166 @@
+/*
+ * tierd test guest: boots as a PVH kernel under the patched
+ * cloud-hypervisor, drives the per-tier balloon (balloon.c) and runs the
+ * phased access workload (workload.c) over the tiers' memory. Serial lines
+ * start with "tg "; docs/testguest.md lists them.
+ */
+#include "arch.h"
+#include "balloon.h"
+#include "cmdline.h"
+#include "console.h"
+#include "mem.h"
+#include "workload.h"
+
+static struct tg_params params;
+
+/* CMOS RTC seconds register: changes once a second, our only wall clock. */
+static uint8_t rtc_seconds(void)
+{
+	outb(0x70, 0x00);
+	return inb(0x71);
+}
+
+static void print_list(const char *key, const uint64_t *v, unsigned n)
+{
+	con_printf(" %s=", key);
+	for (unsigned i = 0; i < n; i++)
+		con_printf(i ? ",%lu" : "%lu", v[i]);
+}
+
+static void print_weights(const struct tg_phase *ph, unsigned nsets)
+{
+	con_puts(" w=");
+	for (unsigned j = 0; j < nsets; j++)
+		con_printf(j ? "/%u" : "%u", ph->weight[j]);
+}
+
+static void print_state(void)
+{
+	uint64_t v[VIRTIO_BALLOON_TIERS_MAX];
+	uint32_t res[VIRTIO_BALLOON_TIERS_MAX];
+
+	print_list("acc", wl.acc, nzones);
+	for (unsigned i = 0; i < nzones; i++)
+		v[i] = zones[i].ballooned;
+	print_list("bal", v, nzones);
+	for (unsigned i = 0; i < nzones; i++)
+		v[i] = zones[i].free;
+	print_list("free", v, nzones);
+	wl_resident(res);
+	for (unsigned i = 0; i < nzones; i++)
+		v[i] = res[i];
+	print_list("res", v, nzones);
+	con_printf(" stats=%lu\n", balloon_stats_updates());
+}
+
+static void start_phase(unsigned n)
+{
+	const struct tg_phase *ph = &params.phase[n];
+
+	wl_set_phase(ph);
+	con_printf("tg phase n=%u", n);
+	print_weights(ph, params.nsets);
+	con_printf(" len=%lu%s at=%lu", ph->len, ph->seconds ? "s" : "", wl.total);
+	print_list("acc", wl.acc, nzones);
+	con_puts("\n");
+}
+
+void tg_main(uint32_t start_info);
+
+void tg_main(uint32_t start_info)
+{
+	const struct hvm_start_info *si = (const void *)(uint64_t)start_info;
+	const char *cmdline = "";
+	struct tg_balloon_cfg cfg;
+	unsigned phase = 0, seconds = 0;
+	uint64_t phase_left, report_left, budget_left;
+	uint8_t sec;
+	int done = 0, stay = 0;
+
+	con_puts("tg boot tierd-testguest\n");
+	if (si->magic != HVM_START_MAGIC)
+		die("start_info magic %x", si->magic);
+	if (si->cmdline_paddr)
+		cmdline = (const char *)si->cmdline_paddr;
+	con_printf("tg cmdline %s\n", cmdline);
+	tg_params_default(&params);
+	if (tg_params_parse(cmdline, &params))
+		die("cmdline: %s", params.err);
+
+	balloon_probe(&cfg);
+	mem_init(si, &cfg, balloon_mem_need() + wl_mem_need(&params));
+	for (unsigned i = 0; i < nzones; i++) {
+		con_printf("tg zone i=%u start=0x%lx span=%u total=%u free=%u node=%d\n", i,
+			   zones[i].base_pfn << PAGE_SHIFT, zones[i].span, zones[i].total,
+			   zones[i].free, (int)zones[i].node);
+	}
+	for (unsigned j = 0; j < params.nsets; j++)
+		if (params.hot[j] && j >= nzones)
+			die("cmdline: hot set %u wants tier %u, the VM has %u tier(s)", j, j, nzones);
+	wl_init(&params);
+	balloon_start();
+	con_printf("tg ready tiers=%u sets=%u phases=%u\n", nzones, params.nsets, params.nphases);
+
+	start_phase(0);
+	phase_left = params.phase[0].len;
+	report_left = params.report;
+	budget_left = params.accesses;
+	sec = rtc_seconds();
+	for (;;) {
+		uint64_t n = params.poll;
+		const struct tg_phase *ph = &params.phase[phase];
+		uint64_t len = stay ? 0 : ph->len; /* 0: this phase never ends */
+		int by_acc = len && !ph->seconds, by_sec = len && ph->seconds;
+		uint8_t now;
+
+		if (!done) {
+			if (by_acc && phase_left < n)
+				n = phase_left;
+			if (!params.report_seconds && params.report && report_left < n)
+				n = report_left;
+			if (params.accesses && budget_left < n)
+				n = budget_left;
+			wl_run(n);
+			if (by_acc)
+				phase_left -= n;
+			if (!params.report_seconds && params.report && !(report_left -= n)) {
+				report_left = params.report;
+				con_printf("tg tick s=%u phase=%u total=%lu", seconds, phase, wl.total);
+				print_state();
+			}
+			if (params.accesses && !(budget_left -= n)) {
+				done = 1;
+				con_printf("tg done total=%lu", wl.total);
+				print_state();
+			}
+		}
+		balloon_poll();
+
+		now = rtc_seconds();
+		if (now != sec) {
+			sec = now;
+			seconds++;
+			if (by_sec)
+				phase_left--;
+			if (params.report_seconds && params.report && seconds % params.report == 0) {
+				con_printf("tg tick s=%u phase=%u total=%lu", seconds, phase, wl.total);
+				print_state();
+			}
+		}
+		if (done || !len || phase_left)
+			continue;
+		if (phase + 1 < params.nphases) {
+			phase++;
+		} else if (params.loop) {
+			phase = 0;
+		} else {
+			stay = 1; /* keep the last phase's weights for good */
+			con_printf("tg phase n=%u stays at=%lu", phase, wl.total);
+			print_list("acc", wl.acc, nzones);
+			con_puts("\n");
+			continue;
+		}
+		phase_left = params.phase[phase].len;
+		start_phase(phase);
+	}
+}

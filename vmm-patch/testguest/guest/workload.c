@@ -1,0 +1,148 @@
+/* The access workload; see workload.h. */
+#include "workload.h"
+
+#include "arch.h"
+#include "console.h"
+#include "mem.h"
+
+struct workload wl;
+
+uint64_t wl_mem_need(const struct tg_params *p)
+{
+	uint64_t need = 0;
+
+	for (unsigned j = 0; j < p->nsets; j++)
+		need += ((uint64_t)p->hot[j] * 4 + PAGE_SIZE) + ((uint64_t)p->hot[j] + PAGE_SIZE);
+	return need;
+}
+
+/* Zone order for a page that prefers `z` and cannot have it: slower first, then faster. */
+static int fallback(unsigned z, unsigned skip_self)
+{
+	for (unsigned d = skip_self ? 1 : 0; d < nzones; d++) {
+		unsigned c = z + d;
+
+		if (c < nzones && zones[c].free)
+			return (int)c;
+	}
+	for (unsigned d = 1; d <= z; d++)
+		if (zones[z - d].free)
+			return (int)(z - d);
+	return -1;
+}
+
+void wl_init(const struct tg_params *p)
+{
+	wl.nsets = p->nsets;
+	wl.x = p->seed;
+	for (unsigned j = 0; j < p->nsets; j++) {
+		wl.n[j] = p->hot[j];
+		wl.pfn[j] = bump_alloc((uint64_t)p->hot[j] * 4);
+		wl.where[j] = bump_alloc(p->hot[j]);
+		for (uint32_t k = 0; k < wl.n[j]; k++) {
+			int z = fallback(j, 0);
+			uint64_t pfn;
+
+			if (z < 0 || zone_alloc((unsigned)z, &pfn))
+				die("workload: no free page for hot set %u page %u", j, k);
+			wl.pfn[j][k] = (uint32_t)pfn;
+			wl.where[j][k] = (uint8_t)z;
+		}
+	}
+}
+
+void wl_set_phase(const struct tg_phase *ph)
+{
+	uint64_t cum = 0;
+
+	for (unsigned j = 0; j < TG_MAX_SETS; j++) {
+		cum += ph->weight[j];
+		wl.thr[j] = (cum << 32) / 100;
+	}
+}
+
+void wl_run(uint64_t n)
+{
+	uint64_t x = wl.x;
+
+	for (uint64_t i = 0; i < n; i++) {
+		uint64_t r, hi, addr;
+		unsigned j = 0;
+		uint32_t k;
+
+		x ^= x >> 12;
+		x ^= x << 25;
+		x ^= x >> 27;
+		r = x * 0x2545f4914f6cdd1dULL;
+		hi = r >> 32;
+		while (hi >= wl.thr[j])
+			j++;
+		k = (uint32_t)(((r & 0xffffffffULL) * wl.n[j]) >> 32);
+		addr = (uint64_t)wl.pfn[j][k] << PAGE_SHIFT | ((r >> 20) & 0xff8);
+		*(volatile uint64_t *)addr += 1;
+		wl.acc[wl.where[j][k]]++;
+	}
+	wl.x = x;
+	wl.total += n;
+}
+
+static void move_page(unsigned j, uint32_t k, unsigned to)
+{
+	uint64_t pfn;
+
+	if (zone_alloc(to, &pfn))
+		die("workload: zone %u has no free page to move into", to);
+	memcpy((void *)(pfn << PAGE_SHIFT), (void *)((uint64_t)wl.pfn[j][k] << PAGE_SHIFT),
+	       PAGE_SIZE);
+	zone_free(wl.where[j][k], wl.pfn[j][k]);
+	wl.pfn[j][k] = (uint32_t)pfn;
+	wl.where[j][k] = (uint8_t)to;
+}
+
+uint32_t wl_evict(unsigned z, uint32_t need)
+{
+	uint32_t moved = 0;
+
+	/* Pages of other sets that only borrowed zone z go first, then z's own. */
+	for (unsigned pass = 0; pass < 2; pass++) {
+		for (unsigned j = 0; j < wl.nsets; j++) {
+			if ((j == z) != (pass == 1))
+				continue;
+			for (uint32_t k = wl.n[j]; k-- > 0 && moved < need;) {
+				int to;
+
+				if (wl.where[j][k] != z)
+					continue;
+				to = fallback(z, 1);
+				if (to < 0)
+					goto out;
+				move_page(j, k, (unsigned)to);
+				moved++;
+			}
+		}
+	}
+out:
+	wl.evicted += moved;
+	return moved;
+}
+
+void wl_promote(unsigned z)
+{
+	if (z >= wl.nsets)
+		return;
+	for (uint32_t k = 0; k < wl.n[z] && zones[z].free; k++) {
+		if (wl.where[z][k] != z) {
+			move_page(z, k, z);
+			wl.promoted++;
+		}
+	}
+}
+
+void wl_resident(uint32_t *res)
+{
+	for (unsigned i = 0; i < nzones; i++)
+		res[i] = 0;
+	for (unsigned j = 0; j < wl.nsets; j++)
+		for (uint32_t k = 0; k < wl.n[j]; k++)
+			res[wl.where[j][k]]++;
+}

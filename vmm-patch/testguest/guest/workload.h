@@ -1,0 +1,41 @@
+/*
+ * The workload: hot sets of pages, set i preferring tier i, touched in a
+ * pseudo-random order with per-phase weights. Every access is counted for
+ * the tier the touched page is in (the guest's ground truth).
+ */
+#ifndef TG_WORKLOAD_H
+#define TG_WORKLOAD_H
+
+#include <stdint.h>
+
+#include "cmdline.h"
+
+struct workload {
+	unsigned nsets;
+	uint32_t n[TG_MAX_SETS];
+	uint32_t *pfn[TG_MAX_SETS];
+	uint8_t *where[TG_MAX_SETS];	 /* zone of pfn[i][k] */
+	uint64_t thr[TG_MAX_SETS];	 /* cumulative weight thresholds, units of 2^-32 */
+	uint64_t acc[TG_MAX_SETS];	 /* accesses per zone */
+	uint64_t total;
+	uint64_t x;			 /* xorshift state */
+	uint64_t evicted, promoted;	 /* pages moved between zones for the balloon */
+};
+
+extern struct workload wl;
+
+/* Bytes of reserved memory wl_init needs. */
+uint64_t wl_mem_need(const struct tg_params *p);
+/* Allocate the hot sets (set i in zone i, else the nearest zone with room). */
+void wl_init(const struct tg_params *p);
+void wl_set_phase(const struct tg_phase *ph);
+/* `n` accesses. */
+void wl_run(uint64_t n);
+/* Move up to `need` workload pages out of zone `z`; returns how many moved. */
+uint32_t wl_evict(unsigned z, uint32_t need);
+/* Move pages of set `z` that live elsewhere back into zone `z` while it has room. */
+void wl_promote(unsigned z);
+/* Workload pages per zone. */
+void wl_resident(uint32_t *res);
+
+#endif

@@ -1,0 +1,33 @@
+/*
+ * Host-only: sizes and offsets of the structs the Rust crate mirrors
+ * (src/wire.rs, src/params.rs), so that a layout mismatch fails a test
+ * instead of corrupting memory.
+ */
+#include <stddef.h>
+
+#include "../guest/cmdline.h"
+#include "../guest/proto.h"
+
+size_t tg_abi_layout(unsigned which)
+{
+	switch (which) {
+	case 0:
+		return sizeof(struct tg_tier_cfg);
+	case 1:
+		return sizeof(struct tg_balloon_cfg);
+	case 2:
+		return sizeof(struct tg_tier_stats);
+	case 3:
+		return sizeof(struct tg_phase);
+	case 4:
+		return sizeof(struct tg_params);
+	case 5:
+		return offsetof(struct tg_params, err);
+	case 6:
+		return offsetof(struct tg_params, seed);
+	case 7:
+		return offsetof(struct tg_balloon_cfg, tier);
+	default:
+		return 0;
+	}
+}

@@ -1,0 +1,308 @@
+//! The guest's kernel command line (`guest/cmdline.h`, docs/testguest.md).
+//! Parsing goes through the guest's own C parser compiled for the host, so
+//! a harness can check a command line before it boots a VM with it.
+
+use std::ffi::{CStr, CString, c_char};
+use std::fmt::Write as _;
+
+use thiserror::Error;
+
+/// Most hot sets (one per tier).
+pub const MAX_SETS: usize = 8;
+/// Most phases.
+pub const MAX_PHASES: usize = 16;
+const ERR_LEN: usize = 120;
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct CPhase {
+    weight: [u8; MAX_SETS],
+    len: u64,
+    seconds: u8,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct CParams {
+    nsets: u32,
+    hot: [u32; MAX_SETS],
+    nphases: u32,
+    phase: [CPhase; MAX_PHASES],
+    loop_: u8,
+    accesses: u64,
+    report: u64,
+    report_seconds: u8,
+    poll: u32,
+    seed: u64,
+    err: [c_char; ERR_LEN],
+}
+
+unsafe extern "C" {
+    fn tg_params_default(p: *mut CParams);
+    fn tg_params_parse(cmdline: *const c_char, p: *mut CParams) -> i32;
+}
+
+/// How long a phase lasts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Length {
+    /// This many accesses (exact).
+    Accesses(u64),
+    /// This many RTC seconds.
+    Seconds(u64),
+    /// Until the VM stops (last phase only).
+    Forever,
+}
+
+/// One workload phase: percent of accesses per hot set (sum 100).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Phase {
+    pub weights: Vec<u8>,
+    pub len: Length,
+}
+
+/// How often the guest prints a `tg tick` line.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Report {
+    Accesses(u64),
+    Seconds(u64),
+    Off,
+}
+
+/// The guest's parameters.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Params {
+    /// Hot-set pages of set i (set i prefers tier i).
+    pub hot: Vec<u32>,
+    pub phases: Vec<Phase>,
+    /// After the last phase start again at phase 0.
+    pub loop_phases: bool,
+    /// Stop the workload after this many accesses.
+    pub accesses: Option<u64>,
+    pub report: Report,
+    /// Accesses between two balloon polls.
+    pub poll: u32,
+    pub seed: u64,
+}
+
+#[derive(Debug, Error, PartialEq, Eq)]
+pub enum ParamsError {
+    #[error("guest command line: {0}")]
+    Invalid(String),
+    #[error("guest command line contains a NUL byte")]
+    Nul,
+}
+
+impl Default for Params {
+    fn default() -> Self {
+        let mut c = std::mem::MaybeUninit::<CParams>::zeroed();
+        // SAFETY: tg_params_default writes every field of the struct, whose
+        // layout matches the C one (checked by the layout test); zeroed is a
+        // valid CParams anyway.
+        let c = unsafe {
+            tg_params_default(c.as_mut_ptr());
+            c.assume_init()
+        };
+        Self::from_c(&c)
+    }
+}
+
+impl Params {
+    /// Parse a command line exactly as the guest does (over its defaults).
+    pub fn parse(cmdline: &str) -> Result<Self, ParamsError> {
+        let s = CString::new(cmdline).map_err(|_| ParamsError::Nul)?;
+        let mut c = std::mem::MaybeUninit::<CParams>::zeroed();
+        // SAFETY: `c` is a writable CParams (C layout, zero-initialised and
+        // then filled by tg_params_default); `s` is NUL-terminated and lives
+        // across the call.
+        let (rc, c) = unsafe {
+            tg_params_default(c.as_mut_ptr());
+            let rc = tg_params_parse(s.as_ptr(), c.as_mut_ptr());
+            (rc, c.assume_init())
+        };
+        if rc != 0 {
+            // SAFETY: the C parser always NUL-terminates `err` within ERR_LEN.
+            let msg = unsafe { CStr::from_ptr(c.err.as_ptr()) };
+            return Err(ParamsError::Invalid(msg.to_string_lossy().into_owned()));
+        }
+        Ok(Self::from_c(&c))
+    }
+
+    fn from_c(c: &CParams) -> Self {
+        let nsets = c.nsets as usize;
+        let phases = c.phase[..c.nphases as usize]
+            .iter()
+            .map(|p| Phase {
+                weights: p.weight[..nsets].to_vec(),
+                len: match (p.len, p.seconds) {
+                    (0, _) => Length::Forever,
+                    (n, 0) => Length::Accesses(n),
+                    (n, _) => Length::Seconds(n),
+                },
+            })
+            .collect();
+        Params {
+            hot: c.hot[..nsets].to_vec(),
+            phases,
+            loop_phases: c.loop_ != 0,
+            accesses: (c.accesses != 0).then_some(c.accesses),
+            report: match (c.report, c.report_seconds) {
+                (0, _) => Report::Off,
+                (n, 0) => Report::Accesses(n),
+                (n, _) => Report::Seconds(n),
+            },
+            poll: c.poll,
+            seed: c.seed,
+        }
+    }
+
+    /// The command line for these parameters (every key spelled out).
+    pub fn to_cmdline(&self) -> String {
+        let list = |v: &mut String, items: Vec<String>, sep: &str| v.push_str(&items.join(sep));
+        let mut s = String::from("hot=");
+        list(&mut s, self.hot.iter().map(u32::to_string).collect(), ",");
+        s.push_str(" phases=");
+        let phases = self
+            .phases
+            .iter()
+            .map(|p| {
+                let w: Vec<String> = p.weights.iter().map(u8::to_string).collect();
+                let len = match p.len {
+                    Length::Accesses(n) => n.to_string(),
+                    Length::Seconds(n) => format!("{n}s"),
+                    Length::Forever => "0".into(),
+                };
+                format!("{}@{len}", w.join("/"))
+            })
+            .collect();
+        list(&mut s, phases, ",");
+        let report = match self.report {
+            Report::Accesses(n) => n.to_string(),
+            Report::Seconds(n) => format!("{n}s"),
+            Report::Off => "0".into(),
+        };
+        let _ = write!(
+            s,
+            " loop={} accesses={} report={report} poll={} seed={}",
+            u8::from(self.loop_phases),
+            self.accesses.unwrap_or(0),
+            self.poll,
+            self.seed
+        );
+        s
+    }
+
+    /// Check these parameters with the guest's parser.
+    pub fn check(&self) -> Result<(), ParamsError> {
+        Self::parse(&self.to_cmdline()).map(|_| ())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mirrored_struct_matches_the_c_layout() {
+        assert_eq!(crate::c_layout(3), size_of::<CPhase>());
+        assert_eq!(crate::c_layout(4), size_of::<CParams>());
+        assert_eq!(crate::c_layout(5), std::mem::offset_of!(CParams, err));
+        assert_eq!(crate::c_layout(6), std::mem::offset_of!(CParams, seed));
+    }
+
+    #[test]
+    fn defaults_are_the_documented_ones() {
+        let p = Params::default();
+        assert_eq!(
+            p.to_cmdline(),
+            "hot=256,256 phases=80/20@100000,20/80@100000 loop=1 accesses=0 report=1s poll=2048 seed=1"
+        );
+        assert_eq!(Params::parse("").unwrap(), p);
+    }
+
+    #[test]
+    fn parses_every_key() {
+        let p = Params::parse(
+            " hot=0x10,32,8 phases=50/25/25@2k,0/100@3s,100@0 loop=0 accesses=1m report=500 poll=64 seed=7\n",
+        )
+        .unwrap();
+        assert_eq!(p.hot, vec![16, 32, 8]);
+        assert_eq!(
+            p.phases,
+            vec![
+                Phase {
+                    weights: vec![50, 25, 25],
+                    len: Length::Accesses(2000)
+                },
+                Phase {
+                    weights: vec![0, 100, 0],
+                    len: Length::Seconds(3)
+                },
+                Phase {
+                    weights: vec![100, 0, 0],
+                    len: Length::Forever
+                },
+            ]
+        );
+        assert!(!p.loop_phases);
+        assert_eq!(p.accesses, Some(1_000_000));
+        assert_eq!(p.report, Report::Accesses(500));
+        assert_eq!((p.poll, p.seed), (64, 7));
+        // Round trip through the builder.
+        assert_eq!(Params::parse(&p.to_cmdline()).unwrap(), p);
+        assert_eq!(
+            Params::parse("seed=0").unwrap().seed,
+            1,
+            "xorshift never leaves 0"
+        );
+        assert_eq!(Params::parse("report=0").unwrap().report, Report::Off);
+    }
+
+    #[test]
+    fn bad_input_is_rejected_with_the_reason() {
+        let cases = [
+            ("hot=1,x", "hot= wants page counts: 'x'"),
+            ("hot=1,2,3,4,5,6,7,8,9", "hot= has more than 8 sets: '9'"),
+            (
+                "phases=80/30@1k",
+                "phase weights must sum to 100: '80/30@1k'",
+            ),
+            ("phases=80/20", "phase wants W0/W1/...@LEN: '80/20'"),
+            (
+                "phases=80/20@1x",
+                "phase length wants N accesses or Ns seconds: '80/20@1x'",
+            ),
+            (
+                "phases=100@0,100@5",
+                "only the last phase may have length 0 (forever)",
+            ),
+            (
+                "hot=0,4 phases=50/50@1",
+                "a phase sends accesses to a set with no hot pages",
+            ),
+            (
+                "hot=4 phases=50/50@1",
+                "a phase sends accesses to a set with no hot pages",
+            ),
+            ("loop=2", "bad value: 'loop=2'"),
+            ("poll=0", "bad value: 'poll=0'"),
+            ("accesses=-1", "bad value: 'accesses=-1'"),
+            (
+                "seed=99999999999999999999",
+                "bad value: 'seed=99999999999999999999'",
+            ),
+            ("colour=red", "unknown key: 'colour'"),
+            ("quiet", "cmdline wants key=value: 'quiet'"),
+        ];
+        for (input, want) in cases {
+            assert_eq!(
+                Params::parse(input),
+                Err(ParamsError::Invalid(want.to_string())),
+                "{input}"
+            );
+        }
+        assert_eq!(Params::parse("a\0b"), Err(ParamsError::Nul));
+        let mut p = Params::default();
+        p.phases[0].weights = vec![90, 20];
+        assert!(p.check().is_err());
+    }
+}

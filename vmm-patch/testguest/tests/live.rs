@@ -1,0 +1,597 @@
+//! The test guest under the real patched cloud-hypervisor: per-zone
+//! balloon targets set through the HTTP API are followed by the guest's
+//! driver (inflate and deflate), the serial log shows the workload phases,
+//! and the guest's exact per-tier access counts arrive through the stats
+//! queue in `vm.counters`.
+//!
+//! Custom harness (libtest-mimic): the VM trials run only when
+//! `TIERD_CH_BIN` names the patched cloud-hypervisor and /dev/kvm opens;
+//! the source check only when `TIERD_CH_SRC` names the patched checkout.
+//! Otherwise they are reported as ignored with the reason, never as passed.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly on purpose
+
+use std::collections::BTreeMap;
+use std::io::{Read, Write};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use libtest_mimic::{Arguments, Completion, Failed, Trial};
+use serde_json::Value;
+use tier_testguest::serial::{Line, parse_log};
+
+const MIB: u64 = 1 << 20;
+const PAGE: u64 = 4096;
+/// Generous: guest code is emulated here, and other work shares the 2 cores.
+const WAIT: Duration = Duration::from_secs(90);
+
+fn ch_bin() -> Result<PathBuf, String> {
+    let bin = std::env::var_os("TIERD_CH_BIN")
+        .map(PathBuf::from)
+        .ok_or("TIERD_CH_BIN is not set (path of the patched cloud-hypervisor)")?;
+    if !bin.is_file() {
+        return Err(format!("TIERD_CH_BIN={} is not a file", bin.display()));
+    }
+    std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/kvm")
+        .map_err(|e| format!("/dev/kvm: {e}"))?;
+    Ok(bin)
+}
+
+/// A cloud-hypervisor process running the test guest; killed by PID on drop.
+struct Vm {
+    child: Child,
+    socket: PathBuf,
+    serial: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Vm {
+    /// Boot with zones `(id, size)` (one guest NUMA node each) and the
+    /// per-tier balloon with stats.
+    fn boot(bin: &Path, zones: &[(&str, &str)], cmdline: &str) -> Vm {
+        tier_testguest::params::Params::parse(cmdline).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let socket = dir.path().join("ch.sock");
+        let serial = dir.path().join("serial.log");
+        let mut cmd = Command::new(bin);
+        cmd.arg("--api-socket")
+            .arg(format!("path={}", socket.display()))
+            .arg("--kernel")
+            .arg(tier_testguest::elf_path())
+            .args(["--cmdline", cmdline])
+            .args(["--cpus", "boot=1", "--memory", "size=0"]);
+        for (i, (id, size)) in zones.iter().enumerate() {
+            cmd.args(["--memory-zone", &format!("id={id},size={size}")]);
+            cmd.args(["--numa", &format!("guest_numa_id={i},memory_zones={id}")]);
+        }
+        cmd.args(["--balloon", "size=0,tiers=on,stats=on"])
+            .arg("--serial")
+            .arg(format!("file={}", serial.display()))
+            .args(["--console", "off"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit());
+        let child = cmd.spawn().unwrap();
+        Vm {
+            child,
+            socket,
+            serial,
+            _dir: dir,
+        }
+    }
+
+    /// One HTTP/1.1 request on the API socket: (status, body).
+    fn api(&self, method: &str, path: &str, body: Option<&str>) -> (u16, String) {
+        let mut s = UnixStream::connect(&self.socket).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let body = body.unwrap_or("");
+        let req = format!(
+            "{method} /api/v1/{path} HTTP/1.1\r\nHost: localhost\r\nAccept: */*\r\n\
+             Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        );
+        s.write_all(req.as_bytes()).unwrap();
+        let mut buf = Vec::new();
+        let mut chunk = [0u8; 4096];
+        let (head_end, len) = loop {
+            let n = s.read(&mut chunk).unwrap();
+            assert!(
+                n > 0,
+                "API closed the connection: {:?}",
+                String::from_utf8_lossy(&buf)
+            );
+            buf.extend_from_slice(&chunk[..n]);
+            if let Some(pos) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                let head = String::from_utf8_lossy(&buf[..pos]).to_lowercase();
+                let len = head
+                    .lines()
+                    .find_map(|l| l.strip_prefix("content-length:"))
+                    .map_or(0, |v| v.trim().parse::<usize>().unwrap());
+                break (pos + 4, len);
+            }
+        };
+        while buf.len() < head_end + len {
+            let n = s.read(&mut chunk).unwrap();
+            assert!(n > 0, "API closed the connection mid-body");
+            buf.extend_from_slice(&chunk[..n]);
+        }
+        let head = String::from_utf8_lossy(&buf[..head_end]).to_string();
+        let status = head.split_whitespace().nth(1).unwrap().parse().unwrap();
+        (
+            status,
+            String::from_utf8_lossy(&buf[head_end..head_end + len]).into_owned(),
+        )
+    }
+
+    fn get(&self, path: &str) -> Value {
+        let (status, body) = self.api("GET", path, None);
+        assert_eq!(status, 200, "{path}: {body}");
+        serde_json::from_str(&body).unwrap()
+    }
+
+    fn wait_api(&self) -> Duration {
+        let start = Instant::now();
+        while !self.socket.exists() || UnixStream::connect(&self.socket).is_err() {
+            assert!(start.elapsed() < WAIT, "VMM never opened its API socket");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        start.elapsed()
+    }
+
+    fn lines(&self) -> Vec<Line> {
+        parse_log(&std::fs::read_to_string(&self.serial).unwrap_or_default())
+    }
+
+    /// Wait until some serial line satisfies `pred`; all lines so far.
+    fn wait_line(&self, what: &str, pred: impl Fn(&Line) -> bool) -> Vec<Line> {
+        let start = Instant::now();
+        loop {
+            let lines = self.lines();
+            if let Some(err) = lines.iter().find(|l| l.kind == "error") {
+                panic!("guest error: {err:?}");
+            }
+            if lines.iter().any(&pred) {
+                return lines;
+            }
+            assert!(
+                start.elapsed() < WAIT,
+                "no serial line {what} after {WAIT:?}; log:\n{}",
+                std::fs::read_to_string(&self.serial).unwrap_or_default()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    fn set_targets(&self, targets: &[(&str, u64)]) {
+        let map: BTreeMap<&str, u64> = targets.iter().copied().collect();
+        let body = serde_json::json!({ "desired_balloon_zones": map }).to_string();
+        let (status, resp) = self.api("PUT", "vm.resize", Some(&body));
+        assert_eq!(status, 204, "vm.resize {body}: {resp}");
+    }
+
+    /// Wait until each zone's driver-written `actual` and device-counted
+    /// `host_ballooned` equal its target; returns the time it took.
+    fn wait_zones(&self, targets: &[(&str, u64)]) -> Duration {
+        let start = Instant::now();
+        loop {
+            let info = self.get("vm.info");
+            let zones = info["balloon"]["zones"].as_array().unwrap().clone();
+            let done = targets.iter().all(|(id, bytes)| {
+                zones.iter().any(|z| {
+                    z["id"] == *id
+                        && z["target"] == *bytes
+                        && z["actual"] == *bytes
+                        && z["host_ballooned"] == *bytes
+                })
+            });
+            if done {
+                return start.elapsed();
+            }
+            assert!(
+                start.elapsed() < WAIT,
+                "zones never reached {targets:?}: {zones:#?}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Stop the VMM by its PID.
+    fn stop(mut self) {
+        self.child.kill().unwrap();
+        self.child.wait().unwrap();
+    }
+}
+
+impl Drop for Vm {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn zone_lines(lines: &[Line]) -> Vec<&Line> {
+    lines.iter().filter(|l| l.kind == "zone").collect()
+}
+
+fn balloon_follows_zone_targets(bin: &Path) {
+    let t0 = Instant::now();
+    let vm = Vm::boot(
+        bin,
+        &[("dram", "256M"), ("slow", "256M")],
+        "hot=128,128 report=1s",
+    );
+    let api_up = vm.wait_api();
+    let lines = vm.wait_line("tg ready", |l| l.kind == "ready");
+    let ready = t0.elapsed();
+    eprintln!("VMM API up after {api_up:?}, guest ready (driver OK) after {ready:?}");
+
+    // The driver negotiated VERSION_1 + STATS_VQ + TIERS and sees two tiers.
+    let b = lines
+        .iter()
+        .find(|l| l.kind == "balloon" && l.fields.contains_key("acked"))
+        .unwrap();
+    let acked = b.u64("acked").unwrap();
+    assert_eq!(acked, (1 << 32) | (1 << 23) | (1 << 1), "{b:?}");
+    assert_eq!(
+        (b.u64("tiers"), b.u64("stats"), b.u64("queues")),
+        (Some(2), Some(1), Some(7))
+    );
+
+    // Its zones are the VMM's memory zones.
+    let info = vm.get("vm.info");
+    assert_eq!(info["balloon"]["tiers_negotiated"], true);
+    let zones = zone_lines(&lines);
+    assert_eq!(zones.len(), 2);
+    for (z, mz) in zones.iter().zip(info["memory_zones"].as_array().unwrap()) {
+        let ranges = mz["ranges"].as_array().unwrap();
+        assert_eq!(z.u64("start"), ranges[0]["start"].as_u64(), "{z:?} vs {mz}");
+        assert_eq!(
+            z.u64("span").unwrap() * PAGE,
+            ranges[0]["size"].as_u64().unwrap()
+        );
+        assert_eq!(z.u64("node"), mz["guest_numa_node"].as_u64());
+        assert!(z.u64("total").unwrap() <= z.u64("span").unwrap());
+    }
+
+    // Inflate both tiers.
+    let up = [("dram", 64 * MIB), ("slow", 128 * MIB)];
+    vm.set_targets(&up);
+    let took = vm.wait_zones(&up);
+    let mib = (64 + 128) as f64;
+    eprintln!(
+        "inflate dram 64M + slow 128M: {took:?} ({:.0} MiB/s, {:.0} pages/s)",
+        mib / took.as_secs_f64(),
+        mib * 256.0 / took.as_secs_f64()
+    );
+    let c = &vm.get("vm.counters")["__balloon"];
+    assert_eq!(c["tier0_inflated_pfns"], 64 * MIB / PAGE);
+    assert_eq!(c["tier1_inflated_pfns"], 128 * MIB / PAGE);
+    assert_eq!(
+        (
+            c["tier0_rejected_pfns"].as_u64(),
+            c["tier1_rejected_pfns"].as_u64()
+        ),
+        (Some(0), Some(0))
+    );
+    assert_eq!(c["tier0_actual_bytes"], 64 * MIB);
+
+    // Deflate: dram down, slow to zero.
+    let down = [("dram", 16 * MIB), ("slow", 0)];
+    vm.set_targets(&down);
+    let took = vm.wait_zones(&down);
+    eprintln!(
+        "deflate dram -48M, slow -128M: {took:?} ({:.0} MiB/s)",
+        176.0 / took.as_secs_f64()
+    );
+    let c = &vm.get("vm.counters")["__balloon"];
+    assert_eq!(c["tier0_deflated_pfns"], 48 * MIB / PAGE);
+    assert_eq!(c["tier1_deflated_pfns"], 128 * MIB / PAGE);
+    assert_eq!(
+        (
+            c["tier0_rejected_pfns"].as_u64(),
+            c["tier1_rejected_pfns"].as_u64()
+        ),
+        (Some(0), Some(0))
+    );
+    let info = vm.get("vm.info");
+    assert_eq!(info["memory_actual_size"], 512 * MIB - 16 * MIB);
+
+    // The guest logged each target and reaching it.
+    let lines = vm.wait_line("tg balloon tier=1 reached=0", |l| {
+        l.kind == "balloon" && l.u64("tier") == Some(1) && l.u64("reached") == Some(0)
+    });
+    for (tier, pages) in [(0, 16384), (1, 32768), (0, 4096)] {
+        assert!(
+            lines.iter().any(|l| l.kind == "balloon"
+                && l.u64("tier") == Some(tier)
+                && l.u64("reached") == Some(pages)),
+            "no 'tg balloon tier={tier} reached={pages}'"
+        );
+    }
+    // The balloon's pages are not free to the guest: free + ballooned + hot = total.
+    let tick = vm.wait_line("a tick after the deflate", |l| {
+        l.kind == "tick" && l.list("bal") == Some(vec![4096, 0])
+    });
+    let tick = tick.iter().rev().find(|l| l.kind == "tick").unwrap();
+    let (free, bal, res) = (
+        tick.list("free").unwrap(),
+        tick.list("bal").unwrap(),
+        tick.list("res").unwrap(),
+    );
+    for (i, z) in zones.iter().enumerate() {
+        assert_eq!(
+            free[i] + bal[i] + res[i],
+            z.u64("total").unwrap(),
+            "tier {i}: {tick:?}"
+        );
+    }
+    vm.stop();
+}
+
+fn phases_and_exact_stats(bin: &Path) {
+    let cmdline = "hot=64,64 phases=75/25@20k,25/75@20k loop=0 accesses=60k report=10k seed=3";
+    let vm = Vm::boot(bin, &[("dram", "64M"), ("slow", "64M")], cmdline);
+    vm.wait_api();
+    let start = Instant::now();
+    let lines = vm.wait_line("tg done", |l| l.kind == "done");
+    let took = start.elapsed();
+    eprintln!(
+        "60k accesses in {took:?} ({:.0} accesses/s emulated)",
+        60_000.0 / took.as_secs_f64()
+    );
+
+    // One line per phase, at exact access counts.
+    let phases: Vec<&Line> = lines.iter().filter(|l| l.kind == "phase").collect();
+    assert_eq!(phases.len(), 3, "{phases:#?}");
+    assert_eq!(
+        (phases[0].u64("n"), phases[0].u64("at")),
+        (Some(0), Some(0))
+    );
+    assert_eq!(phases[0].list("w"), Some(vec![75, 25]));
+    assert_eq!(
+        (phases[1].u64("n"), phases[1].u64("at")),
+        (Some(1), Some(20_000))
+    );
+    assert_eq!(phases[1].list("w"), Some(vec![25, 75]));
+    assert_eq!(phases[2].words, vec!["stays"]);
+    assert_eq!(phases[2].u64("at"), Some(40_000));
+    let a1 = phases[1].list("acc").unwrap();
+    let a2 = phases[2].list("acc").unwrap();
+    assert_eq!(a1.iter().sum::<u64>(), 20_000);
+    assert_eq!(a2.iter().sum::<u64>(), 40_000);
+    let share0 = a1[0] as f64 / 20_000.0;
+    let share1 = (a2[0] - a1[0]) as f64 / 20_000.0;
+    eprintln!("dram share: phase 0 {share0:.3} (weight 0.75), phase 1 {share1:.3} (weight 0.25)");
+    assert!((share0 - 0.75).abs() < 0.02, "{share0}");
+    assert!((share1 - 0.25).abs() < 0.02, "{share1}");
+
+    let done = lines.iter().find(|l| l.kind == "done").unwrap();
+    assert_eq!(done.u64("total"), Some(60_000));
+    let acc = done.list("acc").unwrap();
+    assert_eq!(acc.iter().sum::<u64>(), 60_000);
+
+    // The stats queue delivers exactly the guest's counts (refreshed every second).
+    let zones = zone_lines(&lines);
+    let free = done.list("free").unwrap();
+    let start = Instant::now();
+    let c = loop {
+        let c = vm.get("vm.counters")["__balloon"].clone();
+        if c["tier0_guest_accesses"] == acc[0] && c["tier1_guest_accesses"] == acc[1] {
+            break c;
+        }
+        assert!(
+            start.elapsed() < WAIT,
+            "stats never reported {acc:?}: {c:#}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    eprintln!("vm.counters after done: {c}");
+    assert!(c["stats_updates"].as_u64().unwrap() >= 2);
+    let mut total = 0;
+    for (i, z) in zones.iter().enumerate() {
+        let t = z.u64("total").unwrap() * PAGE;
+        assert_eq!(c[format!("tier{i}_guest_total_bytes")], t);
+        assert_eq!(c[format!("tier{i}_guest_free_bytes")], free[i] * PAGE);
+        total += t;
+    }
+    assert_eq!(c["stat_total_memory"], total);
+    assert_eq!(c["stat_free_memory"], (free[0] + free[1]) * PAGE);
+    assert_eq!(c["stat_available_memory"], c["stat_free_memory"]);
+    vm.stop();
+}
+
+/// Share of tier-0 accesses between two tick lines.
+fn dram_share(a: &Line, b: &Line) -> f64 {
+    let (x, y) = (a.list("acc").unwrap(), b.list("acc").unwrap());
+    let d0 = y[0] - x[0];
+    let d1 = y[1] - x[1];
+    d0 as f64 / (d0 + d1) as f64
+}
+
+fn dram_balloon_moves_hot_set(bin: &Path) {
+    let vm = Vm::boot(
+        bin,
+        &[("dram", "64M"), ("slow", "128M")],
+        "hot=512,128 phases=90/10@0 report=1s",
+    );
+    vm.wait_api();
+    let lines = vm.wait_line("two ticks", |l| l.kind == "tick" && l.u64("s") == Some(2));
+    let ticks: Vec<&Line> = lines.iter().filter(|l| l.kind == "tick").collect();
+    let before = dram_share(ticks[0], ticks[ticks.len() - 1]);
+    let total0 = zone_lines(&lines)[0].u64("total").unwrap();
+
+    // Balloon all but 64 pages of dram: 448 of the 512 hot dram pages must move.
+    let target = (total0 - 64) * PAGE;
+    vm.set_targets(&[("dram", target)]);
+    let took = vm.wait_zones(&[("dram", target)]);
+    let lines = vm.wait_line("tg balloon tier=0 reached", |l| {
+        l.kind == "balloon" && l.u64("tier") == Some(0) && l.u64("reached") == Some(total0 - 64)
+    });
+    let reached = lines
+        .iter()
+        .rev()
+        .find(|l| l.kind == "balloon" && l.fields.contains_key("reached"))
+        .unwrap();
+    eprintln!(
+        "dram balloon to {} pages in {took:?}: {reached:?}",
+        total0 - 64
+    );
+    assert_eq!(reached.u64("evicted"), Some(512 - 64));
+    let n = lines.iter().filter(|l| l.kind == "tick").count();
+    let lines = vm.wait_line("three more ticks", |l| {
+        l.kind == "tick" && l.u64("s") >= Some(n as u64 + 3)
+    });
+    let ticks: Vec<&Line> = lines.iter().filter(|l| l.kind == "tick").collect();
+    let last = ticks[ticks.len() - 1];
+    assert_eq!(last.list("res"), Some(vec![64, 512 - 64 + 128]));
+    let after = dram_share(ticks[n], last);
+    eprintln!(
+        "dram share of accesses: {before:.3} before, {after:.3} with 448 hot pages pushed to slow"
+    );
+    assert!(before > 0.85, "{before}");
+    assert!(after < 0.25, "{after}");
+
+    // Deflate: the hot pages come back to dram.
+    vm.set_targets(&[("dram", 0)]);
+    vm.wait_zones(&[("dram", 0)]);
+    let lines = vm.wait_line("tg balloon tier=0 reached=0", |l| {
+        l.kind == "balloon" && l.u64("tier") == Some(0) && l.u64("reached") == Some(0)
+    });
+    let reached = lines
+        .iter()
+        .rev()
+        .find(|l| l.kind == "balloon" && l.fields.contains_key("reached"))
+        .unwrap();
+    assert_eq!(reached.u64("promoted"), Some(512 - 64));
+    let n = lines.iter().filter(|l| l.kind == "tick").count();
+    let lines = vm.wait_line("two more ticks", |l| {
+        l.kind == "tick" && l.u64("s") >= Some(n as u64 + 2)
+    });
+    let ticks: Vec<&Line> = lines.iter().filter(|l| l.kind == "tick").collect();
+    let last = ticks[ticks.len() - 1];
+    assert_eq!(last.list("res"), Some(vec![512, 128]));
+    let again = dram_share(ticks[n], last);
+    eprintln!("dram share after deflate: {again:.3}");
+    assert!(again > 0.85, "{again}");
+    vm.stop();
+}
+
+/// The patched device's constants (cloud-hypervisor source) are the guest's.
+fn ch_source_constants(src: &Path) {
+    let rs = std::fs::read_to_string(src.join("virtio-devices/src/balloon.rs")).unwrap();
+    let header =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("guest/spec.h"))
+            .unwrap();
+    let value = |text: &str, re: &str| -> u64 {
+        let c = regex::Regex::new(re)
+            .unwrap()
+            .captures(text)
+            .unwrap_or_else(|| panic!("no match for {re}"));
+        let v = c[1].trim();
+        match v.strip_prefix("0x") {
+            Some(h) => u64::from_str_radix(h, 16).unwrap(),
+            None => v.parse().unwrap(),
+        }
+    };
+    let pairs = [
+        ("VIRTIO_BALLOON_F_TIERS: u64", "VIRTIO_BALLOON_F_TIERS"),
+        (
+            "VIRTIO_BALLOON_F_STATS_VQ: u64",
+            "VIRTIO_BALLOON_F_STATS_VQ",
+        ),
+        (
+            "VIRTIO_BALLOON_TIERS_MAX: usize",
+            "VIRTIO_BALLOON_TIERS_MAX",
+        ),
+        (
+            "CONFIG_TIER_COUNT_OFFSET: u64",
+            "VIRTIO_BALLOON_CFG_TIER_COUNT",
+        ),
+        ("CONFIG_TIERS_OFFSET: u64", "VIRTIO_BALLOON_CFG_TIERS"),
+        ("CONFIG_TIER_SIZE: u64", "VIRTIO_BALLOON_CFG_TIER_SIZE"),
+        (
+            "CONFIG_TIER_ACTUAL_OFFSET: u64",
+            "VIRTIO_BALLOON_TIER_ACTUAL",
+        ),
+        (
+            "VIRTIO_BALLOON_S_TIER_BASE: u16",
+            "VIRTIO_BALLOON_S_TIER_BASE",
+        ),
+        (
+            "VIRTIO_BALLOON_S_TIER_STRIDE: u16",
+            "VIRTIO_BALLOON_S_TIER_STRIDE",
+        ),
+        (
+            "VIRTIO_BALLOON_S_TIER_ACCESSES: u16",
+            "VIRTIO_BALLOON_S_TIER_ACCESSES",
+        ),
+        (
+            "VIRTIO_BALLOON_S_TIER_FREE: u16",
+            "VIRTIO_BALLOON_S_TIER_FREE",
+        ),
+        (
+            "VIRTIO_BALLOON_S_TIER_TOTAL: u16",
+            "VIRTIO_BALLOON_S_TIER_TOTAL",
+        ),
+        ("VIRTIO_BALLOON_PFN_SHIFT: u64", "VIRTIO_BALLOON_PFN_SHIFT"),
+    ];
+    for (rust, c) in pairs {
+        let r = value(
+            &rs,
+            &format!(r"const {}\s*=\s*(0x[0-9a-fA-F]+|\d+);", regex::escape(rust)),
+        );
+        let h = value(&header, &format!(r"#define {c} (0x[0-9a-fA-F]+|\d+)"));
+        assert_eq!(r, h, "{rust} (cloud-hypervisor) vs {c} (spec.h)");
+    }
+    // 256 PFNs per descriptor: `VIRTIO_BALLOON_MAX_PFN_BYTES: u32 = 256 * 4`.
+    assert!(rs.contains("const VIRTIO_BALLOON_MAX_PFN_BYTES: u32 = 256 * 4;"));
+    assert!(header.contains("#define VIRTIO_BALLOON_MAX_PFNS_PER_DESC 256"));
+}
+
+fn vm_trial(name: &'static str, f: fn(&Path)) -> Trial {
+    Trial::ignorable_test(name, move || match ch_bin() {
+        Err(reason) => Ok(Completion::ignored_with(reason)),
+        Ok(bin) => {
+            f(&bin);
+            Ok(Completion::Completed)
+        }
+    })
+}
+
+fn main() {
+    let args = Arguments::from_args();
+    let trials = vec![
+        vm_trial(
+            "live_balloon_follows_zone_targets",
+            balloon_follows_zone_targets,
+        ),
+        vm_trial("live_phases_and_exact_stats", phases_and_exact_stats),
+        vm_trial(
+            "live_dram_balloon_moves_hot_set_to_slow",
+            dram_balloon_moves_hot_set,
+        ),
+        Trial::ignorable_test(
+            "ch_source_constants_match_guest",
+            || match std::env::var_os("TIERD_CH_SRC").map(PathBuf::from) {
+                None => Ok(Completion::ignored_with(
+                    "TIERD_CH_SRC is not set (cloud-hypervisor checkout with the series applied)",
+                )),
+                Some(src) if !src.join("virtio-devices/src/balloon.rs").is_file() => {
+                    Err(Failed::from(format!(
+                        "TIERD_CH_SRC={} has no virtio-devices/src/balloon.rs",
+                        src.display()
+                    )))
+                }
+                Some(src) => {
+                    ch_source_constants(&src);
+                    Ok(Completion::Completed)
+                }
+            },
+        ),
+    ];
+    libtest_mimic::run(&args, trials).exit();
+}
