@@ -154,6 +154,7 @@ static int parse_phases(struct tg_params *p, const char *v, const char *ve)
 	while (v <= ve) {
 		const char *c = find(v, ve, ',');
 		const char *at = find(v, c, '@');
+		const char *colon = find(at, c, ':');
 		struct tg_phase *ph;
 		const char *w = v;
 		unsigned k = 0, sum = 0;
@@ -185,9 +186,21 @@ static int parse_phases(struct tg_params *p, const char *v, const char *ve)
 			err(p, "phase weights must sum to 100", v, (size_t)(c - v));
 			return -1;
 		}
-		if (parse_len(at + 1, c, &ph->len, &ph->seconds)) {
+		if (parse_len(at + 1, colon, &ph->len, &ph->seconds)) {
 			err(p, "phase length wants N accesses or Ns seconds", v, (size_t)(c - v));
 			return -1;
+		}
+		for (w = colon + 1, k = 0; colon < c && w <= c;) {
+			const char *sl = find(w, c, '/');
+			uint64_t x;
+
+			if (k == TG_MAX_SETS || parse_u64(w, sl, &x) || x > 0xffffffffu) {
+				err(p, "phase active pages want A0/A1/... of up to 8 sets", v,
+				    (size_t)(c - v));
+				return -1;
+			}
+			ph->active[k++] = (uint32_t)x;
+			w = sl + 1;
 		}
 		n++;
 		v = c + 1;
@@ -268,6 +281,12 @@ int tg_params_parse(const char *cmdline, struct tg_params *p)
 		for (j = 0; j < TG_MAX_SETS; j++) {
 			if (p->phase[i].weight[j] && (j >= p->nsets || !p->hot[j])) {
 				err(p, "a phase sends accesses to a set with no hot pages", NULL, 0);
+				return -1;
+			}
+		}
+		for (j = 0; j < TG_MAX_SETS; j++) {
+			if (p->phase[i].active[j] > p->hot[j]) {
+				err(p, "a phase has more active pages than its hot set", NULL, 0);
 				return -1;
 			}
 		}

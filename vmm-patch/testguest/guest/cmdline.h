@@ -2,9 +2,11 @@
  * The test guest's kernel command line (docs/testguest.md):
  *
  *   hot=P0,P1,...          hot-set pages of set i (set i prefers tier i)
- *   phases=PH,PH,...       PH = W0/W1/...@LEN: percent of accesses to set i
- *                          (sum 100) for LEN accesses (k = 1e3, m = 1e6) or
- *                          LENs seconds (RTC ticks); LEN 0 = forever (last only)
+ *   phases=PH,PH,...       PH = W0/W1/...@LEN[:A0/A1/...]: percent of accesses
+ *                          to set i (sum 100) for LEN accesses (k = 1e3,
+ *                          m = 1e6) or LENs seconds (RTC ticks); LEN 0 =
+ *                          forever (last only); Ai = pages of set i touched
+ *                          in this phase, its first ones (0 or absent = all)
  *   loop=0|1               after the last phase start again at phase 0
  *   accesses=N             stop touching memory after N accesses (0 = never)
  *   report=N|Ns            progress line every N accesses or N seconds (0 = off)
@@ -28,6 +30,7 @@ struct tg_phase {
 	uint8_t weight[TG_MAX_SETS]; /* percent of accesses to set i */
 	uint64_t len;		     /* accesses, or seconds when `seconds` */
 	uint8_t seconds;
+	uint32_t active[TG_MAX_SETS]; /* pages of set i touched; 0 = all */
 };
 
 struct tg_params {

@@ -32,6 +32,9 @@ static void print_weights(const struct tg_phase *ph, unsigned nsets)
 	con_puts(" w=");
 	for (unsigned j = 0; j < nsets; j++)
 		con_printf(j ? "/%u" : "%u", ph->weight[j]);
+	con_puts(" active=");
+	for (unsigned j = 0; j < nsets; j++)
+		con_printf(j ? "/%u" : "%u", wl.active[j]);
 }
 
 static void print_state(void)

@@ -58,6 +58,7 @@ void wl_set_phase(const struct tg_phase *ph)
 	for (unsigned j = 0; j < TG_MAX_SETS; j++) {
 		cum += ph->weight[j];
 		wl.thr[j] = (cum << 32) / 100;
+		wl.active[j] = ph->active[j] && ph->active[j] < wl.n[j] ? ph->active[j] : wl.n[j];
 	}
 }
 
@@ -77,7 +78,7 @@ void wl_run(uint64_t n)
 		hi = r >> 32;
 		while (hi >= wl.thr[j])
 			j++;
-		k = (uint32_t)(((r & 0xffffffffULL) * wl.n[j]) >> 32);
+		k = (uint32_t)(((r & 0xffffffffULL) * wl.active[j]) >> 32);
 		addr = (uint64_t)wl.pfn[j][k] << PAGE_SHIFT | ((r >> 20) & 0xff8);
 		*(volatile uint64_t *)addr += 1;
 		wl.acc[wl.where[j][k]]++;

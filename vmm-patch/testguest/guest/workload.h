@@ -1,6 +1,8 @@
 /*
  * The workload: hot sets of pages, set i preferring tier i, touched in a
- * pseudo-random order with per-phase weights. Every access is counted for
+ * pseudo-random order with per-phase weights, each phase touching a prefix
+ * of each set (eviction takes pages from the end, promotion from the start,
+ * so an inactive tail is what a balloon pushes out first). Every access is counted for
  * the tier the touched page is in (the guest's ground truth).
  */
 #ifndef TG_WORKLOAD_H
@@ -13,6 +15,7 @@
 struct workload {
 	unsigned nsets;
 	uint32_t n[TG_MAX_SETS];
+	uint32_t active[TG_MAX_SETS];	 /* pages of set i the phase touches: its first ones */
 	uint32_t *pfn[TG_MAX_SETS];
 	uint8_t *where[TG_MAX_SETS];	 /* zone of pfn[i][k] */
 	uint64_t thr[TG_MAX_SETS];	 /* cumulative weight thresholds, units of 2^-32 */

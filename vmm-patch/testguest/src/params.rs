@@ -19,6 +19,7 @@ struct CPhase {
     weight: [u8; MAX_SETS],
     len: u64,
     seconds: u8,
+    active: [u32; MAX_SETS],
 }
 
 #[repr(C)]
@@ -53,11 +54,14 @@ pub enum Length {
     Forever,
 }
 
-/// One workload phase: percent of accesses per hot set (sum 100).
+/// One workload phase: percent of accesses per hot set (sum 100), and how
+/// many pages of each set it touches (its first ones; 0 = all).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Phase {
     pub weights: Vec<u8>,
     pub len: Length,
+    /// Per set, empty when every page is touched.
+    pub active: Vec<u32>,
 }
 
 /// How often the guest prints a `tg tick` line.
@@ -133,6 +137,11 @@ impl Params {
             .iter()
             .map(|p| Phase {
                 weights: p.weight[..nsets].to_vec(),
+                active: if p.active.iter().all(|&a| a == 0) {
+                    Vec::new()
+                } else {
+                    p.active[..nsets].to_vec()
+                },
                 len: match (p.len, p.seconds) {
                     (0, _) => Length::Forever,
                     (n, 0) => Length::Accesses(n),
@@ -171,7 +180,12 @@ impl Params {
                     Length::Seconds(n) => format!("{n}s"),
                     Length::Forever => "0".into(),
                 };
-                format!("{}@{len}", w.join("/"))
+                if p.active.is_empty() {
+                    format!("{}@{len}", w.join("/"))
+                } else {
+                    let a: Vec<String> = p.active.iter().map(u32::to_string).collect();
+                    format!("{}@{len}:{}", w.join("/"), a.join("/"))
+                }
             })
             .collect();
         list(&mut s, phases, ",");
@@ -222,7 +236,7 @@ mod tests {
     #[test]
     fn parses_every_key() {
         let p = Params::parse(
-            " hot=0x10,32,8 phases=50/25/25@2k,0/100@3s,100@0 loop=0 accesses=1m report=500 poll=64 seed=7\n",
+            " hot=0x10,32,8 phases=50/25/25@2k,0/100@3s:0/4/0,100@0 loop=0 accesses=1m report=500 poll=64 seed=7\n",
         )
         .unwrap();
         assert_eq!(p.hot, vec![16, 32, 8]);
@@ -231,15 +245,18 @@ mod tests {
             vec![
                 Phase {
                     weights: vec![50, 25, 25],
-                    len: Length::Accesses(2000)
+                    len: Length::Accesses(2000),
+                    active: vec![],
                 },
                 Phase {
                     weights: vec![0, 100, 0],
-                    len: Length::Seconds(3)
+                    len: Length::Seconds(3),
+                    active: vec![0, 4, 0],
                 },
                 Phase {
                     weights: vec![100, 0, 0],
-                    len: Length::Forever
+                    len: Length::Forever,
+                    active: vec![],
                 },
             ]
         );
@@ -282,6 +299,18 @@ mod tests {
             (
                 "hot=4 phases=50/50@1",
                 "a phase sends accesses to a set with no hot pages",
+            ),
+            (
+                "hot=4,4 phases=50/50@1s:5/4",
+                "a phase has more active pages than its hot set",
+            ),
+            (
+                "phases=50/50@1s:",
+                "phase active pages want A0/A1/... of up to 8 sets: '50/50@1s:'",
+            ),
+            (
+                "phases=50/50@1s:1/x",
+                "phase active pages want A0/A1/... of up to 8 sets: '50/50@1s:1/x'",
             ),
             ("loop=2", "bad value: 'loop=2'"),
             ("poll=0", "bad value: 'poll=0'"),
