@@ -35,6 +35,10 @@ fn main() -> Result<(), Box<dyn Error>> {
         "cargo:rerun-if-changed={}",
         bpf_dir.join("tier_common.h").display()
     );
+    println!(
+        "cargo:rerun-if-changed={}",
+        bpf_dir.join("pmu_data_src.h").display()
+    );
     capability_cfgs();
     Ok(())
 }

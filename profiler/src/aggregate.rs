@@ -129,6 +129,7 @@ impl Aggregator {
             let vm = tracked.vm();
             let reading = passes.remove(&vm.id);
             let resident = tracked.resident_bytes();
+            let balloon = tracked.balloon_bytes().unwrap_or_default();
             let guest = tracked.guest_reported_accesses();
             let guest_delta = guest.map(|now| {
                 let before = self.last_guest.insert(vm.id.clone(), now.clone());
@@ -143,6 +144,8 @@ impl Aggregator {
                     let mut sample = TierSample {
                         tier: t.name.clone(),
                         resident_bytes: resident.get(i).copied().unwrap_or(0),
+                        balloon_target_bytes: balloon.get(i).map_or(0, |b| b.0),
+                        balloon_actual_bytes: balloon.get(i).map_or(0, |b| b.1),
                         ..Default::default()
                     };
                     if let Some(r) = r.filter(|r| r.passes > 0) {

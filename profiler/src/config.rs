@@ -10,6 +10,9 @@ use std::time::Duration;
 use serde::Deserialize;
 use tier_proto::v1::TierKind;
 
+use crate::sampler::pmu::events::EventTable;
+use crate::sampler::pmu::source::PmuMode;
+
 /// Where tierd looks when `--config` is not given (absent is fine there).
 pub const DEFAULT_PATH: &str = "/etc/tierd/tierd.toml";
 
@@ -23,6 +26,11 @@ pub struct Config {
     pub interval_ms: u64,
     pub passes_per_interval: u32,
     pub backend: String,
+    pub ept_sample_stride: u32,
+    /// The pmu source next to `backend`: "auto", "on" or "off".
+    pub pmu: String,
+    /// Event tables extending the built-in one (docs/pmu.md).
+    pub pmu_events: Vec<PathBuf>,
     pub discover: bool,
     pub tier_kinds: BTreeMap<String, String>,
     pub demo_vm: bool,
@@ -31,6 +39,32 @@ pub struct Config {
     pub metrics: Metrics,
     pub tcp: Tcp,
     pub controller: Controller,
+    pub discovery: Discovery,
+}
+
+/// `[discovery]`: cloud-hypervisor API sockets (docs/discovery.md).
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct Discovery {
+    /// Directory of API sockets (and one level below); "" for none.
+    pub ch_api_dir: String,
+    /// Also the `--api-socket` of processes holding a kvm-vm fd.
+    pub ch_cmdline: bool,
+    /// Per-attempt timeout of cloud-hypervisor API calls.
+    pub ch_timeout_ms: u64,
+}
+
+/// Where cloud-hypervisor API sockets are looked for unless configured.
+pub const DEFAULT_CH_API_DIR: &str = "/run/cloud-hypervisor";
+
+impl Default for Discovery {
+    fn default() -> Discovery {
+        Discovery {
+            ch_api_dir: DEFAULT_CH_API_DIR.into(),
+            ch_cmdline: true,
+            ch_timeout_ms: 2000,
+        }
+    }
 }
 
 /// `[metrics]`: Prometheus endpoint.
@@ -67,6 +101,9 @@ impl Default for Config {
             interval_ms: 1000,
             passes_per_interval: 4,
             backend: "auto".into(),
+            ept_sample_stride: 1,
+            pmu: "auto".into(),
+            pmu_events: Vec::new(),
             discover: true,
             tier_kinds: BTreeMap::new(),
             demo_vm: false,
@@ -75,6 +112,7 @@ impl Default for Config {
             metrics: Metrics::default(),
             tcp: Tcp::default(),
             controller: Controller::default(),
+            discovery: Discovery::default(),
         }
     }
 }
@@ -127,6 +165,12 @@ pub struct Settings {
     pub interval: Duration,
     pub passes: u32,
     pub backend: String,
+    /// The ept backends age every n-th 4 KiB page of each tier.
+    pub ept_sample_stride: u32,
+    /// Whether the pmu source runs next to the backend.
+    pub pmu: PmuMode,
+    /// User event tables, each checked to parse.
+    pub pmu_events: Vec<PathBuf>,
     pub discover: bool,
     pub tier_kinds: BTreeMap<String, TierKind>,
     pub demo_vm: bool,
@@ -135,6 +179,16 @@ pub struct Settings {
     pub metrics: Option<SocketAddr>,
     pub tcp: Option<TcpSettings>,
     pub controller: bool,
+    pub ch: ChSettings,
+}
+
+/// Validated `[discovery]` keys for cloud-hypervisor.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ChSettings {
+    /// `None`: no directory scan.
+    pub api_dir: Option<PathBuf>,
+    pub cmdline: bool,
+    pub timeout: Duration,
 }
 
 /// Validated `[tcp]`.
@@ -216,6 +270,12 @@ impl Config {
                 ),
             ));
         }
+        if !(1..=4096).contains(&self.ept_sample_stride) {
+            return Err(invalid(
+                "ept_sample_stride",
+                format!("{} is not in [1, 4096]", self.ept_sample_stride),
+            ));
+        }
         if !BACKENDS.contains(&self.backend.as_str()) {
             return Err(invalid(
                 "backend",
@@ -287,6 +347,22 @@ impl Config {
                     })
                 }
             };
+        let ch = self.discovery.validate()?;
+        let pmu = PmuMode::parse(&self.pmu).ok_or_else(|| {
+            invalid(
+                "pmu",
+                format!("{:?} is not \"auto\", \"on\" or \"off\"", self.pmu),
+            )
+        })?;
+        for p in &self.pmu_events {
+            if !p.is_absolute() {
+                return Err(invalid(
+                    "pmu_events",
+                    format!("{} is not an absolute path", p.display()),
+                ));
+            }
+            EventTable::from_file(p).map_err(|e| invalid("pmu_events", e.to_string()))?;
+        }
         Ok(Settings {
             socket: self.socket.clone(),
             socket_mode,
@@ -294,6 +370,9 @@ impl Config {
             interval: Duration::from_millis(self.interval_ms),
             passes: self.passes_per_interval,
             backend: self.backend.clone(),
+            ept_sample_stride: self.ept_sample_stride,
+            pmu,
+            pmu_events: self.pmu_events.clone(),
             discover: self.discover,
             tier_kinds,
             demo_vm: self.demo_vm,
@@ -302,6 +381,47 @@ impl Config {
             metrics,
             tcp,
             controller: self.controller.enabled,
+            ch,
+        })
+    }
+}
+
+impl Discovery {
+    fn validate(&self) -> Result<ChSettings, ConfigError> {
+        let api_dir = match self.ch_api_dir.as_str() {
+            "" => None,
+            d => {
+                let p = PathBuf::from(d);
+                if !p.is_absolute() {
+                    return Err(invalid(
+                        "discovery.ch_api_dir",
+                        format!(
+                            "{d:?} is not an absolute path (\"\" turns the directory scan off)"
+                        ),
+                    ));
+                }
+                // Absent is fine (no VMM started yet); something else is not.
+                if let Ok(m) = std::fs::metadata(&p)
+                    && !m.is_dir()
+                {
+                    return Err(invalid(
+                        "discovery.ch_api_dir",
+                        format!("{d} exists and is not a directory"),
+                    ));
+                }
+                Some(p)
+            }
+        };
+        if !(50..=60_000).contains(&self.ch_timeout_ms) {
+            return Err(invalid(
+                "discovery.ch_timeout_ms",
+                format!("{} is not in [50, 60000]", self.ch_timeout_ms),
+            ));
+        }
+        Ok(ChSettings {
+            api_dir,
+            cmdline: self.ch_cmdline,
+            timeout: Duration::from_millis(self.ch_timeout_ms),
         })
     }
 }
@@ -339,6 +459,73 @@ mod tests {
         assert_eq!(s.interval, Duration::from_secs(1));
         assert_eq!(s.metrics, Some("127.0.0.1:9464".parse().unwrap()));
         assert!(s.controller && s.discover && s.tcp.is_none());
+        assert_eq!(s.ch.api_dir, Some(PathBuf::from(DEFAULT_CH_API_DIR)));
+        assert!(s.ch.cmdline);
+        assert_eq!(s.ch.timeout, Duration::from_secs(2));
+    }
+
+    #[test]
+    fn discovery_keys() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = Config::parse(
+            &format!(
+                "[discovery]\nch_api_dir = \"{}\"\nch_cmdline = false\nch_timeout_ms = 500",
+                dir.path().display()
+            ),
+            "t.toml",
+        )
+        .unwrap()
+        .validate()
+        .unwrap();
+        assert_eq!(s.ch.api_dir.as_deref(), Some(dir.path()));
+        assert!(!s.ch.cmdline);
+        assert_eq!(s.ch.timeout, Duration::from_millis(500));
+        let off = Config::parse("[discovery]\nch_api_dir = \"\"", "t.toml")
+            .unwrap()
+            .validate()
+            .unwrap();
+        assert_eq!(off.ch.api_dir, None);
+        // Not there yet is fine: the VMMs create it.
+        let absent = Config::parse(
+            "[discovery]\nch_api_dir = \"/nonexistent/tierd-ch\"",
+            "t.toml",
+        )
+        .unwrap()
+        .validate()
+        .unwrap();
+        assert_eq!(
+            absent.ch.api_dir,
+            Some(PathBuf::from("/nonexistent/tierd-ch"))
+        );
+        let file = dir.path().join("f");
+        std::fs::write(&file, "").unwrap();
+        assert_eq!(
+            key_of(&format!("[discovery]\nch_api_dir = \"{}\"", file.display())),
+            "discovery.ch_api_dir"
+        );
+        assert_eq!(
+            key_of("[discovery]\nch_api_dir = \"run/ch\""),
+            "discovery.ch_api_dir"
+        );
+        assert_eq!(
+            key_of("[discovery]\nch_timeout_ms = 0"),
+            "discovery.ch_timeout_ms"
+        );
+        assert_eq!(
+            key_of("[discovery]\nch_timeout_ms = 600000"),
+            "discovery.ch_timeout_ms"
+        );
+        let e = Config::parse("[discovery]\nch_sockets = 1", "t.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("ch_sockets") && e.contains("unknown field"),
+            "{e}"
+        );
+        let e = Config::parse("[discovery]\nch_cmdline = \"yes\"", "t.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("ch_cmdline"), "{e}");
     }
 
     #[test]
@@ -384,6 +571,14 @@ mod tests {
         );
         assert_eq!(key_of("interval_ms = 5"), "interval_ms");
         assert_eq!(key_of("passes_per_interval = 0"), "passes_per_interval");
+        assert_eq!(key_of("ept_sample_stride = 0"), "ept_sample_stride");
+        assert_eq!(key_of("ept_sample_stride = 5000"), "ept_sample_stride");
+        assert_eq!(key_of("pmu = \"yes\""), "pmu");
+        assert_eq!(key_of("pmu_events = [\"rel/table.toml\"]"), "pmu_events");
+        assert_eq!(
+            key_of("pmu_events = [\"/nonexistent/t.toml\"]"),
+            "pmu_events"
+        );
         assert_eq!(
             key_of("interval_ms = 20\npasses_per_interval = 8"),
             "passes_per_interval"
@@ -397,6 +592,38 @@ mod tests {
         );
         assert_eq!(key_of("[metrics]\nlisten = \"nonsense\""), "metrics.listen");
         assert_eq!(key_of("[tcp]\nlisten = \"127.0.0.1:7443\""), "tcp.cert");
+    }
+
+    #[test]
+    fn pmu_keys() {
+        let s = Config::parse("", "t.toml").unwrap().validate().unwrap();
+        assert_eq!((s.pmu, s.pmu_events.len()), (PmuMode::Auto, 0));
+        let dir = tempfile::tempdir().unwrap();
+        let good = dir.path().join("good.toml");
+        std::fs::write(
+            &good,
+            "[[event]]\nname = \"X\"\nvendor = \"GenuineIntel\"\nfamily = 6\nmodels = [0x6A]\nconfig = 0x01D3\ntier = \"dram\"\nsource = \"test\"\n",
+        )
+        .unwrap();
+        let s = Config::parse(
+            &format!("pmu = \"on\"\npmu_events = [\"{}\"]", good.display()),
+            "t.toml",
+        )
+        .unwrap()
+        .validate()
+        .unwrap();
+        assert_eq!((s.pmu, s.pmu_events), (PmuMode::On, vec![good]));
+        let bad = dir.path().join("bad.toml");
+        std::fs::write(&bad, "[[event]]\nname = \"X\"\ntier = \"hbm\"\n").unwrap();
+        let e = Config::parse(&format!("pmu_events = [\"{}\"]", bad.display()), "t.toml")
+            .unwrap()
+            .validate()
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("config key `pmu_events`: ") && e.contains("bad.toml: event #0"),
+            "{e}"
+        );
     }
 
     #[test]

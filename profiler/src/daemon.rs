@@ -15,6 +15,7 @@ use tier_profiler::control::InProcess;
 use tier_profiler::demo_vm::{DemoVm, DemoVmConfig, tracked::DemoTracked};
 use tier_profiler::discovery::Discoverer;
 use tier_profiler::registry::Registry;
+use tier_profiler::sampler::pmu::source::PmuState;
 use tier_profiler::sampler::{self, Sampler};
 use tier_profiler::server::{Shared, TierServer};
 use tier_profiler::synthetic::SyntheticVm;
@@ -52,10 +53,17 @@ async fn serve(s: Settings, synthetic: (u32, u32)) -> anyhow::Result<()> {
     for c in &report.checks {
         tracing::info!(check = c.name, available = c.available, reason = %c.reason, "probe");
     }
-    let backend = sampler::select(&s.backend, &report)?;
+    let backend = sampler::select(&s.backend, &report, s.ept_sample_stride)?;
     match &backend {
         Some(b) => tracing::info!(backend = b.backend().short_name(), "sampler selected"),
         None => tracing::warn!("no sampler backend: stats carry residency and guest reports only"),
+    }
+    // The pmu source runs next to the backend (docs/pmu.md); unavailable
+    // is logged and the daemon goes on without it.
+    let pmu = PmuState::start(s.pmu, &s.pmu_events);
+    let mut capabilities = report.to_proto(backend.as_ref().map(|b| b.backend()));
+    for c in capabilities.iter_mut().filter(|c| c.name == "pmu") {
+        c.selected = pmu.is_running();
     }
     let interval_ns = u64::try_from(s.interval.as_nanos()).unwrap_or(u64::MAX);
     let shared = Shared::new(DaemonInfo {
@@ -63,14 +71,25 @@ async fn serve(s: Settings, synthetic: (u32, u32)) -> anyhow::Result<()> {
         daemon_version: env!("CARGO_PKG_VERSION").into(),
         hostname: read_trimmed("/proc/sys/kernel/hostname"),
         kernel: kernel_release(),
-        capabilities: report.to_proto(backend.as_ref().map(|b| b.backend())),
+        capabilities,
         interval_ns,
         controller_enabled: s.controller,
     });
+    // cloud-hypervisor VMs found through their API sockets: the controller
+    // and SetBalloonTargets drive their per-tier balloons.
+    let fleet = tier_profiler::ch::Fleet::default();
+    shared.set_fleet(fleet.clone());
     let controller = if s.controller {
-        let c = InProcess::new(&shared.policy()).context("the default policy")?;
+        let sink_shared = shared.clone();
+        let sink: tier_profiler::control::DecisionSink =
+            Arc::new(move |d| publish_decision(&sink_shared, d));
+        // A vm.info older than three intervals (plus a slow answer) is stale.
+        let max_age = s.interval * 3 + s.ch.timeout * 2;
+        let c = InProcess::new(&shared.policy())
+            .context("the default policy")?
+            .with_actuation(fleet.clone(), sink, max_age);
         tracing::info!(
-            "controller runs in-process (no VM has a per-tier balloon tierd can drive yet)"
+            "controller runs in-process; it drives the per-tier balloons of cloud-hypervisor VMs found through their API sockets"
         );
         Some(c)
     } else {
@@ -128,6 +147,15 @@ async fn serve(s: Settings, synthetic: (u32, u32)) -> anyhow::Result<()> {
             std::path::Path::new("/proc"),
             s.tier_kinds.clone().into_iter().collect(),
         )
+        .with_cloud_hypervisor(
+            tier_profiler::ch::ChConfig {
+                api_dir: s.ch.api_dir.clone(),
+                cmdline: s.ch.cmdline,
+                timeout: s.ch.timeout,
+                memtier_root: tier_profiler::memtier::SYSFS.into(),
+            },
+            fleet.clone(),
+        )
     });
     let sampling = tokio::spawn(sample_loop(Sampling {
         registry: registry.clone(),
@@ -138,6 +166,7 @@ async fn serve(s: Settings, synthetic: (u32, u32)) -> anyhow::Result<()> {
         metrics,
         interval: s.interval,
         passes: s.passes,
+        pmu,
     }));
 
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
@@ -206,6 +235,7 @@ struct Sampling {
     metrics: Arc<Mutex<Metrics>>,
     interval: Duration,
     passes: u32,
+    pmu: PmuState,
 }
 
 /// One update per interval. The registry lock is held only for a pass.
@@ -219,6 +249,7 @@ async fn sample_loop(l: Sampling) {
         metrics,
         interval,
         passes,
+        mut pmu,
     } = l;
     let mut agg = Aggregator::default();
     // `passes` ageing passes per interval; the last one closes it.
@@ -243,8 +274,16 @@ async fn sample_loop(l: Sampling) {
         if let Some(d) = discover.as_mut() {
             d.run(&mut reg);
         }
-        let update = agg.tick(&mut reg, sampler, interval_ns);
+        let pmu_vms: Vec<&tier_proto::v1::Vm> = reg
+            .iter()
+            .filter(|t| t.synthetic_readings().is_none() && t.alive())
+            .map(|t| t.vm())
+            .collect();
+        let pmu_readings = pmu.sample(&pmu_vms);
+        drop(pmu_vms);
+        let mut update = agg.tick(&mut reg, sampler, interval_ns);
         drop(reg);
+        pmu.annotate(&mut update, pmu_readings.as_ref());
         for id in &update.departed_vm_ids {
             tracing::info!(vm = %id, "VM left");
         }
@@ -264,19 +303,24 @@ fn control_step(c: &mut InProcess, shared: &Shared, update: &tier_proto::v1::Sta
         tracing::error!(error = %e, "policy in force rejected by the controller; keeping the previous one");
     }
     for d in c.step(&shared.vms(), update) {
-        tracing::info!(
-            vm = %d.vm_id,
-            reason = ?d.reason(),
-            outcome = ?d.outcome(),
-            observed = d.observed_ratio,
-            target = d.target_ratio,
-            expected = d.expected_ratio,
-            changes = ?d.changes,
-            detail = %d.detail,
-            "controller decision"
-        );
-        shared.publish_decision(d);
+        publish_decision(shared, d);
     }
+}
+
+/// Logs one controller decision and streams it to the decision watchers.
+fn publish_decision(shared: &Shared, d: tier_proto::v1::Decision) {
+    tracing::info!(
+        vm = %d.vm_id,
+        reason = ?d.reason(),
+        outcome = ?d.outcome(),
+        observed = d.observed_ratio,
+        target = d.target_ratio,
+        expected = d.expected_ratio,
+        changes = ?d.changes,
+        detail = %d.detail,
+        "controller decision"
+    );
+    shared.publish_decision(d);
 }
 
 async fn shutdown_signal() {

@@ -9,6 +9,9 @@
 //! - host NUMA nodes: the `N<node>=pages` fields of /proc/PID/numa_maps;
 //! - kind: a configured override for the name, else the name itself when it
 //!   is a kind ("dram", "pmem", "cxl", "remote"), else unknown.
+//!
+//! cloud-hypervisor VMs reachable through their API socket are found by
+//! `crate::ch` instead (tier map from `vm.info`); `Discoverer` runs both.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::path::{Path, PathBuf};
@@ -147,6 +150,49 @@ pub fn tiers(maps: &str, numa_maps: &str, overrides: &HashMap<String, TierKind>)
     out
 }
 
+/// Number of `anon_inode:kvm-vcpu:N` fds of the process at `dir`.
+pub fn vcpu_count(dir: &Path) -> u32 {
+    std::fs::read_dir(dir.join("fd"))
+        .map(|d| {
+            d.flatten()
+                .filter(|f| {
+                    std::fs::read_link(f.path())
+                        .is_ok_and(|l| l.to_string_lossy().starts_with("anon_inode:kvm-vcpu"))
+                })
+                .count() as u32
+        })
+        .unwrap_or(0)
+}
+
+/// Whether the kvm-vm fd is still open.
+pub fn kvm_fd_alive(proc_root: &Path, key: KvmFd) -> bool {
+    let fd = proc_root
+        .join(key.pid.to_string())
+        .join("fd")
+        .join(key.fd.to_string());
+    std::fs::read_link(fd).is_ok_and(|l| l.as_os_str() == "anon_inode:kvm-vm")
+}
+
+/// `Rss:` of each tier's host ranges in /proc/PID/smaps (0 for ranges
+/// whose host address is unknown, or when smaps is unreadable).
+pub fn resident_bytes(proc_root: &Path, pid: u32, tiers: &[Tier]) -> Vec<u64> {
+    let smaps = std::fs::read_to_string(proc_root.join(pid.to_string()).join("smaps"));
+    let Ok(smaps) = smaps else {
+        return vec![0; tiers.len()];
+    };
+    let rss = crate::sampler::hostpte::parse_smaps_field(&smaps, "Rss:");
+    tiers
+        .iter()
+        .map(|t| {
+            t.ranges
+                .iter()
+                .filter(|r| r.hva_start != 0)
+                .map(|r| crate::sampler::hostpte::bytes_in(&rss, r.hva_start, r.length))
+                .sum()
+        })
+        .collect()
+}
+
 /// A VM found by its kvm-vm fd.
 #[derive(Debug)]
 pub struct ProcessVm {
@@ -171,16 +217,7 @@ impl ProcessVm {
             return None;
         }
         let comm = std::fs::read_to_string(dir.join("comm")).unwrap_or_default();
-        let vcpus = std::fs::read_dir(dir.join("fd"))
-            .map(|d| {
-                d.flatten()
-                    .filter(|f| {
-                        std::fs::read_link(f.path())
-                            .is_ok_and(|l| l.to_string_lossy().starts_with("anon_inode:kvm-vcpu"))
-                    })
-                    .count() as u32
-            })
-            .unwrap_or(0);
+        let vcpus = vcpu_count(&dir);
         Some(ProcessVm {
             key,
             proc_root: proc_root.to_path_buf(),
@@ -208,31 +245,11 @@ impl TrackedVm for ProcessVm {
     }
 
     fn alive(&self) -> bool {
-        let fd = self
-            .proc_root
-            .join(self.key.pid.to_string())
-            .join("fd")
-            .join(self.key.fd.to_string());
-        std::fs::read_link(fd).is_ok_and(|l| l.as_os_str() == "anon_inode:kvm-vm")
+        kvm_fd_alive(&self.proc_root, self.key)
     }
 
     fn resident_bytes(&self) -> Vec<u64> {
-        let smaps =
-            std::fs::read_to_string(self.proc_root.join(self.key.pid.to_string()).join("smaps"));
-        let Ok(smaps) = smaps else {
-            return vec![0; self.vm.tiers.len()];
-        };
-        let rss = crate::sampler::hostpte::parse_smaps_field(&smaps, "Rss:");
-        self.vm
-            .tiers
-            .iter()
-            .map(|t| {
-                t.ranges
-                    .iter()
-                    .map(|r| crate::sampler::hostpte::bytes_in(&rss, r.hva_start, r.length))
-                    .sum()
-            })
-            .collect()
+        resident_bytes(&self.proc_root, self.key.pid, &self.vm.tiers)
     }
 
     fn guest_reported_accesses(&self) -> Option<Vec<u64>> {
@@ -240,13 +257,16 @@ impl TrackedVm for ProcessVm {
     }
 }
 
-/// Finds VMs in other processes each interval and adds the new ones.
+/// Finds VMs in other processes each interval and adds the new ones:
+/// cloud-hypervisor VMs by their API sockets (`crate::ch`) when enabled,
+/// then every other process holding a kvm-vm fd.
 #[derive(Debug)]
 pub struct Discoverer {
     proc_root: PathBuf,
     overrides: HashMap<String, TierKind>,
     /// kvm-vm fds that hold no memfd memory: reported once, not re-read.
     skipped: HashSet<KvmFd>,
+    ch: Option<crate::ch::ChDiscovery>,
 }
 
 impl Discoverer {
@@ -255,18 +275,47 @@ impl Discoverer {
             proc_root: proc_root.to_path_buf(),
             overrides,
             skipped: HashSet::new(),
+            ch: None,
         }
     }
 
+    /// Also finds cloud-hypervisor VMs through their API sockets; their
+    /// handles go to `fleet`.
+    pub fn with_cloud_hypervisor(
+        mut self,
+        cfg: crate::ch::ChConfig,
+        fleet: crate::ch::Fleet,
+    ) -> Discoverer {
+        self.ch = Some(crate::ch::ChDiscovery::new(
+            cfg,
+            &self.proc_root,
+            self.overrides.clone(),
+            fleet,
+        ));
+        self
+    }
+
     /// Adds VMs not yet in `reg`; tierd's own process is skipped (its demo
-    /// VM is registered directly).
+    /// VM is registered directly), and so are processes whose VM is
+    /// tracked through its cloud-hypervisor API.
     pub fn run(&mut self, reg: &mut Registry) {
         let me = std::process::id();
         let found = scan(&self.proc_root);
+        let claimed = match self.ch.as_mut() {
+            Some(ch) => {
+                ch.run(reg, &found);
+                ch.claimed_pids()
+            }
+            None => HashSet::new(),
+        };
         self.skipped.retain(|k| found.contains(k));
         for key in found {
             let id = format!("kvm:{}:{}", key.pid, key.fd);
-            if key.pid == me || reg.contains(&id) || self.skipped.contains(&key) {
+            if key.pid == me
+                || reg.contains(&id)
+                || self.skipped.contains(&key)
+                || claimed.contains(&key.pid)
+            {
                 continue;
             }
             match ProcessVm::probe(&self.proc_root, key, &self.overrides) {

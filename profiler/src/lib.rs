@@ -7,10 +7,12 @@
 
 pub mod aggregate;
 pub mod bpf;
+pub mod ch;
 pub mod config;
 pub mod control;
 pub mod demo_vm;
 pub mod discovery;
+pub mod memtier;
 pub mod probe;
 pub mod registry;
 pub mod sampler;

@@ -131,7 +131,7 @@ pub fn run() -> Report {
         check_page_idle(),
         check_damon(),
         check_hostpte(kvm_impl.as_deref()),
-        with_pmu_events(check_pmu()),
+        with_kvm_run_watch(with_pmu_events(check_pmu())),
     ];
     Report { kvm_impl, checks }
 }
@@ -413,6 +413,15 @@ fn with_pmu_events(mut check: Check) -> Check {
             Err(e) => format!("{event}: {e}"),
         });
     }
+    check
+}
+
+/// Lines on how the pmu backend finds vCPU threads not named vcpuN: which
+/// KVM_RUN tracepoints fire here, from a one-vCPU test VM.
+fn with_kvm_run_watch(mut check: Check) -> Check {
+    check
+        .details
+        .extend(crate::sampler::pmu::kvm_probe::report());
     check
 }
 

@@ -1,5 +1,6 @@
-//! The VMs tierd tracks. Each source (the embedded demo VM now; discovered
-//! cloud-hypervisor and kvm-fd processes later) implements `TrackedVm`.
+//! The VMs tierd tracks. Each source (the embedded demo VM, kvm-fd
+//! processes, cloud-hypervisor VMs found by their API socket, synthetic
+//! VMs) implements `TrackedVm`.
 
 use tier_proto::v1::Vm;
 
@@ -20,6 +21,11 @@ pub trait TrackedVm: Send + Sync {
     fn synthetic_readings(&self) -> Option<Vec<crate::sampler::TierReading>> {
         None
     }
+    /// Per-tier balloon (target, actual) in bytes, in `Vm::tiers` order, as
+    /// the VMM last reported it; `None` without a per-tier balloon.
+    fn balloon_bytes(&self) -> Option<Vec<(u64, u64)>> {
+        None
+    }
 }
 
 /// All tracked VMs, sorted by id.
@@ -29,6 +35,8 @@ pub struct Registry {
     /// Bumped whenever a VM comes or goes, so readers can tell whether the
     /// VM list changed without comparing it.
     generation: u64,
+    /// Ids removed by `retire`, reported by the next `reap`.
+    retired: Vec<String>,
 }
 
 impl std::fmt::Debug for Registry {
@@ -48,9 +56,28 @@ impl Registry {
         self.generation += 1;
     }
 
-    /// Removes VMs that are no longer alive and returns their ids.
-    pub fn reap(&mut self) -> Vec<String> {
+    /// Removes the VMs for which `pred` holds (e.g. a kvm-fd VM that a
+    /// better source now tracks); the next `reap` reports them as gone.
+    pub fn retire(&mut self, mut pred: impl FnMut(&dyn TrackedVm) -> bool) -> Vec<String> {
         let mut gone = Vec::new();
+        self.vms.retain(|v| {
+            let drop = pred(v.as_ref());
+            if drop {
+                gone.push(v.vm().id.clone());
+            }
+            !drop
+        });
+        if !gone.is_empty() {
+            self.generation += 1;
+            self.retired.extend(gone.iter().cloned());
+        }
+        gone
+    }
+
+    /// Removes VMs that are no longer alive (and retired ones) and returns
+    /// their ids.
+    pub fn reap(&mut self) -> Vec<String> {
+        let mut gone = std::mem::take(&mut self.retired);
         self.vms.retain(|v| {
             let alive = v.alive();
             if !alive {
@@ -73,6 +100,11 @@ impl Registry {
         self.vms.iter().any(|v| v.vm().id == id)
     }
 
+    /// Whether some tracked VM lives in process `pid`.
+    pub fn has_pid(&self, pid: u32) -> bool {
+        self.vms.iter().any(|v| v.vm().vmm_pid == pid)
+    }
+
     pub fn iter(&self) -> impl Iterator<Item = &dyn TrackedVm> {
         self.vms.iter().map(|v| v.as_ref())
     }
@@ -83,5 +115,55 @@ impl Registry {
 
     pub fn is_empty(&self) -> bool {
         self.vms.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct Fake(Vm, bool);
+    impl TrackedVm for Fake {
+        fn vm(&self) -> &Vm {
+            &self.0
+        }
+        fn alive(&self) -> bool {
+            self.1
+        }
+        fn resident_bytes(&self) -> Vec<u64> {
+            Vec::new()
+        }
+        fn guest_reported_accesses(&self) -> Option<Vec<u64>> {
+            None
+        }
+    }
+
+    fn vm(id: &str, pid: u32, alive: bool) -> Box<dyn TrackedVm> {
+        Box::new(Fake(
+            Vm {
+                id: id.into(),
+                vmm_pid: pid,
+                ..Default::default()
+            },
+            alive,
+        ))
+    }
+
+    #[test]
+    fn retired_vms_are_reported_by_the_next_reap_with_the_dead() {
+        let mut r = Registry::default();
+        r.insert(vm("kvm:7:30", 7, true));
+        r.insert(vm("kvm:8:30", 8, false));
+        r.insert(vm("kvm:9:30", 9, true));
+        assert!(r.has_pid(7) && !r.has_pid(6));
+        let g = r.generation();
+        assert_eq!(r.retire(|v| v.vm().vmm_pid == 7), vec!["kvm:7:30"]);
+        assert!(r.generation() > g && !r.contains("kvm:7:30"));
+        assert!(r.retire(|_| false).is_empty());
+        r.insert(vm("ch:7:30", 7, true));
+        assert_eq!(r.reap(), vec!["kvm:7:30", "kvm:8:30"]);
+        assert!(r.reap().is_empty());
+        let ids: Vec<&str> = r.iter().map(|v| v.vm().id.as_str()).collect();
+        assert_eq!(ids, ["ch:7:30", "kvm:9:30"]);
     }
 }

@@ -35,6 +35,8 @@ pub struct Shared {
     policy: RwLock<Policy>,
     /// Set once at shutdown: every open stream ends so connections drain.
     closing: tokio::sync::watch::Sender<bool>,
+    /// VMs whose per-tier balloon tierd can drive (SetBalloonTargets).
+    fleet: RwLock<Option<crate::ch::Fleet>>,
 }
 
 impl Shared {
@@ -50,7 +52,19 @@ impl Shared {
             last_decisions: RwLock::new(Default::default()),
             policy: RwLock::new(default_policy()),
             closing: tokio::sync::watch::Sender::new(false),
+            fleet: RwLock::new(None),
         })
+    }
+
+    /// The actuators SetBalloonTargets may use.
+    pub fn set_fleet(&self, fleet: crate::ch::Fleet) {
+        if let Ok(mut f) = self.fleet.write() {
+            *f = Some(fleet);
+        }
+    }
+
+    fn actuator(&self, vm_id: &str) -> Option<Arc<crate::ch::ChHandle>> {
+        self.fleet.read().ok()?.as_ref()?.get(vm_id)
     }
 
     /// Replaces the list of known VMs.
@@ -169,6 +183,67 @@ fn check_balloon_targets(vm: &Vm, targets: &[BalloonTarget]) -> Result<(), Statu
         }
     }
     Ok(())
+}
+
+/// Manual targets through a cloud-hypervisor VM's API: the VMM must offer
+/// a per-tier balloon (its last vm.info says so); a guest driver is not
+/// needed to set targets. Answers with the targets vm.info reports after
+/// the change.
+async fn set_through_vmm(
+    vm: &Vm,
+    h: &crate::ch::ChHandle,
+    targets: &[BalloonTarget],
+) -> Result<Response<SetBalloonTargetsResponse>, Status> {
+    use crate::ch::CallError;
+    use tier_controller::actuate::ActuateError;
+    let snap = h.snapshot();
+    let offered = snap
+        .info
+        .as_ref()
+        .and_then(|i| i.balloon.as_ref())
+        .is_some_and(|b| b.tiers_offered);
+    if snap.info.is_some() && !offered {
+        return Err(Status::failed_precondition(format!(
+            "VM {}: cloud-hypervisor runs it without a per-tier balloon (--balloon tiers=on); nothing was changed",
+            vm.name
+        )));
+    }
+    let list: Vec<(String, u64)> = targets
+        .iter()
+        .map(|t| (t.tier.clone(), t.target_bytes))
+        .collect();
+    if let Err(e) = h.set_targets(&list).await {
+        tracing::warn!(vm = %vm.id, error = %e, "manual balloon targets failed");
+        let msg = format!("VM {}: {e}; nothing was changed", vm.name);
+        return Err(match &e {
+            CallError::Deadline { .. }
+            | CallError::Vmm(ActuateError::Timeout { .. } | ActuateError::Transport { .. }) => {
+                Status::unavailable(msg)
+            }
+            CallError::Vmm(ActuateError::Vmm { .. } | ActuateError::NotTiered { .. }) => {
+                Status::failed_precondition(msg)
+            }
+            CallError::Vmm(ActuateError::InvalidTargets(_)) => Status::invalid_argument(msg),
+            CallError::Vmm(_) => Status::internal(msg),
+        });
+    }
+    let after = h.snapshot();
+    let in_force = targets
+        .iter()
+        .map(|t| BalloonTarget {
+            tier: t.tier.clone(),
+            // A failed read-back leaves the sent target (accepted: 204).
+            target_bytes: match after.error {
+                None => after.zone(&t.tier).map_or(t.target_bytes, |z| z.target),
+                Some(_) => t.target_bytes,
+            },
+        })
+        .collect();
+    tracing::info!(vm = %vm.id, targets = ?list, "manual balloon targets set");
+    Ok(Response::new(SetBalloonTargetsResponse {
+        vm_id: vm.id.clone(),
+        targets: in_force,
+    }))
 }
 
 /// The part of an update a watcher asked for.
@@ -341,11 +416,13 @@ impl TierService for TierServer {
             .find(|v| v.id == req.vm_id)
             .ok_or_else(|| Status::not_found(format!("no VM with id {:?}", req.vm_id)))?;
         check_balloon_targets(vm, &req.targets)?;
-        // No VM has a per-tier balloon tierd can drive yet (docs/controller.md).
-        Err(Status::failed_precondition(format!(
-            "VM {} has no per-tier balloon tierd can drive (needs the patched cloud-hypervisor or the vhost-user balloon backend); nothing was changed",
-            vm.name
-        )))
+        let Some(h) = self.shared.actuator(&vm.id) else {
+            return Err(Status::failed_precondition(format!(
+                "VM {} has no per-tier balloon tierd can drive (needs the patched cloud-hypervisor or the vhost-user balloon backend); nothing was changed",
+                vm.name
+            )));
+        };
+        set_through_vmm(vm, &h, &req.targets).await
     }
 
     type WatchDecisionsStream = BoxStream<Decision>;

@@ -14,15 +14,21 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly on purpose
 
-use std::sync::{Arc, Barrier, mpsc};
-use std::time::Duration;
+use std::sync::{Arc, Barrier, Mutex, mpsc};
+use std::time::{Duration, Instant};
 
 use libtest_mimic::{Arguments, Completion, Failed, Trial};
+use tier_profiler::demo_vm::{DemoVm, DemoVmConfig};
+use tier_profiler::sampler::pmu::data_src::{self, MemSource};
 use tier_profiler::sampler::pmu::events::{CpuId, EventTable, EventType, TierKind};
 use tier_profiler::sampler::pmu::loader::{
-    EventSpec, MAX_TIERS, OpenOptions, PmuCount, PmuError, PmuPrograms, ThreadEvents, open_event,
+    EventSpec, MAX_TIERS, NO_TIER, OpenOptions, PmuCount, PmuError, PmuPrograms, ThreadEvents,
+    cookie, open_event,
 };
+use tier_profiler::sampler::pmu::source::PmuSource;
+use tier_profiler::sampler::pmu::vcpus::{Found, VcpuThread, VcpuTracker};
 use tier_profiler::sampler::pmu::{events_status, vcpus};
+use tier_proto::v1::{Tier, Vm};
 
 const PAGE: usize = 4096;
 /// Faults per burst, then a pause of more than one tick: keeps each event
@@ -54,8 +60,8 @@ fn test_table(cpu: &CpuId) -> String {
         cpu.vendor, cpu.family, cpu.model
     );
     format!(
-        "[[event]]\nname = \"sw.page_faults\"\n{head}config = 2\ntier = \"dram\"\nsource = \"PERF_COUNT_SW_PAGE_FAULTS (test stand-in)\"\n\n\
-         [[event]]\nname = \"sw.context_switches\"\n{head}config = 3\ntier = \"cxl\"\nsource = \"PERF_COUNT_SW_CONTEXT_SWITCHES (test stand-in)\"\n"
+        "[[event]]\nname = \"sw.page_faults\"\n{head}config = 2\nperiod = 1\ntier = \"dram\"\nsource = \"PERF_COUNT_SW_PAGE_FAULTS (test stand-in)\"\n\n\
+         [[event]]\nname = \"sw.context_switches\"\n{head}config = 3\nperiod = 1\ntier = \"cxl\"\nsource = \"PERF_COUNT_SW_CONTEXT_SWITCHES (test stand-in)\"\n"
     )
 }
 
@@ -148,6 +154,7 @@ fn counters(ev: &ThreadEvents) -> Vec<(String, u32, u64)> {
 }
 
 fn vcpu_threads_attributed_per_vm_and_tier() {
+    let _one = threads_lock();
     let cpu = CpuId::current().unwrap();
     let table = EventTable::from_toml(&test_table(&cpu), "test-table").unwrap();
     let selected = table.select(&cpu, false);
@@ -310,11 +317,7 @@ fn events_status_reports_each_selected_event() {
         assert!(label.starts_with(&e.name), "{label}");
     }
     // Cross-check with the least any PMU has: guest-only cycles.
-    let cycles = EventSpec {
-        name: "cycles".into(),
-        event_type: EventType::Hardware,
-        config: 0,
-    };
+    let cycles = EventSpec::new("cycles", EventType::Hardware, 0);
     if let Err(e) = open_event(0, &cycles, &OpenOptions::default()) {
         println!("  cycles, exclude_host: {e}");
         for (event, s) in &status {
@@ -322,6 +325,365 @@ fn events_status_reports_each_selected_event() {
             assert!(err.contains("perf_event_open"), "{err}");
         }
     }
+}
+
+/// The C decoder of `bpf/pmu_data_src.h`, run in the kernel through
+/// BPF_PROG_TEST_RUN (`pmu_account_test`), against `data_src::decode` over
+/// every mem_lvl_num x remote x hops, mem_lvl none / one bit / HIT with one
+/// or two bits, and noise in the fields neither reads.
+fn bpf_data_src_decoding_matches_rust() {
+    let progs = PmuPrograms::load_with_test_program().unwrap();
+    match progs.test_run_sample() {
+        Ok(r) => println!("  note: this kernel test-runs perf_event programs (returned {r})"),
+        Err(e) => println!("  pmu_sample (perf_event) cannot be test-run here: {e}"),
+    }
+    let mut lvls = vec![0u64];
+    for i in 0..data_src::LVL_BITS {
+        lvls.push(1 << i);
+        lvls.push(data_src::LVL_HIT | 1 << i);
+        for j in i + 1..data_src::LVL_BITS {
+            lvls.push(data_src::LVL_HIT | 1 << i | 1 << j);
+        }
+    }
+    lvls.sort_unstable();
+    lvls.dedup();
+    // op, snoop, lock, dtlb, snoopx, blk: ignored by both decoders.
+    let noise = |n: u64| {
+        let x = n.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        (x & 0x1f)
+            | (x >> 5 & 0x1f) << data_src::SNOOP_SHIFT
+            | (x >> 10 & 0x3) << data_src::LOCK_SHIFT
+            | (x >> 12 & 0x7f) << data_src::DTLB_SHIFT
+            | (x >> 19 & 0x3) << data_src::SNOOPX_SHIFT
+            | (x >> 21 & 0x7) << data_src::BLK_SHIFT
+    };
+    let mut runs = 0u64;
+    let mut by_source = [0u64; 8];
+    for lvl_num in 0..16u64 {
+        for remote in 0..2u64 {
+            for hops in 0..8u64 {
+                for &lvl in &lvls {
+                    let v = lvl << data_src::LVL_SHIFT
+                        | lvl_num << data_src::LVLNUM_SHIFT
+                        | remote << data_src::REMOTE_SHIFT
+                        | hops << data_src::HOPS_SHIFT
+                        | noise(runs);
+                    let want = data_src::decode(v).bpf_code();
+                    let got = progs.test_account(0, 0, true, v, 1).unwrap();
+                    assert_eq!(got, want, "data_src {v:#x}");
+                    by_source[got as usize] += 1;
+                    runs += 1;
+                }
+            }
+        }
+    }
+    println!("  {runs} encodings agree; by source (PMU_SRC_*): {by_source:?}");
+    assert!(
+        by_source.iter().all(|n| *n > 0),
+        "every source was produced"
+    );
+    // tid 0 is nobody's vCPU: every run counted as unattributed.
+    assert_eq!(
+        progs.unattributed().unwrap(),
+        PmuCount {
+            samples: runs,
+            period: runs
+        }
+    );
+}
+
+/// The attribution of a precise sample, through BPF_PROG_TEST_RUN: with the
+/// data_src flag and a data_src, the VM's tier of the decoded kind (or no
+/// tier); without a data_src, the cookie's tier; without the flag (a
+/// counting event), always the cookie's tier. What the kernel does with a
+/// real PEBS/IBS sample (filling data_src and PERF_SAMPLE_DATA_SRC in
+/// sample_flags) cannot be checked on this machine.
+fn data_src_samples_count_in_the_tier_of_their_kind() {
+    let progs = PmuPrograms::load_with_test_program().unwrap();
+    const TID: u32 = 4_000_001; // never a real thread here (pid_max is smaller)
+    const SLOT: u32 = 5;
+    progs.set_vcpu(TID, SLOT).unwrap();
+    // Tiers: 0 dram, 1 cxl, 2 remote, 3 dram again (the first one wins).
+    progs
+        .set_kind_tiers(
+            SLOT,
+            &[
+                TierKind::Dram,
+                TierKind::Cxl,
+                TierKind::Remote,
+                TierKind::Dram,
+            ],
+        )
+        .unwrap();
+    let lvlnum = |n: u64| n << data_src::LVLNUM_SHIFT | 0x42;
+    let ram = lvlnum(data_src::LVLNUM_RAM);
+    let far = ram | 1 << data_src::REMOTE_SHIFT;
+    let cxl = lvlnum(data_src::LVLNUM_CXL);
+    let pmem = lvlnum(data_src::LVLNUM_PMEM);
+    let l1 = lvlnum(data_src::LVLNUM_L1);
+    let precise = |tier| cookie(tier, true);
+    // (cookie, has data_src, data_src, period): periods are distinct powers
+    // of two so each sum says which cases went where.
+    let cases = [
+        (precise(NO_TIER), true, ram, 1u64), // -> tier 0
+        (precise(NO_TIER), true, cxl, 2),    // -> tier 1
+        (precise(NO_TIER), true, far, 4),    // -> tier 2
+        (precise(1), true, ram, 8),          // data_src beats the cookie -> tier 0
+        (precise(NO_TIER), true, pmem, 16),  // no pmem tier -> no tier, source pmem
+        (precise(NO_TIER), true, l1, 32),    // cache -> no tier, source cache
+        (precise(2), false, 0, 64),          // no data_src -> cookie tier 2
+        (precise(NO_TIER), false, 0, 128),   // no data_src, no tier -> no tier, unknown
+        (cookie(1, false), true, ram, 256),  // counting event: cookie tier 1
+    ];
+    for (c, has, ds, period) in cases {
+        progs.test_account(TID, c, has, ds, period).unwrap();
+    }
+    let counts = progs.vm_counts(SLOT).unwrap();
+    let no_tier = progs.no_tier(SLOT).unwrap();
+    println!("  tiers: {:?}", &counts[..4]);
+    println!("  no tier, by source: {no_tier:?}");
+    let pc = |samples, period| PmuCount { samples, period };
+    assert_eq!(counts[0], pc(2, 1 + 8));
+    assert_eq!(counts[1], pc(2, 2 + 256));
+    assert_eq!(counts[2], pc(2, 4 + 64));
+    assert_eq!(counts[3], PmuCount::default());
+    assert_eq!(
+        no_tier[MemSource::Memory(TierKind::Pmem).bpf_code() as usize],
+        pc(1, 16)
+    );
+    assert_eq!(no_tier[MemSource::Cache.bpf_code() as usize], pc(1, 32));
+    assert_eq!(no_tier[MemSource::Unknown.bpf_code() as usize], pc(1, 128));
+    assert_eq!(no_tier.iter().map(|c| c.samples).sum::<u64>(), 3);
+    assert_eq!(progs.unattributed().unwrap(), PmuCount::default());
+    // reset_vm forgets counts and kinds: a RAM sample now finds no tier.
+    progs.reset_vm(SLOT).unwrap();
+    assert_eq!(
+        progs.vm_counts(SLOT).unwrap(),
+        [PmuCount::default(); MAX_TIERS as usize]
+    );
+    progs
+        .test_account(TID, precise(NO_TIER), true, ram, 1)
+        .unwrap();
+    assert_eq!(progs.no_tier(SLOT).unwrap()[1], pc(1, 1));
+}
+
+/// The daemon's source without the daemon: a VM played by this process
+/// (a spinning `vcpu0` thread, task-clock standing in for a DRAM event),
+/// another by a child process with no vCPU thread and no DRAM tier.
+fn pmu_source_follows_threads_and_vms() {
+    let _one = threads_lock();
+    const PERIOD: u64 = 1_000_000;
+    let cpu = CpuId::current().unwrap();
+    let table = EventTable::from_toml(
+        &format!(
+            "[[event]]\nname = \"sw.task_clock\"\nvendor = {:?}\nfamily = {}\nmodels = [{}]\ntype = \"software\"\nconfig = 1\nperiod = {PERIOD}\ntier = \"dram\"\nsource = \"PERF_COUNT_SW_TASK_CLOCK (test stand-in)\"\n",
+            cpu.vendor, cpu.family, cpu.model
+        ),
+        "test-table",
+    )
+    .unwrap();
+    let (mut src, notes) = PmuSource::start(&cpu, &table).unwrap();
+    assert!(notes.is_empty(), "{notes:?}");
+
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (named_tx, named_rx) = mpsc::channel();
+    let spin = {
+        let stop = stop.clone();
+        std::thread::Builder::new()
+            .name("vcpu0".into())
+            .spawn(move || {
+                // std names the thread before running this closure.
+                named_tx.send(()).unwrap();
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    std::hint::spin_loop();
+                }
+            })
+            .unwrap()
+    };
+    named_rx.recv().unwrap();
+    let tier = |name: &str, kind: TierKind| Tier {
+        name: name.into(),
+        kind: kind as i32,
+        ..Default::default()
+    };
+    let me = Vm {
+        id: "test:me".into(),
+        vmm_pid: std::process::id(),
+        tiers: vec![tier("dram", TierKind::Dram), tier("slow", TierKind::Cxl)],
+        ..Default::default()
+    };
+    let mut child = std::process::Command::new("sleep")
+        .arg("30")
+        .spawn()
+        .unwrap();
+    let other = Vm {
+        id: "test:other".into(),
+        vmm_pid: child.id(),
+        tiers: vec![tier("slow", TierKind::Cxl)],
+        ..Default::default()
+    };
+
+    let first = src.sample(&[&me, &other]);
+    println!(
+        "  first: {:?}; health error: {}",
+        first.per_vm, first.health.error
+    );
+    assert!(first.health.active);
+    assert!(
+        first
+            .health
+            .error
+            .contains("test:other: no dram tier: event sw.task_clock not counted")
+    );
+    assert!(
+        first
+            .health
+            .error
+            .contains("test:other: no vCPU thread found")
+    );
+    std::thread::sleep(Duration::from_millis(200));
+    let second = src.sample(&[&me, &other]);
+    let c = &second.per_vm["test:me"];
+    println!("  after 200 ms: {c:?}");
+    assert_eq!(c.len(), 2);
+    assert!(c[0].samples > 0, "{c:?}");
+    assert_eq!(c[0].period, c[0].samples * PERIOD);
+    assert_eq!(c[1], PmuCount::default(), "no event counts in cxl");
+    assert_eq!(second.per_vm["test:other"], [PmuCount::default()]);
+    assert_eq!(second.health.events, c[0].samples);
+    assert!(
+        !second.health.error.contains("test:me"),
+        "{}",
+        second.health.error
+    );
+
+    // The thread exits: dropped; what it counted before is still read once.
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    spin.join().unwrap();
+    let _ = src.sample(&[&me]);
+    let after = src.sample(&[&me]);
+    assert_eq!(after.per_vm["test:me"], [PmuCount::default(); 2]);
+    assert!(
+        after.health.error.contains("test:me: no vCPU thread found"),
+        "{}",
+        after.health.error
+    );
+    // The other VM left: its process is not looked at any more.
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let gone = src.sample(&[&me]);
+    assert!(!gone.per_vm.contains_key("test:other"));
+    assert!(
+        !gone.health.error.contains("test:other"),
+        "{}",
+        gone.health.error
+    );
+}
+
+/// Trials that look at this process's thread names run one at a time: the
+/// attribution trial names threads vcpuN, the KVM_RUN trial needs none.
+static THREADS: Mutex<()> = Mutex::new(());
+
+fn threads_lock() -> std::sync::MutexGuard<'static, ()> {
+    THREADS.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The demo VM (a real KVM guest) in this process with its vCPU thread
+/// named `guest-cpu`: no vcpuN thread anywhere, so only the KVM_RUN watch
+/// can find it. Which of the two tracepoints fire on this host's KVM is
+/// printed and checked for consistency (kvm_userspace_exit is generic KVM
+/// code and must fire: the guest exits to userspace every round).
+fn kvm_run_watch_finds_an_unnamed_vcpu_thread() {
+    let _one = threads_lock();
+    let pid = std::process::id();
+    let mut progs = PmuPrograms::load().unwrap();
+    for (tp, r) in progs.watch_kvm_run() {
+        println!(
+            "  raw_tp/{tp}: {}",
+            match &r {
+                Ok(()) => "attached".into(),
+                Err(e) => e.to_string(),
+            }
+        );
+        r.unwrap();
+    }
+    assert_eq!(
+        vcpus::discover(pid),
+        Err(vcpus::VcpuError::NoVcpuThreads { pid })
+    );
+
+    let vm = DemoVm::start_named(DemoVmConfig::default(), "guest-cpu").unwrap();
+    let tid = vm.vcpu_tid().unwrap() as u32;
+    let comm = std::fs::read_to_string(format!("/proc/self/task/{tid}/comm")).unwrap();
+    assert_eq!(comm.trim_end(), "guest-cpu");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let seen = loop {
+        let all = progs.kvm_threads().unwrap();
+        if let Some(t) = all.iter().find(|t| t.tid == tid)
+            && t.exits >= 10
+        {
+            break *t;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no KVM_RUN seen for tid {tid}: {all:?}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let rounds = vm.counters().rounds;
+    println!(
+        "  vCPU thread {tid}: kvm_entry {} hits, kvm_userspace_exit {} hits, vcpu_id {:?} ({rounds} guest rounds so far)",
+        seen.entries, seen.exits, seen.vcpu_id
+    );
+    assert_eq!(seen.tgid, pid);
+    assert!(seen.start_boottime_ns > 0);
+    // Each kvm_entry hit read vcpu_id; without one the id stays unknown.
+    assert_eq!(seen.vcpu_id.is_some(), seen.entries > 0, "{seen:?}");
+    if seen.entries > 0 {
+        assert_eq!(seen.vcpu_id, Some(0));
+        // One entry at least per return to userspace.
+        assert!(seen.entries >= seen.exits, "{seen:?}");
+    }
+    // No other thread of this process ran KVM_RUN.
+    let mine: Vec<u32> = progs
+        .kvm_threads()
+        .unwrap()
+        .iter()
+        .filter(|t| t.tgid == pid)
+        .map(|t| t.tid)
+        .collect();
+    assert_eq!(mine, [tid]);
+
+    // The tracker: nothing by name, the vCPU by the watch, as vCPU 0.
+    let mut tracker = VcpuTracker::new(pid);
+    assert!(tracker.poll().unwrap().is_empty());
+    let c = tracker
+        .poll_with(Some(&progs.kvm_threads().unwrap()))
+        .unwrap();
+    assert_eq!(tracker.found(), Found::KvmRun);
+    assert_eq!(c.added, [VcpuThread { tid, index: 0 }]);
+    assert!(c.removed.is_empty() && c.stale.is_empty(), "{c:?}");
+    assert!(
+        tracker
+            .poll_with(Some(&progs.kvm_threads().unwrap()))
+            .unwrap()
+            .is_empty()
+    );
+
+    // The thread exits: removed, and its watch entry reported stale.
+    let counters = vm.stop().unwrap();
+    println!(
+        "  stopped after {} rounds, {} exits",
+        counters.rounds, counters.exits
+    );
+    let c = tracker
+        .poll_with(Some(&progs.kvm_threads().unwrap()))
+        .unwrap();
+    assert_eq!(c.removed, [VcpuThread { tid, index: 0 }]);
+    assert_eq!(c.stale, [tid]);
+    assert_eq!(tracker.found(), Found::Nothing);
+    progs.forget_kvm_thread(tid).unwrap();
+    assert!(progs.kvm_threads().unwrap().iter().all(|t| t.tid != tid));
 }
 
 fn main() {
@@ -340,10 +702,44 @@ fn main() {
             }
         })
     };
+    let kvm = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/kvm")
+        .map(drop)
+        .map_err(|e| format!("needs a usable /dev/kvm for the demo VM: {e}"));
+    let needs_bpf_and_kvm = |name: &'static str, f: fn()| {
+        let ready = ready.clone().and(kvm.clone());
+        Trial::ignorable_test(name, move || -> Result<Completion, Failed> {
+            match ready {
+                Err(reason) => Ok(Completion::ignored_with(reason)),
+                Ok(()) => {
+                    f();
+                    Ok(Completion::Completed)
+                }
+            }
+        })
+    };
     let tests = vec![
         needs_bpf(
             "vcpu_threads_attributed_per_vm_and_tier",
             vcpu_threads_attributed_per_vm_and_tier,
+        ),
+        needs_bpf_and_kvm(
+            "kvm_run_watch_finds_an_unnamed_vcpu_thread",
+            kvm_run_watch_finds_an_unnamed_vcpu_thread,
+        ),
+        needs_bpf(
+            "bpf_data_src_decoding_matches_rust",
+            bpf_data_src_decoding_matches_rust,
+        ),
+        needs_bpf(
+            "data_src_samples_count_in_the_tier_of_their_kind",
+            data_src_samples_count_in_the_tier_of_their_kind,
+        ),
+        needs_bpf(
+            "pmu_source_follows_threads_and_vms",
+            pmu_source_follows_threads_and_vms,
         ),
         Trial::test("events_status_reports_each_selected_event", || {
             events_status_reports_each_selected_event();

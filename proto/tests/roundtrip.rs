@@ -80,6 +80,11 @@ fn stats_update_roundtrip_with_optional_and_departures() {
                 balloon_actual_bytes: 0,
                 source: Backend::Hostpte as i32,
                 passes: 4,
+                sources: vec![SourceCount {
+                    source: Backend::Pmu as i32,
+                    events: 20_014,
+                    samples: 2,
+                }],
             }],
             dram_hit_ratio: 0.75,
             dram_hit_error: 0.01,

@@ -41,9 +41,19 @@ enum Task {
     },
     /// Closed loop against a patched cloud-hypervisor (needs a v53.0 checkout).
     E2e {
-        /// cloud-hypervisor v53.0 source checkout.
+        /// cloud-hypervisor v53.0 source checkout with the series applied
+        /// (`cargo xtask vmm-patch apply`).
         #[arg(long)]
         ch_src: Option<PathBuf>,
+        /// micro_http checkout at 5c2254d6 (default: beside --ch-src, `micro-http`).
+        #[arg(long)]
+        micro_http: Option<PathBuf>,
+        /// Target dir for the cloud-hypervisor build (default: its own `target/`).
+        #[arg(long)]
+        ch_target_dir: Option<PathBuf>,
+        /// Keep the run's sockets, serial logs and tierd log here.
+        #[arg(long)]
+        work_dir: Option<PathBuf>,
     },
     /// Regenerate bpf/include/x86_64/vmlinux.h from this kernel's BTF.
     Vmlinux,
@@ -81,7 +91,12 @@ fn dispatch(task: Task) -> anyhow::Result<()> {
             demo::run(updates)
         }
         Task::Bench { name } => bench(&name),
-        Task::E2e { ch_src } => e2e(ch_src),
+        Task::E2e {
+            ch_src,
+            micro_http,
+            ch_target_dir,
+            work_dir,
+        } => e2e(ch_src, micro_http, ch_target_dir, work_dir),
         Task::Vmlinux => vmlinux(),
         Task::VmmPatch {
             action,
@@ -164,10 +179,18 @@ fn bench(name: &str) -> anyhow::Result<()> {
     ])
 }
 
-fn e2e(ch_src: Option<PathBuf>) -> anyhow::Result<()> {
+fn e2e(
+    ch_src: Option<PathBuf>,
+    micro_http: Option<PathBuf>,
+    ch_target_dir: Option<PathBuf>,
+    work_dir: Option<PathBuf>,
+) -> anyhow::Result<()> {
     let Some(dir) = ch_src else {
         bail!(
-            "e2e needs a cloud-hypervisor v53.0 checkout (commit 9ed824d6) with micro_http at 5c2254d6 beside it: \
+            "e2e needs a cloud-hypervisor v53.0 checkout (commit 9ed824d6) with our series applied \
+             and micro_http at 5c2254d6 beside it:\n  \
+             git clone https://github.com/cloud-hypervisor/cloud-hypervisor DIR && git -C DIR checkout v53.0\n  \
+             cargo xtask vmm-patch apply --ch-src DIR\n  \
              cargo xtask e2e --ch-src DIR"
         );
     };
@@ -177,11 +200,28 @@ fn e2e(ch_src: Option<PathBuf>) -> anyhow::Result<()> {
             dir.display()
         );
     }
-    bail!(
-        "the closed-loop run is not built yet: it needs the vmm-patch series and the PVH test guest (issues 8 and 10); \
-         nothing was run against {}",
-        dir.display()
-    )
+    deps::ensure(false)?;
+    let release = vmm_patch::build_checkout(&dir, micro_http, ch_target_dir)?;
+    run::cargo(&[
+        "build",
+        "--release",
+        "-p",
+        "tier-profiler",
+        "--bin",
+        "tierd",
+        "-p",
+        "tier-e2e",
+    ])?;
+    let target = run::target_dir()?.join("release");
+    let mut cmd = std::process::Command::new(target.join("tier-e2e"));
+    cmd.arg("--ch-bin")
+        .arg(release.join("cloud-hypervisor"))
+        .arg("--tierd")
+        .arg(target.join("tierd"));
+    if let Some(w) = work_dir {
+        cmd.arg("--work-dir").arg(w);
+    }
+    run::status(&mut cmd)
 }
 
 fn vmlinux() -> anyhow::Result<()> {
@@ -237,7 +277,10 @@ mod tests {
         assert_eq!(
             parse(&["e2e", "--ch-src", "/src/ch"]).unwrap(),
             Task::E2e {
-                ch_src: Some("/src/ch".into())
+                ch_src: Some("/src/ch".into()),
+                micro_http: None,
+                ch_target_dir: None,
+                work_dir: None,
             }
         );
         assert_eq!(parse(&["vmlinux"]).unwrap(), Task::Vmlinux);
@@ -293,10 +336,10 @@ mod tests {
 
     #[test]
     fn e2e_without_checkout_says_what_it_needs() {
-        let err = e2e(None).unwrap_err().to_string();
+        let err = e2e(None, None, None, None).unwrap_err().to_string();
         assert!(err.contains("--ch-src") && err.contains("v53.0"), "{err}");
         let dir = std::env::temp_dir();
-        let err = e2e(Some(dir)).unwrap_err().to_string();
+        let err = e2e(Some(dir), None, None, None).unwrap_err().to_string();
         assert!(
             err.contains("does not look like a cloud-hypervisor checkout"),
             "{err}"

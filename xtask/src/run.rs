@@ -14,6 +14,14 @@ pub fn workspace_root() -> anyhow::Result<PathBuf> {
         .context("xtask has no parent directory")
 }
 
+/// Where cargo puts this workspace's builds (`CARGO_TARGET_DIR` or `target/`).
+pub fn target_dir() -> anyhow::Result<PathBuf> {
+    Ok(match std::env::var_os("CARGO_TARGET_DIR") {
+        Some(t) => PathBuf::from(t),
+        None => workspace_root()?.join("target"),
+    })
+}
+
 /// Runs `cargo ARGS` in the workspace root; an error names the command.
 pub fn cargo(args: &[&str]) -> anyhow::Result<()> {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());

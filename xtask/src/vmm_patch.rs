@@ -45,8 +45,20 @@ pub fn run(
     let patches = series(&run::workspace_root()?.join("vmm-patch/patches"))?;
     match action {
         Action::Apply => apply(&dir, &patches),
-        Action::Build => build(&dir, &patches, micro_http),
+        Action::Build => build(&dir, &patches, micro_http, None).map(|_| ()),
     }
+}
+
+/// Checks `dir` carries the series and builds it: the directory of the
+/// release binaries. `target_dir` overrides cloud-hypervisor's target dir.
+pub fn build_checkout(
+    dir: &Path,
+    micro_http: Option<PathBuf>,
+    target_dir: Option<PathBuf>,
+) -> anyhow::Result<PathBuf> {
+    check_checkout(dir)?;
+    let patches = series(&run::workspace_root()?.join("vmm-patch/patches"))?;
+    build(dir, &patches, micro_http, target_dir)
 }
 
 /// The series, in order: `NNNN-*.patch` files of `dir`.
@@ -257,7 +269,12 @@ pub fn micro_http_patch(path: &Path) -> String {
     )
 }
 
-fn build(dir: &Path, patches: &[PathBuf], micro_http: Option<PathBuf>) -> anyhow::Result<()> {
+fn build(
+    dir: &Path,
+    patches: &[PathBuf],
+    micro_http: Option<PathBuf>,
+    target_dir: Option<PathBuf>,
+) -> anyhow::Result<PathBuf> {
     let subjects = subjects(patches)?;
     let why = match state(dir, &subjects)? {
         State::Applied => None,
@@ -303,14 +320,16 @@ fn build(dir: &Path, patches: &[PathBuf], micro_http: Option<PathBuf>) -> anyhow
         ),
     }
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    run::status(
-        Command::new(cargo)
-            .args(["build", "--release", "--bins", "--config"])
-            .arg(micro_http_patch(&mh))
-            .current_dir(dir),
-    )?;
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
+    let mut cmd = Command::new(cargo);
+    cmd.args(["build", "--release", "--bins", "--config"])
+        .arg(micro_http_patch(&mh))
+        .current_dir(dir);
+    if let Some(t) = &target_dir {
+        cmd.env("CARGO_TARGET_DIR", t);
+    }
+    run::status(&mut cmd)?;
+    let target = target_dir
+        .or_else(|| std::env::var_os("CARGO_TARGET_DIR").map(PathBuf::from))
         .unwrap_or_else(|| dir.join("target"));
     let release = if target.is_absolute() {
         target.join("release")
@@ -329,7 +348,7 @@ fn build(dir: &Path, patches: &[PathBuf], micro_http: Option<PathBuf>) -> anyhow
         dir.display(),
         mh.display()
     );
-    Ok(())
+    Ok(release)
 }
 
 #[cfg(test)]

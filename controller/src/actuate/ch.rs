@@ -96,6 +96,10 @@ pub struct MemoryZone {
 pub struct ZoneRange {
     pub start: u64,
     pub size: u64,
+    /// Where the VMM maps `start` in its own address space (vmm-patch
+    /// 0005); absent from VMMs without it.
+    #[serde(default)]
+    pub host_address: Option<u64>,
 }
 
 /// The `vm.resize` body of SPEC.md section 5, zones in the caller's order:

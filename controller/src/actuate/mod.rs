@@ -3,8 +3,8 @@
 //!
 //! [`Vmm`] is what the controller needs from a VMM; [`ChApi`] implements it
 //! over the HTTP API of the patched cloud-hypervisor (vmm-patch/SPEC.md
-//! section 5) on its unix socket. The vhost-user balloon backend's control
-//! socket is the second implementation (not built yet).
+//! section 5) on its unix socket; [`VhostBalloon`] over the control socket
+//! of the `tier-balloon` vhost-user backend (docs/balloon-backend.md).
 //!
 //! The trait is async: tierd runs the controller on its tokio runtime, and a
 //! VMM call may take up to its timeout (seconds) per attempt plus backoff;
@@ -16,6 +16,7 @@
 
 mod ch;
 mod http;
+mod vhost;
 
 use std::future::Future;
 use std::path::PathBuf;
@@ -24,6 +25,10 @@ use std::time::Duration;
 pub use ch::{
     BALLOON_DEVICE, BalloonInfo, BalloonZone, ChApi, MemoryZone, VmInfo, VmmPing, ZoneRange,
     resize_zones_body,
+};
+pub use vhost::{
+    BackendConfig, BackendFrontend, BackendPing, BackendState, BackendStats, BackendZone,
+    VhostBalloon, set_targets_line,
 };
 
 /// One tier's sub-balloon as the VMM reports it, in bytes.

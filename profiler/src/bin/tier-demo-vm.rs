@@ -25,6 +25,10 @@ struct Args {
     /// Work set per round: DRAM_PAGES:DRAM_REPEAT:SLOW_PAGES:SLOW_REPEAT.
     #[arg(long, value_parser = parse_phase)]
     phase: Option<Phase>,
+    /// Name of the vCPU thread (cloud-hypervisor's is vcpu0; another name
+    /// plays a VMM that does not name its vCPU threads).
+    #[arg(long, default_value = "vcpu0")]
+    vcpu_thread_name: String,
 }
 
 fn parse_phase(s: &str) -> Result<Phase, String> {
@@ -73,7 +77,7 @@ fn run(args: Args) -> anyhow::Result<()> {
         // async-signal-safe.
         unsafe { libc::signal(sig, on_signal as *const () as libc::sighandler_t) };
     }
-    let vm = DemoVm::start(cfg).context("starting the demo VM")?;
+    let vm = DemoVm::start_named(cfg, &args.vcpu_thread_name).context("starting the demo VM")?;
     println!(
         "ready pid={} touched_pages={:?}",
         std::process::id(),

@@ -170,6 +170,17 @@ impl DemoVm {
     /// Creates the VM, maps both regions, loads code and parameters and
     /// starts the "vcpu0" thread.
     pub fn start(cfg: DemoVmConfig) -> Result<DemoVm, DemoVmError> {
+        DemoVm::start_named(cfg, "vcpu0")
+    }
+
+    /// [`DemoVm::start`] with the vCPU thread named `thread_name` (at most
+    /// 15 bytes), e.g. to play a VMM that does not name threads `vcpuN`.
+    pub fn start_named(cfg: DemoVmConfig, thread_name: &str) -> Result<DemoVm, DemoVmError> {
+        if thread_name.is_empty() || thread_name.len() > 15 || thread_name.contains('\0') {
+            return Err(DemoVmError::Config(format!(
+                "vCPU thread name {thread_name:?} must be 1..=15 bytes without NUL"
+            )));
+        }
         let capacity = validate_config(&cfg)?;
         let kvm = Kvm::new().map_err(DemoVmError::dev_kvm)?;
         let vm = kvm.create_vm().map_err(DemoVmError::kvm("KVM_CREATE_VM"))?;
@@ -236,7 +247,7 @@ impl DemoVm {
         };
         let (ready_tx, ready_rx) = std::sync::mpsc::sync_channel(1);
         let thread = std::thread::Builder::new()
-            .name("vcpu0".to_string())
+            .name(thread_name.to_string())
             .spawn(move || worker.run(ready_tx))
             .map_err(|e| DemoVmError::Spawn(e.to_string()))?;
         // Wait for the TID; an Err just means the thread already ended,

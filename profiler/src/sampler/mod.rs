@@ -50,10 +50,12 @@ pub enum SelectError {
 }
 
 /// The sampler for a configured backend name: `auto` takes the probe's best
-/// implemented backend; a named one must be available.
+/// implemented backend; a named one must be available. The ept backends age
+/// every `stride`-th page of each tier.
 pub fn select(
     name: &str,
     report: &crate::probe::Report,
+    stride: u32,
 ) -> Result<Option<Box<dyn Sampler>>, SelectError> {
     let wanted = match name {
         "auto" => report.best_backend(),
@@ -75,8 +77,7 @@ pub fn select(
                     return Err(SelectError::Unavailable(name.into(), c.reason.clone()));
                 }
             }
-            // All EPT VMs are aged in full; a sampled fraction is a config knob to come.
-            let s = ept_ageing::EptAgeing::new(b, 1)
+            let s = ept_ageing::EptAgeing::new(b, u64::from(stride))
                 .map_err(|e| SelectError::Unavailable(name.into(), e.to_string()))?;
             Ok(Some(Box::new(s)))
         }

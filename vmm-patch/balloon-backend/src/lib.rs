@@ -1,18 +1,33 @@
 //! `tier-balloon`: the host side of the per-tier virtio balloon of
-//! `vmm-patch/SPEC.md`.
+//! `vmm-patch/SPEC.md`, as a vhost-user backend process.
 //!
-//! This crate currently holds the page-release engine ([`release`]): per
-//! descriptor chain of one tier's inflate or deflate queue it validates every
-//! PFN against that tier's guest RAM regions, rejects the whole chain on any
-//! violation (counted by reason), and otherwise releases the pages with one
-//! `fallocate(PUNCH_HOLE|KEEP_SIZE)` + one `madvise(MADV_DONTNEED)` per
-//! coalesced run. The vhost-user device around it comes later.
+//! - [`release`]: the page-release engine. Per descriptor chain of one
+//!   tier's inflate (or deflate) queue it validates every PFN against that
+//!   tier's guest RAM regions, rejects the whole chain on any violation
+//!   (counted by reason), and otherwise releases the pages with one
+//!   `fallocate(PUNCH_HOLE|KEEP_SIZE)` + one `madvise(MADV_DONTNEED)` per
+//!   coalesced run.
+//! - [`device`]: the vhost-user device (vhost-user-backend): queues in SPEC
+//!   order, config space through GET/SET_CONFIG, stats queue, targets and
+//!   the config-change message.
+//! - [`control`]: the control socket (newline-delimited JSON) for targets
+//!   and state; [`server`] and [`relay`]: the vhost-user socket.
+//! - [`spec`]: the tiers (`--tier name=...,ranges=...`); [`config`]: the
+//!   config-space layout and write rules.
 //!
 //! See `docs/balloon-backend.md`.
 
+pub mod config;
+pub mod control;
+pub mod device;
+pub mod relay;
 pub mod release;
+pub mod server;
+pub mod spec;
 
+pub use device::{Balloon, DeviceOptions, Snapshot};
 pub use release::{
     Backing, HostRange, LayoutError, MAX_CHAIN_PFNS, MAX_TIERS, Op, Outcome, PAGE_SIZE, Region,
     RejectReason, Rejected, Releaser, SysReleaser, TierBalloon, TierStats, Tiers, memfd,
 };
+pub use spec::{GpaRange, TierSpec};

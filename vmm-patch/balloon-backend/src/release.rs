@@ -449,10 +449,14 @@ pub enum RejectReason {
     AlreadyBallooned,
     /// Deflate of a page not in this tier's balloon.
     NotBallooned,
+    /// The virtqueue chain itself is unusable (a device-writable or
+    /// unreadable descriptor); found by the vhost-user device before the
+    /// engine sees any PFN, counted here with the others.
+    BadDescriptor,
 }
 
 impl RejectReason {
-    pub const ALL: [RejectReason; 7] = [
+    pub const ALL: [RejectReason; 8] = [
         RejectReason::MalformedLength,
         RejectReason::TooLong,
         RejectReason::OutsideGuestMemory,
@@ -460,6 +464,7 @@ impl RejectReason {
         RejectReason::DuplicateInChain,
         RejectReason::AlreadyBallooned,
         RejectReason::NotBallooned,
+        RejectReason::BadDescriptor,
     ];
     /// Counter name suffix (`tier<i>_rejected_<name>`).
     pub fn name(self) -> &'static str {
@@ -471,6 +476,7 @@ impl RejectReason {
             RejectReason::DuplicateInChain => "duplicate_in_chain",
             RejectReason::AlreadyBallooned => "already_ballooned",
             RejectReason::NotBallooned => "not_ballooned",
+            RejectReason::BadDescriptor => "bad_descriptor",
         }
     }
     fn index(self) -> usize {
@@ -513,7 +519,7 @@ pub struct TierStats {
     pub inflated_pfns: u64,
     pub deflated_pfns: u64,
     /// Rejected chains, indexed like [`RejectReason::ALL`].
-    pub rejected_chains: [u64; 7],
+    pub rejected_chains: [u64; 8],
     /// PFNs in rejected chains (`tierN_rejected_pfns`).
     pub rejected_pfns: u64,
     pub release_calls: u64,
@@ -593,12 +599,25 @@ pub struct Tiers {
 impl Tiers {
     /// `tiers[i]` holds the regions of tier i (any order).
     pub fn new(tiers: Vec<Vec<Region>>) -> Result<Tiers, LayoutError> {
+        Self::build(tiers, false)
+    }
+
+    /// Like [`Tiers::new`], but a tier may have no region: the vhost-user
+    /// device builds its tiers from what the frontend has mapped, which may
+    /// be nothing yet (before `SET_MEM_TABLE`) or miss a tier's ranges.
+    /// Every chain of an empty tier is rejected (`OutsideGuestMemory` or
+    /// `WrongTier`).
+    pub fn new_allow_empty(tiers: Vec<Vec<Region>>) -> Result<Tiers, LayoutError> {
+        Self::build(tiers, true)
+    }
+
+    fn build(tiers: Vec<Vec<Region>>, allow_empty: bool) -> Result<Tiers, LayoutError> {
         if tiers.is_empty() || tiers.len() > MAX_TIERS {
             return Err(LayoutError::TierCount(tiers.len()));
         }
         let mut spans = Vec::new();
         for (t, regions) in tiers.iter().enumerate() {
-            if regions.is_empty() {
+            if regions.is_empty() && !allow_empty {
                 return Err(LayoutError::EmptyTier(t));
             }
             for r in regions {
@@ -676,6 +695,62 @@ impl TierBalloon {
     pub fn regions(&self) -> impl Iterator<Item = &Region> {
         self.regions.iter().map(|r| &r.region)
     }
+    /// Counts a chain the caller rejected before parsing it (e.g.
+    /// [`RejectReason::BadDescriptor`], or [`RejectReason::TooLong`] decided
+    /// from descriptor lengths without reading them) exactly like the
+    /// engine's own rejections.
+    pub fn count_rejected(&mut self, reason: RejectReason, pfns: usize) -> Rejected {
+        self.reject(reason, None, pfns)
+    }
+
+    /// The PFNs in this tier's balloon, ascending.
+    pub fn ballooned_pfns(&self) -> impl Iterator<Item = u64> + '_ {
+        self.regions.iter().flat_map(|r| {
+            r.bitmap.iter().enumerate().flat_map(move |(w, &bits)| {
+                (0..64u64)
+                    .filter(move |b| bits & (1u64 << b) != 0)
+                    .map(move |b| r.first_pfn + w as u64 * 64 + b)
+            })
+        })
+    }
+
+    /// Takes over `old`'s counters and the balloon state of every page that
+    /// is in both `old`'s and this tier's regions, without releasing
+    /// anything (the pages were released when they were inflated). Used when
+    /// the guest memory is mapped anew (`SET_MEM_TABLE`, `ADD_MEM_REG`).
+    /// Returns the number of `old`'s ballooned pages that have no place
+    /// here (no longer mapped): they leave the balloon.
+    pub fn adopt(&mut self, old: &TierBalloon) -> u64 {
+        self.stats = old.stats.clone();
+        let (mut kept, mut dropped) = (0u64, 0u64);
+        let mut ri = 0;
+        for pfn in old.ballooned_pfns() {
+            while ri < self.regions.len() && self.regions[ri].end_pfn <= pfn {
+                ri += 1;
+            }
+            match self.regions.get_mut(ri) {
+                Some(r) if r.first_pfn <= pfn => {
+                    let page = pfn - r.first_pfn;
+                    r.set(page, true);
+                    kept += 1;
+                }
+                _ => dropped += 1,
+            }
+        }
+        self.stats.ballooned_pages = kept;
+        dropped
+    }
+
+    /// Empties the balloon without touching memory (the guest driver was
+    /// reset or went away: it no longer holds those pages). Cumulative
+    /// counters are kept.
+    pub fn clear(&mut self) {
+        for r in &mut self.regions {
+            r.bitmap.iter_mut().for_each(|w| *w = 0);
+        }
+        self.stats.ballooned_pages = 0;
+    }
+
     /// Whether the page at `pfn` is in this tier's balloon.
     pub fn is_ballooned(&self, pfn: u32) -> bool {
         let p = u64::from(pfn);

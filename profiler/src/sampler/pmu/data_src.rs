@@ -16,6 +16,10 @@
 //! | 40-42 | mem_blk    | NA 0x01, DATA 0x02, ADDR 0x04 |
 //! | 43-45 | mem_hops   | HOPS_0 0x01 (other core, same node), HOPS_1 0x02 (other node, same socket), HOPS_2 0x03 (other socket), HOPS_3 0x04 (other board) |
 //!
+//! `bpf/pmu_data_src.h` decodes the same way in BPF; a unit test checks
+//! that its constants equal these, and `profiler/tests/pmu.rs` runs both
+//! decoders over a sweep of encodings.
+//!
 //! `PERF_MEM_LVLNUM_CXL` is 0x09 (Linux 6.2+; this machine's uapi header
 //! has it); `UNC` 0x08, `L2_MHB` 0x05 and `MSC` 0x06 came with 6.10 and
 //! are not in older headers. `mem_lvl` is the older, deprecated encoding;
@@ -33,6 +37,10 @@ pub const REMOTE_SHIFT: u32 = 37;
 pub const SNOOPX_SHIFT: u32 = 38;
 pub const BLK_SHIFT: u32 = 40;
 pub const HOPS_SHIFT: u32 = 43;
+/// Widths of the fields the decoding reads.
+pub const LVL_BITS: u32 = 14;
+pub const LVLNUM_BITS: u32 = 4;
+pub const HOPS_BITS: u32 = 3;
 
 pub const LVL_NA: u64 = 0x01;
 pub const LVL_HIT: u64 = 0x02;
@@ -81,6 +89,21 @@ pub enum MemSource {
     Unknown,
 }
 
+impl MemSource {
+    /// The number `bpf/pmu_data_src.h` gives this source (`PMU_SRC_*`):
+    /// 0 unknown, 1..4 the tier kinds as numbered in tier.v1, 5 cache,
+    /// 6 I/O, 7 uncached.
+    pub fn bpf_code(self) -> u32 {
+        match self {
+            MemSource::Unknown => 0,
+            MemSource::Memory(kind) => kind as u32,
+            MemSource::Cache => 5,
+            MemSource::Io => 6,
+            MemSource::Uncached => 7,
+        }
+    }
+}
+
 /// The fields of a `perf_mem_data_src` value.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct DataSrc(pub u64);
@@ -93,7 +116,7 @@ impl DataSrc {
         self.field(OP_SHIFT, 5)
     }
     pub fn lvl(self) -> u64 {
-        self.field(LVL_SHIFT, 14)
+        self.field(LVL_SHIFT, LVL_BITS)
     }
     pub fn snoop(self) -> u64 {
         self.field(SNOOP_SHIFT, 5)
@@ -105,7 +128,7 @@ impl DataSrc {
         self.field(DTLB_SHIFT, 7)
     }
     pub fn lvl_num(self) -> u64 {
-        self.field(LVLNUM_SHIFT, 4)
+        self.field(LVLNUM_SHIFT, LVLNUM_BITS)
     }
     pub fn remote(self) -> bool {
         self.field(REMOTE_SHIFT, 1) != 0
@@ -117,7 +140,7 @@ impl DataSrc {
         self.field(BLK_SHIFT, 3)
     }
     pub fn hops(self) -> u64 {
-        self.field(HOPS_SHIFT, 3)
+        self.field(HOPS_SHIFT, HOPS_BITS)
     }
 
     /// The memory source: `mem_lvl_num` when set, else the older `mem_lvl`
@@ -281,5 +304,89 @@ mod tests {
         for lvl_num in [1, 2, 3, 4, 5, 6, 0xb, 0xc] {
             assert_eq!(decode(lvl_num << LVLNUM_SHIFT | 0x42), MemSource::Cache);
         }
+    }
+
+    /// `bpf/pmu_data_src.h` says the same as this file.
+    #[test]
+    fn bpf_header_constants_match() {
+        const HEADER: &str = include_str!("../../../../bpf/pmu_data_src.h");
+        let defs: std::collections::BTreeMap<&str, u64> = HEADER
+            .lines()
+            .filter_map(|l| {
+                let mut w = l.strip_prefix("#define ")?.split_whitespace();
+                let (name, value) = (w.next()?, w.next()?);
+                let v = match value.strip_prefix("0x") {
+                    Some(hex) => u64::from_str_radix(hex, 16).ok()?,
+                    None => value.parse().ok()?,
+                };
+                Some((name, v))
+            })
+            .collect();
+        let kind = |k: TierKind| u64::from(MemSource::Memory(k).bpf_code());
+        let want: Vec<(&str, u64)> = vec![
+            ("PMU_DS_LVL_SHIFT", LVL_SHIFT.into()),
+            ("PMU_DS_LVL_BITS", LVL_BITS.into()),
+            ("PMU_DS_LVLNUM_SHIFT", LVLNUM_SHIFT.into()),
+            ("PMU_DS_LVLNUM_BITS", LVLNUM_BITS.into()),
+            ("PMU_DS_REMOTE_SHIFT", REMOTE_SHIFT.into()),
+            ("PMU_DS_HOPS_SHIFT", HOPS_SHIFT.into()),
+            ("PMU_DS_HOPS_BITS", HOPS_BITS.into()),
+            ("PMU_DS_LVL_HIT", LVL_HIT),
+            ("PMU_DS_LVL_L1", LVL_L1),
+            ("PMU_DS_LVL_LFB", LVL_LFB),
+            ("PMU_DS_LVL_L2", LVL_L2),
+            ("PMU_DS_LVL_L3", LVL_L3),
+            ("PMU_DS_LVL_LOC_RAM", LVL_LOC_RAM),
+            ("PMU_DS_LVL_REM_RAM1", LVL_REM_RAM1),
+            ("PMU_DS_LVL_REM_RAM2", LVL_REM_RAM2),
+            ("PMU_DS_LVL_REM_CCE1", LVL_REM_CCE1),
+            ("PMU_DS_LVL_REM_CCE2", LVL_REM_CCE2),
+            ("PMU_DS_LVL_IO", LVL_IO),
+            ("PMU_DS_LVL_UNC", LVL_UNC),
+            ("PMU_DS_LVLNUM_L1", LVLNUM_L1),
+            ("PMU_DS_LVLNUM_L2", LVLNUM_L2),
+            ("PMU_DS_LVLNUM_L3", LVLNUM_L3),
+            ("PMU_DS_LVLNUM_L4", LVLNUM_L4),
+            ("PMU_DS_LVLNUM_L2_MHB", LVLNUM_L2_MHB),
+            ("PMU_DS_LVLNUM_MSC", LVLNUM_MSC),
+            ("PMU_DS_LVLNUM_UNC", LVLNUM_UNC),
+            ("PMU_DS_LVLNUM_CXL", LVLNUM_CXL),
+            ("PMU_DS_LVLNUM_IO", LVLNUM_IO),
+            ("PMU_DS_LVLNUM_ANY_CACHE", LVLNUM_ANY_CACHE),
+            ("PMU_DS_LVLNUM_LFB", LVLNUM_LFB),
+            ("PMU_DS_LVLNUM_RAM", LVLNUM_RAM),
+            ("PMU_DS_LVLNUM_PMEM", LVLNUM_PMEM),
+            ("PMU_DS_LVLNUM_NA", LVLNUM_NA),
+            ("PMU_DS_HOPS_1", HOPS_1),
+            ("PMU_SRC_UNKNOWN", MemSource::Unknown.bpf_code().into()),
+            ("PMU_SRC_DRAM", kind(TierKind::Dram)),
+            ("PMU_SRC_PMEM", kind(TierKind::Pmem)),
+            ("PMU_SRC_CXL", kind(TierKind::Cxl)),
+            ("PMU_SRC_REMOTE", kind(TierKind::Remote)),
+            ("PMU_SRC_CACHE", MemSource::Cache.bpf_code().into()),
+            ("PMU_SRC_IO", MemSource::Io.bpf_code().into()),
+            ("PMU_SRC_UNCACHED", MemSource::Uncached.bpf_code().into()),
+            ("PMU_SRC_COUNT", 8),
+        ];
+        for (name, v) in &want {
+            assert_eq!(defs.get(name), Some(v), "{name}");
+        }
+        // Nothing in the header is left unchecked.
+        let checked: std::collections::BTreeSet<&str> = want.iter().map(|(n, _)| *n).collect();
+        let unchecked: Vec<&&str> = defs
+            .keys()
+            .filter(|n| n.starts_with("PMU_") && !checked.contains(*n))
+            .collect();
+        assert!(unchecked.is_empty(), "{unchecked:?}");
+        // The kinds are tier.v1's numbers.
+        assert_eq!(
+            (
+                kind(TierKind::Dram),
+                kind(TierKind::Pmem),
+                kind(TierKind::Cxl),
+                kind(TierKind::Remote)
+            ),
+            (1, 2, 3, 4)
+        );
     }
 }

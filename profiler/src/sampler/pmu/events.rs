@@ -16,7 +16,15 @@
 //! tier = "dram"                                  # dram | pmem | cxl | remote
 //! source = "Intel perfmon ICX: ..."              # where the encoding comes from
 //! verified = true                                # default true
+//! period = 10007                                 # sample period, default DEFAULT_PERIOD
+//! config1 = 0                                    # perf_event_attr.config1 (e.g. ldlat)
+//! data_src = false                               # precise; tier from each sample's data_src
 //! ```
+//!
+//! A `data_src = true` entry is opened precise (`precise_ip` 2) with
+//! PERF_SAMPLE_DATA_SRC, and each sample counts in the VM's tier of the
+//! kind its data_src decodes to (`data_src.rs`); `tier` is then optional
+//! and only used for samples that carry no data_src.
 
 use std::collections::BTreeSet;
 use std::path::Path;
@@ -27,14 +35,19 @@ use serde::Deserialize;
 /// remote (never unknown).
 pub use tier_proto::v1::TierKind;
 
+/// Sample period of an entry without `period`: one BPF run per this many
+/// events (a prime, so the period does not beat with loop strides).
+pub const DEFAULT_PERIOD: u64 = 10_007;
+
 /// perf_event_attr.type of an entry.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum EventType {
     /// PERF_TYPE_HARDWARE (0).
     Hardware,
     /// PERF_TYPE_SOFTWARE (1); only useful for tests.
     Software,
     /// PERF_TYPE_RAW (4): model-specific event/umask.
+    #[default]
     Raw,
 }
 
@@ -130,6 +143,14 @@ pub struct EventEntry {
     pub models: Vec<(u32, u32)>,
     pub event_type: EventType,
     pub config: u64,
+    /// `perf_event_attr.config1`.
+    pub config1: u64,
+    /// Sample period (`period`, else [`DEFAULT_PERIOD`]).
+    pub period: u64,
+    /// Precise samples whose data_src picks the tier.
+    pub data_src: bool,
+    /// Tier kind of the counted accesses; `Unknown` only for a `data_src`
+    /// entry without `tier`.
     pub tier: TierKind,
     pub source: String,
     pub verified: bool,
@@ -199,6 +220,9 @@ struct RawEntry {
     #[serde(rename = "type")]
     event_type: Option<String>,
     config: Option<u64>,
+    config1: Option<u64>,
+    period: Option<u64>,
+    data_src: Option<bool>,
     #[serde(default)]
     tier: String,
     #[serde(default)]
@@ -305,6 +329,7 @@ impl EventTable {
         self.select(cpu, include_unverified)
             .into_iter()
             .map(|e| e.tier)
+            .filter(|k| *k != TierKind::Unknown)
             .collect()
     }
 }
@@ -356,14 +381,28 @@ fn validate(raw: RawEntry, origin: &str, index: usize) -> Result<EventEntry, Eve
             "raw config {config:#x} has no event select (bits 0-7)"
         )));
     }
-    let tier = TierKind::from_short_name(&raw.tier)
-        .filter(|k| *k != TierKind::Unknown)
-        .ok_or_else(|| {
-            err(format!(
-                "tier {:?}: expected dram, pmem, cxl or remote",
-                raw.tier
-            ))
-        })?;
+    let data_src = raw.data_src.unwrap_or(false);
+    let tier = if data_src && raw.tier.is_empty() {
+        TierKind::Unknown
+    } else {
+        TierKind::from_short_name(&raw.tier)
+            .filter(|k| *k != TierKind::Unknown)
+            .ok_or_else(|| {
+                err(format!(
+                    "tier {:?}: expected dram, pmem, cxl or remote",
+                    raw.tier
+                ))
+            })?
+    };
+    let period = raw.period.unwrap_or(DEFAULT_PERIOD);
+    if period == 0 {
+        return Err(err("period 0: an event must overflow to be counted".into()));
+    }
+    if data_src && event_type == EventType::Software {
+        return Err(err(
+            "data_src = true needs a precise hardware or raw event".into()
+        ));
+    }
     if raw.source.trim().is_empty() {
         return Err(err(
             "`source` is missing: say where the encoding comes from".into(),
@@ -376,6 +415,9 @@ fn validate(raw: RawEntry, origin: &str, index: usize) -> Result<EventEntry, Eve
         models,
         event_type,
         config,
+        config1: raw.config1.unwrap_or(0),
+        period,
+        data_src,
         tier,
         source: raw.source,
         verified: raw.verified.unwrap_or(true),
@@ -596,6 +638,46 @@ source = "site override"
         );
     }
 
+    #[test]
+    fn period_config1_and_data_src_keys() {
+        let t = EventTable::from_toml(
+            &format!(
+                "[[event]]\n{GOOD}\n[[event]]\n{}",
+                r#"name = "MEM_TRANS_RETIRED.LOAD_LATENCY_GT_64"
+vendor = "GenuineIntel"
+family = 6
+models = [0x6A]
+config = 0x01CD
+config1 = 64
+period = 2003
+data_src = true
+source = "test"
+"#
+            ),
+            "t.toml",
+        )
+        .unwrap();
+        let [plain, precise] = t.entries() else {
+            panic!("two entries")
+        };
+        assert_eq!(
+            (plain.period, plain.config1, plain.data_src, plain.tier),
+            (DEFAULT_PERIOD, 0, false, TierKind::Dram)
+        );
+        assert_eq!(
+            (
+                precise.period,
+                precise.config1,
+                precise.data_src,
+                precise.tier
+            ),
+            (2003, 64, true, TierKind::Unknown)
+        );
+        // A data_src entry without a tier adds no kind of its own.
+        let c = cpu("GenuineIntel", 6, 0x6A);
+        assert_eq!(t.tiers_for(&c, false), BTreeSet::from([TierKind::Dram]));
+    }
+
     fn entry_error(body: &str) -> String {
         EventTable::from_toml(body, "bad.toml")
             .unwrap_err()
@@ -640,6 +722,18 @@ source = "test"
                 "is empty",
             ),
             (with("\"Y\"", "\"X\""), "duplicate"),
+            (
+                with("tier = \"dram\"", "tier = \"dram\"\nperiod = 0"),
+                "period 0",
+            ),
+            (with("tier = \"dram\"", "tier = \"\""), "tier \"\""),
+            (
+                with(
+                    "config = 0x01D3",
+                    "type = \"software\"\nconfig = 2\ndata_src = true",
+                ),
+                "data_src = true needs",
+            ),
         ];
         for (body, want) in cases {
             let e = entry_error(&body);

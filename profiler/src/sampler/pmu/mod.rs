@@ -7,13 +7,17 @@
 //!   which event counts accesses to which kind of tier;
 //! - [`data_src`]: `perf_mem_data_src` of precise samples -> tier kind;
 //! - [`loader`]: `bpf/pmu.bpf.c`, perf events per thread, the BPF program
-//!   attached to each with the tier as cookie, per-(VM, tier) counters.
-//!
-//! Not wired into the daemon yet.
+//!   attached to each with the tier as cookie, per-(VM, tier) counters,
+//!   and the KVM_RUN watch (threads seen in `kvm_entry` /
+//!   `kvm_userspace_exit`) for VMMs that do not name vCPU threads;
+//! - [`source`]: the source as the daemon runs it next to the
+//!   page-sampling backend (`TierSample.sources`).
 
 pub mod data_src;
 pub mod events;
+pub mod kvm_probe;
 pub mod loader;
+pub mod source;
 pub mod vcpus;
 
 use events::{CpuId, EventTable};
@@ -44,14 +48,20 @@ pub fn events_status(
             );
             let status = loader::open_event(0, &spec, &opts)
                 .map(drop)
-                .map_err(|err| match &err {
-                    loader::PmuError::PerfOpen {
-                        errno: Some(libc::ENOENT | libc::ENODEV | libc::EOPNOTSUPP),
-                        ..
-                    } => format!("no hardware PMU or event not supported: {err}"),
-                    _ => err.to_string(),
-                });
+                .map_err(|err| open_failure(&err));
             (label, status)
         })
         .collect()
+}
+
+/// Why an event does not open, for humans: the kernel's answer, prefixed
+/// with what it means for the errnos of a missing PMU or event.
+pub fn open_failure(err: &loader::PmuError) -> String {
+    match err {
+        loader::PmuError::PerfOpen {
+            errno: Some(libc::ENOENT | libc::ENODEV | libc::EOPNOTSUPP),
+            ..
+        } => format!("no hardware PMU or event not supported: {err}"),
+        _ => err.to_string(),
+    }
 }

@@ -1,0 +1,352 @@
+//! The pmu source inside tierd, as a real process on a temporary socket.
+//!
+//! - With a test event table that maps *software* events to tiers in place
+//!   of the hardware memory-source events (this machine has no hardware
+//!   PMU): tierd discovers a VMM-like process (`tier-demo-vm`, a real KVM
+//!   guest whose vCPU thread is *not* named vcpuN, so it is found through
+//!   the KVM_RUN watch) and streams per-tier PMU counts for it.
+//! - With the real (built-in) table on a host where none of its events
+//!   opens: tierd logs the PMU as unavailable and keeps serving hostpte
+//!   stats.
+//!
+//! Custom harness (libtest-mimic): a missing capability (root, /dev/kvm, a
+//! host without a PMU for the second test) is reported as ignored with the
+//! reason.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly on purpose
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use libtest_mimic::{Arguments, Completion, Failed, Trial};
+use tier_profiler::sampler::pmu::events::{CpuId, EventTable};
+use tier_profiler::sampler::pmu::events_status;
+use tier_proto::Endpoint;
+use tier_proto::v1::*;
+use tokio_stream::StreamExt;
+
+/// Sample periods of the two software events, in ns of CPU time.
+const TASK_CLOCK_PERIOD: u64 = 1_000_000;
+const CPU_CLOCK_PERIOD: u64 = 2_000_000;
+
+struct Kill(Child);
+impl Drop for Kill {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// tierd with a config file, discovery as asked, logs into `dir/tierd.log`.
+struct Tierd {
+    _child: Kill,
+    socket: PathBuf,
+    log: PathBuf,
+}
+
+impl Tierd {
+    fn start(dir: &Path, config: &str, extra: &[&str]) -> Tierd {
+        let socket = dir.join("tierd.sock");
+        let log = dir.join("tierd.log");
+        let cfg = dir.join("tierd.toml");
+        std::fs::write(&cfg, config).unwrap();
+        let child = Command::new(env!("CARGO_BIN_EXE_tierd"))
+            .arg("run")
+            .arg("--config")
+            .arg(&cfg)
+            .arg("--socket")
+            .arg(&socket)
+            .args([
+                "--metrics-listen",
+                "",
+                "--no-controller",
+                "--interval-ms",
+                "250",
+            ])
+            .args(extra)
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap();
+        let mut child = Kill(child);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while std::os::unix::net::UnixStream::connect(&socket).is_err() {
+            if let Some(st) = child.0.try_wait().unwrap() {
+                panic!(
+                    "tierd exited early: {st}\n{}",
+                    std::fs::read_to_string(&log).unwrap_or_default()
+                );
+            }
+            assert!(Instant::now() < deadline, "tierd did not start");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Tierd {
+            _child: child,
+            socket,
+            log,
+        }
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap()
+    }
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+/// The test table: two software events standing in for memory-source
+/// events, selected for this CPU like real entries. task-clock counts in
+/// `dram`, cpu-clock in `cxl`; both count the vCPU thread's CPU time, at
+/// different periods.
+fn software_table(cpu: &CpuId) -> String {
+    let head = format!(
+        "vendor = {:?}\nfamily = {}\nmodels = [{}]\ntype = \"software\"\n",
+        cpu.vendor, cpu.family, cpu.model
+    );
+    format!(
+        "[[event]]\nname = \"sw.task_clock\"\n{head}config = 1\nperiod = {TASK_CLOCK_PERIOD}\ntier = \"dram\"\nsource = \"PERF_COUNT_SW_TASK_CLOCK (test stand-in for a DRAM event)\"\n\n\
+         [[event]]\nname = \"sw.cpu_clock\"\n{head}config = 0\nperiod = {CPU_CLOCK_PERIOD}\ntier = \"cxl\"\nsource = \"PERF_COUNT_SW_CPU_CLOCK (test stand-in for a CXL event)\"\n"
+    )
+}
+
+fn pmu_source(t: &TierSample) -> Option<&SourceCount> {
+    t.sources.iter().find(|s| s.source() == Backend::Pmu)
+}
+
+fn tierd_counts_per_tier_pmu_events_using_software_events_in_place_of_hardware_ones() {
+    let dir = tempfile::tempdir().unwrap();
+    let cpu = CpuId::current().unwrap();
+    let table = dir.path().join("software-events.toml");
+    std::fs::write(&table, software_table(&cpu)).unwrap();
+
+    // The VMM-like process: a real KVM guest, vCPU thread "guest-cpu".
+    let mut child = Command::new(env!("CARGO_BIN_EXE_tier-demo-vm"))
+        .args(["--vcpu-thread-name", "guest-cpu"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut ready = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut ready)
+        .unwrap();
+    let vm = Kill(child);
+    assert!(ready.starts_with("ready"), "{ready:?}");
+    let pid = vm.0.id();
+
+    let tierd = Tierd::start(
+        dir.path(),
+        &format!("pmu = \"on\"\npmu_events = [\"{}\"]\n", table.display()),
+        &["--tier-kind", "slow=cxl"],
+    );
+    let rt = runtime();
+    rt.block_on(async {
+        let mut client = tier_proto::connect(&Endpoint::Unix(tierd.socket.clone()))
+            .await
+            .unwrap();
+        let info = client.get_info(GetInfoRequest {}).await.unwrap().into_inner();
+        let pmu = info.capabilities.iter().find(|c| c.name == "pmu").unwrap();
+        println!("  capability pmu: available {}, selected {}, {}", pmu.available, pmu.selected, pmu.reason);
+        assert!(pmu.selected, "the pmu source runs: {pmu:?}");
+
+        let mut stream = client
+            .watch_stats(WatchStatsRequest::default())
+            .await
+            .unwrap()
+            .into_inner();
+        let prefix = format!("kvm:{pid}:");
+        let mut vms: Vec<Vm> = Vec::new();
+        let mut counted = 0;
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while counted < 3 {
+            assert!(Instant::now() < deadline, "no PMU counts for {prefix}*\n{}", tierd.log());
+            let u = stream.next().await.unwrap().unwrap();
+            if !u.vms_unchanged {
+                vms = u.vms.clone();
+            }
+            let health = u.health.iter().find(|h| h.backend() == Backend::Pmu);
+            assert!(health.is_some_and(|h| h.active), "{:?}", u.health);
+            let Some(v) = vms.iter().find(|v| v.id.starts_with(&prefix)) else {
+                continue;
+            };
+            let kinds: Vec<TierKind> = v.tiers.iter().map(|t| t.kind()).collect();
+            assert_eq!(kinds, [TierKind::Dram, TierKind::Cxl]);
+            let Some(s) = u.stats.iter().find(|s| s.vm_id == v.id) else {
+                continue;
+            };
+            let (Some(dram), Some(cxl)) = (pmu_source(&s.tiers[0]), pmu_source(&s.tiers[1])) else {
+                continue;
+            };
+            println!(
+                "  update {}: dram {} events / {} samples, cxl {} events / {} samples; hostpte young {:?}",
+                u.sequence,
+                dram.events,
+                dram.samples,
+                cxl.events,
+                cxl.samples,
+                s.tiers.iter().map(|t| t.young_pages).collect::<Vec<_>>()
+            );
+            // Each tier counts exactly its own event: events are whole
+            // periods of that event.
+            assert_eq!(dram.events, dram.samples * TASK_CLOCK_PERIOD, "{dram:?}");
+            assert_eq!(cxl.events, cxl.samples * CPU_CLOCK_PERIOD, "{cxl:?}");
+            if dram.samples > 0 && cxl.samples > 0 {
+                counted += 1;
+            }
+        }
+    });
+    let log = tierd.log();
+    assert!(log.contains("pmu source running"), "{log}");
+    assert!(
+        log.lines()
+            .any(|l| l.contains("pmu: counting on vCPU threads")
+                && l.contains(&format!("kvm:{pid}:"))
+                && l.contains("found=KvmRun")),
+        "the vCPU thread was found through the KVM_RUN watch:\n{log}"
+    );
+    // Built-in events for this CPU that do not open are named in the log.
+    let builtin = EventTable::builtin().unwrap();
+    for e in builtin.select(&cpu, false) {
+        let opens = events_status(&cpu, &builtin, false)
+            .iter()
+            .any(|(label, r)| label.starts_with(&e.name) && r.is_ok());
+        if !opens {
+            assert!(
+                log.lines()
+                    .any(|l| l.contains("WARN") && l.contains(&format!("event {}", e.name))),
+                "{} not reported:\n{log}",
+                e.name
+            );
+        }
+    }
+    drop(vm);
+}
+
+fn tierd_with_the_real_event_table_logs_the_pmu_unavailable_and_keeps_serving_hostpte() {
+    let dir = tempfile::tempdir().unwrap();
+    let tierd = Tierd::start(
+        dir.path(),
+        "pmu = \"on\"\n",
+        &["--demo-vm", "--no-discover"],
+    );
+    let rt = runtime();
+    let reason = rt.block_on(async {
+        let mut client = tier_proto::connect(&Endpoint::Unix(tierd.socket.clone()))
+            .await
+            .unwrap();
+        let info = client
+            .get_info(GetInfoRequest {})
+            .await
+            .unwrap()
+            .into_inner();
+        let pmu = info.capabilities.iter().find(|c| c.name == "pmu").unwrap();
+        assert!(
+            !pmu.available && !pmu.selected && !pmu.reason.is_empty(),
+            "{pmu:?}"
+        );
+        let mut stream = client
+            .watch_stats(WatchStatsRequest::default())
+            .await
+            .unwrap()
+            .into_inner();
+        let mut sampled = 0;
+        let mut reason = String::new();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while sampled < 2 {
+            assert!(
+                Instant::now() < deadline,
+                "no hostpte stats\n{}",
+                tierd.log()
+            );
+            let u = stream.next().await.unwrap().unwrap();
+            let pmu = u
+                .health
+                .iter()
+                .find(|h| h.backend() == Backend::Pmu)
+                .unwrap();
+            assert!(!pmu.active && !pmu.error.is_empty(), "{pmu:?}");
+            reason = pmu.error.clone();
+            let Some(s) = u.stats.iter().find(|s| s.vm_id.starts_with("demo")) else {
+                continue;
+            };
+            assert!(s.tiers.iter().all(|t| t.sources.is_empty()), "{s:?}");
+            if s.tiers
+                .iter()
+                .all(|t| t.source() == Backend::Hostpte && t.young_pages > 0)
+            {
+                sampled += 1;
+            }
+        }
+        reason
+    });
+    println!("  pmu health: {reason}");
+    let log = tierd.log();
+    let line = log
+        .lines()
+        .find(|l| l.contains("pmu source unavailable"))
+        .unwrap_or_else(|| panic!("no pmu line in\n{log}"));
+    println!("  log: {line}");
+    assert!(line.contains("ERROR") && line.contains(&reason), "{line}");
+}
+
+fn main() {
+    let args = Arguments::from_args();
+    // SAFETY: geteuid has no arguments and cannot fail.
+    let root = if unsafe { libc::geteuid() } == 0 {
+        Ok(())
+    } else {
+        Err("needs root (BPF, perf_event_open on another process)".to_string())
+    };
+    let kvm = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/kvm")
+        .map(drop)
+        .map_err(|e| format!("needs a usable /dev/kvm for the demo VM: {e}"));
+    // The second test is about a host where the built-in events do not open.
+    let no_pmu = match CpuId::current() {
+        Ok(cpu) => {
+            let table = EventTable::builtin().unwrap();
+            match events_status(&cpu, &table, false)
+                .into_iter()
+                .find(|(_, r)| r.is_ok())
+            {
+                Some((event, _)) => Err(format!(
+                    "{event} opens here: this host has a PMU, the test is for one without"
+                )),
+                None => Ok(()),
+            }
+        }
+        Err(e) => Err(format!("cpu model: {e}")),
+    };
+    let trial = |name: &'static str, needs: Vec<Result<(), String>>, f: fn()| {
+        let ready = needs.into_iter().collect::<Result<Vec<()>, String>>();
+        Trial::ignorable_test(name, move || -> Result<Completion, Failed> {
+            match &ready {
+                Err(reason) => Ok(Completion::ignored_with(reason.clone())),
+                Ok(_) => {
+                    f();
+                    Ok(Completion::Completed)
+                }
+            }
+        })
+    };
+    let tests = vec![
+        trial(
+            "tierd_counts_per_tier_pmu_events_using_software_events_in_place_of_hardware_ones",
+            vec![root.clone(), kvm.clone()],
+            tierd_counts_per_tier_pmu_events_using_software_events_in_place_of_hardware_ones,
+        ),
+        trial(
+            "tierd_with_the_real_event_table_logs_the_pmu_unavailable_and_keeps_serving_hostpte",
+            vec![kvm, no_pmu],
+            tierd_with_the_real_event_table_logs_the_pmu_unavailable_and_keeps_serving_hostpte,
+        ),
+    ];
+    libtest_mimic::run(&args, tests).exit();
+}

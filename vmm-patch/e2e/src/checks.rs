@@ -1,0 +1,177 @@
+//! What the run must show, each check a verdict with its evidence.
+
+use crate::scenario::{Outcome, Row};
+
+const MIB: u64 = 1 << 20;
+/// A balloon that has not reached its target after this many intervals
+/// does not follow it.
+const FOLLOW_INTERVALS: usize = 10;
+
+/// One check's verdict.
+#[derive(Debug)]
+pub struct Verdict {
+    pub name: &'static str,
+    pub pass: bool,
+    pub detail: String,
+}
+
+fn verdict(name: &'static str, pass: bool, detail: String) -> Verdict {
+    Verdict { name, pass, detail }
+}
+
+fn dram(row: &Row, vm: usize) -> (u64, u64) {
+    row.vms[vm].balloon.get("dram").copied().unwrap_or_default()
+}
+
+fn within(row: &Row, vm: usize, target: f64, eps: f64) -> bool {
+    row.vms[vm]
+        .host
+        .is_some_and(|(r, _)| (r - target).abs() <= eps + 1e-9)
+}
+
+/// Intervals from `from` until both VMs are within epsilon of the target
+/// and stay so up to `to` (the simulator's definition).
+pub fn converge(o: &Outcome, from: usize, to: usize) -> Option<usize> {
+    let (t, e) = (o.plan.target, o.plan.epsilon);
+    let mut first = None;
+    for k in (from..to.min(o.rows.len())).rev() {
+        if !(within(&o.rows[k], 0, t, e) && within(&o.rows[k], 1, t, e)) {
+            break;
+        }
+        first = Some(k - from);
+    }
+    first
+}
+
+/// Every check of the closed loop.
+pub fn all(o: &Outcome) -> Vec<Verdict> {
+    let names = ["a", "b"];
+    let initial = o.plan.initial_dram_balloon_mib * MIB;
+    let mut out = Vec::new();
+
+    // Stats flow for both VMs.
+    let flowing: Vec<usize> = (0..2)
+        .map(|i| o.rows.iter().filter(|r| r.vms[i].host.is_some()).count())
+        .collect();
+    out.push(verdict(
+        "stats_flow",
+        flowing.iter().all(|&n| n >= 10),
+        format!(
+            "intervals with a host DRAM-hit estimate: a {} b {} of {}",
+            flowing[0],
+            flowing[1],
+            o.rows.len()
+        ),
+    ));
+
+    // DRAM moves to the VM that needs it, in both phases.
+    let change = o.phase_change.iter().copied().flatten().min();
+    let later = o.phase_change.iter().copied().flatten().max();
+    let first_phase = &o.rows[..change.unwrap_or(o.rows.len())];
+    let min_t = |rows: &[Row], i| rows.iter().map(|r| dram(r, i).0).min();
+    let max_t = |rows: &[Row], i| rows.iter().map(|r| dram(r, i).0).max();
+    let p0 = (min_t(first_phase, 0), max_t(first_phase, 1));
+    let p0_ok = p0.0.is_some_and(|t| t < initial) && p0.1.is_some_and(|t| t > initial);
+    let (p1_ok, p1_detail) = match (later, o.rows.last()) {
+        (Some(l), Some(last)) => {
+            let at = &o.rows[l.saturating_sub(1)];
+            let (a0, a1) = (dram(at, 0).0, dram(last, 0).0);
+            let (b0, b1) = (dram(at, 1).0, dram(last, 1).0);
+            (
+                a1 > a0 && b1 < b0,
+                format!(
+                    "phase 1: a's dram balloon {} -> {} MiB, b's {} -> {} MiB",
+                    a0 / MIB,
+                    a1 / MIB,
+                    b0 / MIB,
+                    b1 / MIB
+                ),
+            )
+        }
+        _ => (false, "phase 1 never seen in both guests".into()),
+    };
+    out.push(verdict(
+        "dram_moves_to_the_vm_that_needs_it",
+        p0_ok && p1_ok,
+        format!(
+            "phase 0: a's dram balloon went down to {:?} MiB, b's up to {:?} MiB (both started at {} MiB); {p1_detail}",
+            p0.0.map(|v| v / MIB),
+            p0.1.map(|v| v / MIB),
+            initial / MIB
+        ),
+    ));
+
+    // Each balloon follows its target.
+    let mut worst = (0usize, String::new());
+    for (i, name) in names.iter().enumerate() {
+        let mut run = 0;
+        for r in &o.rows {
+            for (zone, (t, b)) in &r.vms[i].balloon {
+                if t != b {
+                    run += 1;
+                    if run > worst.0 {
+                        worst = (run, format!("{name} {zone}"));
+                    }
+                } else {
+                    run = 0;
+                }
+            }
+        }
+    }
+    out.push(verdict(
+        "balloon_follows_target",
+        worst.0 < FOLLOW_INTERVALS,
+        format!(
+            "longest stretch with host_ballooned != target: {} intervals ({}; limit {FOLLOW_INTERVALS})",
+            worst.0,
+            if worst.1.is_empty() { "none" } else { &worst.1 }
+        ),
+    ));
+
+    // Host resident size of a zone drops as its balloon inflates.
+    let mut rss_ok = true;
+    let mut grew = false;
+    let mut rss_detail = Vec::new();
+    for (i, name) in names.iter().enumerate() {
+        let Some(peak) = o.rows.iter().max_by_key(|r| dram(r, i).1) else {
+            continue;
+        };
+        let grown = dram(peak, i).1.saturating_sub(initial);
+        let before = o.initial_rss[i].get("dram").copied().unwrap_or(0);
+        let after = peak.vms[i].rss.get("dram").copied().unwrap_or(0);
+        if grown >= 4 * MIB {
+            grew = true;
+            let ok = after + grown / 2 <= before;
+            rss_ok &= ok;
+            rss_detail.push(format!(
+                "{name}: balloon +{} MiB, dram rss {} -> {} MiB",
+                grown / MIB,
+                before / MIB,
+                after / MIB
+            ));
+        }
+    }
+    out.push(verdict(
+        "rss_drops_as_balloons_inflate",
+        rss_ok && grew,
+        if rss_detail.is_empty() {
+            "no dram balloon grew by 4 MiB or more".into()
+        } else {
+            rss_detail.join("; ")
+        },
+    ));
+
+    // Back within epsilon after the phase change.
+    let conv = later.and_then(|l| converge(o, l, o.rows.len()));
+    out.push(verdict(
+        "ratios_return_within_epsilon",
+        conv.is_some(),
+        format!(
+            "after the later phase change: {}; from the start (phase 0): {}",
+            conv.map_or_else(|| "never".into(), |k| format!("{k} intervals")),
+            converge(o, 0, change.unwrap_or(o.rows.len()))
+                .map_or_else(|| "not until the end".into(), |k| format!("{k} intervals"))
+        ),
+    ));
+    out
+}

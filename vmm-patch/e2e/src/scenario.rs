@@ -1,0 +1,377 @@
+//! The closed-loop scenario: two guests whose DRAM needs swap at a phase
+//! change, tierd sampling them and its controller moving DRAM between
+//! their per-tier balloons within a fixed host DRAM budget.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use tier_proto::v1::{
+    Decision, DecisionOutcome, Policy, SetPolicyRequest, StatsUpdate, WatchDecisionsRequest,
+    WatchStatsRequest,
+};
+use tokio_stream::StreamExt;
+
+use crate::tierd::Tierd;
+use crate::vmm::{ChVm, VmSpec};
+
+const MIB: u64 = 1 << 20;
+
+/// Everything the run needs from outside.
+#[derive(Debug, Clone)]
+pub struct Paths {
+    pub ch_bin: PathBuf,
+    pub tierd: PathBuf,
+    pub guest: PathBuf,
+    pub work: PathBuf,
+}
+
+/// The scenario's knobs.
+#[derive(Debug, Clone)]
+pub struct Plan {
+    pub dram_mib: u64,
+    pub slow_mib: u64,
+    /// DRAM balloon of each VM before tierd starts.
+    pub initial_dram_balloon_mib: u64,
+    /// Hot set of tier 0 (pages); the phase decides how much of it is used.
+    pub hot_pages: u32,
+    /// Active DRAM hot pages of the VM that needs little.
+    pub small_pages: u32,
+    pub phase_secs: u64,
+    /// How long to watch after the later guest's phase change.
+    pub after_secs: u64,
+    pub target: f64,
+    pub epsilon: f64,
+    pub max_step_mib: u64,
+    pub interval_ms: u64,
+    pub backend: String,
+}
+
+impl Default for Plan {
+    fn default() -> Plan {
+        Plan {
+            dram_mib: 32,
+            slow_mib: 64,
+            initial_dram_balloon_mib: 16,
+            hot_pages: 6000,
+            small_pages: 1500,
+            phase_secs: 45,
+            after_secs: 40,
+            target: 0.85,
+            epsilon: 0.05,
+            max_step_mib: 8,
+            interval_ms: 1000,
+            backend: "hostpte".into(),
+        }
+    }
+}
+
+impl Plan {
+    /// VM "a" needs DRAM in phase 0 and little in phase 1; "b" the reverse.
+    pub fn specs(&self) -> [VmSpec; 2] {
+        let spec = |name: &str, first: u32, second: u32| VmSpec {
+            name: name.into(),
+            zones: vec![
+                ("dram".into(), self.dram_mib),
+                ("slow".into(), self.slow_mib),
+            ],
+            cmdline: format!(
+                "hot={hot},300 phases=95/5@{secs}s:{first}/300,95/5@0:{second}/300 report=1s",
+                hot = self.hot_pages,
+                secs = self.phase_secs,
+            ),
+        };
+        [
+            spec("a", self.hot_pages, self.small_pages),
+            spec("b", self.small_pages, self.hot_pages),
+        ]
+    }
+
+    fn policy(&self) -> Policy {
+        let held = 2 * (self.dram_mib - self.initial_dram_balloon_mib) * MIB;
+        Policy {
+            enabled: true,
+            dry_run: false,
+            default_target: self.target,
+            epsilon: self.epsilon,
+            host_dram_budget_bytes: held,
+            max_step_bytes: self.max_step_mib * MIB,
+            cooldown_intervals: 1,
+            idle_threshold: 0.5,
+            vms: Vec::new(),
+        }
+    }
+}
+
+/// One VM in one interval.
+#[derive(Debug, Clone, Default)]
+pub struct VmRow {
+    /// The guest's workload phase (from its serial log).
+    pub phase: Option<u64>,
+    /// tierd's DRAM-hit estimate and its error bound.
+    pub host: Option<(f64, f64)>,
+    /// The guest's exact split over the last poll (stats queue).
+    pub truth: Option<f64>,
+    /// (target, host_ballooned) per zone, bytes.
+    pub balloon: BTreeMap<String, (u64, u64)>,
+    /// Host resident bytes per zone.
+    pub rss: BTreeMap<String, u64>,
+    /// Decisions APPLIED for this VM since the previous row.
+    pub applied: u32,
+}
+
+/// One interval of the run.
+#[derive(Debug, Clone)]
+pub struct Row {
+    pub t: f64,
+    pub seq: u64,
+    pub vms: [VmRow; 2],
+}
+
+/// What the run saw.
+#[derive(Debug)]
+pub struct Outcome {
+    pub rows: Vec<Row>,
+    /// Row index at which each guest started phase 1.
+    pub phase_change: [Option<usize>; 2],
+    pub decisions: Vec<Decision>,
+    pub initial_rss: [BTreeMap<String, u64>; 2],
+    pub plan: Plan,
+}
+
+/// Boots the guests, balloons them to the starting point, runs tierd and
+/// records every interval until the watch after the phase change is over.
+pub async fn run(plan: &Plan, paths: &Paths) -> anyhow::Result<Outcome> {
+    let ch_dir = paths.work.join("ch");
+    std::fs::create_dir_all(&ch_dir).context("creating the API socket directory")?;
+    let specs = plan.specs();
+    let mut vms = Vec::new();
+    for s in &specs {
+        vms.push(ChVm::boot(
+            s,
+            &paths.ch_bin,
+            &paths.guest,
+            &ch_dir,
+            &paths.work,
+        )?);
+    }
+    for vm in &mut vms {
+        let took = vm.wait_ready(Duration::from_secs(30)).await?;
+        println!(
+            "{}: pid {} api {} guest ready in {took:.1?}",
+            vm.name,
+            vm.pid(),
+            vm.socket.display()
+        );
+    }
+    let initial = plan.initial_dram_balloon_mib * MIB;
+    let mut initial_rss = [BTreeMap::new(), BTreeMap::new()];
+    for (i, vm) in vms.iter().enumerate() {
+        let took = vm
+            .balloon_to(&[("dram".into(), initial)], Duration::from_secs(60))
+            .await?;
+        initial_rss[i] = vm.zone_rss().await?;
+        println!(
+            "{}: dram balloon at {} MiB in {took:.1?}; zone rss {:?} MiB",
+            vm.name,
+            plan.initial_dram_balloon_mib,
+            initial_rss[i]
+                .iter()
+                .map(|(k, v)| (k, v / MIB))
+                .collect::<Vec<_>>()
+        );
+    }
+
+    let mut tierd = Tierd::start(
+        &paths.tierd,
+        &paths.work,
+        &ch_dir,
+        &plan.backend,
+        plan.interval_ms,
+    )?;
+    let mut client = tierd.client(Duration::from_secs(30)).await?;
+    println!("tierd: pid {}, log {}", tierd.pid(), tierd.log.display());
+    client
+        .set_policy(SetPolicyRequest {
+            policy: Some(plan.policy()),
+        })
+        .await
+        .context("SetPolicy")?;
+    let mut decisions_stream = client
+        .watch_decisions(WatchDecisionsRequest { vm_ids: vec![] })
+        .await
+        .context("WatchDecisions")?
+        .into_inner();
+    let mut stats = client
+        .watch_stats(WatchStatsRequest { vm_ids: vec![] })
+        .await
+        .context("WatchStats")?
+        .into_inner();
+
+    let pids: Vec<u32> = vms.iter().map(ChVm::pid).collect();
+    let mut ids: [Option<String>; 2] = [None, None];
+    let mut last_acc: [Vec<u64>; 2] = [Vec::new(), Vec::new()];
+    let mut rows = Vec::new();
+    let mut decisions = Vec::new();
+    let mut phase_change = [None, None];
+    let start = Instant::now();
+    let deadline = Duration::from_secs(plan.phase_secs * 2 + plan.after_secs + 120);
+    print_header();
+    loop {
+        let update: StatsUpdate = tokio::select! {
+            u = stats.next() => match u {
+                Some(u) => u.context("WatchStats stream")?,
+                None => anyhow::bail!("tierd closed the stats stream"),
+            },
+            d = decisions_stream.next() => {
+                if let Some(d) = d {
+                    decisions.push(d.context("WatchDecisions stream")?);
+                }
+                continue;
+            }
+        };
+        for v in &update.vms {
+            if let Some(i) = pids.iter().position(|p| *p == v.vmm_pid) {
+                ids[i] = Some(v.id.clone());
+            }
+        }
+        let mut row = Row {
+            t: start.elapsed().as_secs_f64(),
+            seq: update.sequence,
+            vms: [VmRow::default(), VmRow::default()],
+        };
+        for (i, vm) in vms.iter().enumerate() {
+            let r = &mut row.vms[i];
+            r.phase = vm
+                .lines()
+                .iter()
+                .rev()
+                .find(|l| l.kind == "phase")
+                .and_then(|l| l.u64("n"));
+            if let Some(id) = &ids[i]
+                && let Some(s) = update.stats.iter().find(|s| &s.vm_id == id)
+                && s.has_accesses
+            {
+                r.host = Some((s.dram_hit_ratio, s.dram_hit_error));
+            }
+            let acc = vm.guest_accesses().await.unwrap_or_default();
+            if acc.len() >= 2 && last_acc[i].len() == acc.len() {
+                let d: Vec<u64> = acc
+                    .iter()
+                    .zip(&last_acc[i])
+                    .map(|(a, b)| a.saturating_sub(*b))
+                    .collect();
+                let total: u64 = d.iter().sum();
+                if total > 0 {
+                    r.truth = Some(d[0] as f64 / total as f64);
+                }
+            }
+            last_acc[i] = acc;
+            for z in vm.zones().await.unwrap_or_default() {
+                r.balloon.insert(z.id.clone(), (z.target, z.host_ballooned));
+            }
+            r.rss = vm.zone_rss().await.unwrap_or_default();
+            if let Some(id) = &ids[i] {
+                r.applied = decisions
+                    .iter()
+                    .filter(|d| {
+                        &d.vm_id == id
+                            && d.outcome == DecisionOutcome::Applied as i32
+                            && d.timestamp_unix_ns > 0
+                    })
+                    .count() as u32;
+            }
+            if r.phase == Some(1) && phase_change[i].is_none() {
+                phase_change[i] = Some(rows.len());
+            }
+        }
+        print_row(&row);
+        rows.push(row);
+        let later = phase_change.iter().copied().collect::<Option<Vec<_>>>();
+        if let Some(later) = later.and_then(|v| v.into_iter().max()) {
+            let since = rows.len() - later;
+            if since as u64 * plan.interval_ms >= plan.after_secs * 1000 {
+                break;
+            }
+        }
+        if start.elapsed() > deadline {
+            println!("deadline of {deadline:?} reached");
+            break;
+        }
+    }
+    // Make the applied counts per interval, not cumulative.
+    for i in 0..2 {
+        let mut prev = 0;
+        for r in &mut rows {
+            let c = r.vms[i].applied;
+            r.vms[i].applied = c - prev.min(c);
+            prev = c;
+        }
+    }
+    tierd.stop();
+    for vm in &mut vms {
+        vm.stop();
+    }
+    Ok(Outcome {
+        rows,
+        phase_change,
+        decisions,
+        initial_rss,
+        plan: plan.clone(),
+    })
+}
+
+fn pct(v: Option<f64>) -> String {
+    v.map_or_else(|| "-".into(), |v| format!("{:.0}", v * 100.0))
+}
+
+fn mib(v: u64) -> String {
+    format!("{:.1}", v as f64 / MIB as f64)
+}
+
+/// Header of the timeline table.
+pub fn print_header() {
+    println!(
+        "{:>5} {:>4} | {:>2} {:>9} {:>5} {:>9} {:>9} {:>6} {:>3} | {:>2} {:>9} {:>5} {:>9} {:>9} {:>6} {:>3}",
+        "t_s",
+        "seq",
+        "ph",
+        "a_host%",
+        "truth",
+        "dram_tgt",
+        "dram_bal",
+        "rss",
+        "dec",
+        "ph",
+        "b_host%",
+        "truth",
+        "dram_tgt",
+        "dram_bal",
+        "rss",
+        "dec"
+    );
+}
+
+/// One line of the timeline (balloons and RSS in MiB).
+pub fn print_row(row: &Row) {
+    let mut line = format!("{:>5.1} {:>4}", row.t, row.seq);
+    for v in &row.vms {
+        let (tgt, bal) = v.balloon.get("dram").copied().unwrap_or_default();
+        let host = v.host.map_or_else(
+            || "-".into(),
+            |(r, e)| format!("{}±{:.0}", pct(Some(r)), e * 100.0),
+        );
+        line.push_str(&format!(
+            " | {:>2} {:>9} {:>5} {:>9} {:>9} {:>6} {:>3}",
+            v.phase.map_or_else(|| "-".into(), |p| p.to_string()),
+            host,
+            pct(v.truth),
+            mib(tgt),
+            mib(bal),
+            mib(v.rss.get("dram").copied().unwrap_or(0)),
+            v.applied
+        ));
+    }
+    println!("{line}");
+}

@@ -1,0 +1,111 @@
+//! tierd, started here with its own config and socket, stopped by its PID.
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use tier_proto::v1::tier_service_client::TierServiceClient;
+use tier_proto::{Endpoint, connect};
+use tonic::transport::Channel;
+
+use crate::vmm::stop_child;
+
+/// A running tierd.
+#[derive(Debug)]
+pub struct Tierd {
+    child: Child,
+    pub socket: PathBuf,
+    pub log: PathBuf,
+}
+
+impl Tierd {
+    /// Starts `bin run` with a config that samples with `backend`, finds
+    /// cloud-hypervisor VMs through the API sockets in `ch_dir`, takes the
+    /// zone `slow` for CXL memory (this host has one memory tier) and runs
+    /// the controller.
+    pub fn start(
+        bin: &Path,
+        dir: &Path,
+        ch_dir: &Path,
+        backend: &str,
+        interval_ms: u64,
+    ) -> anyhow::Result<Tierd> {
+        let socket = dir.join("tierd.sock");
+        let config = dir.join("tierd.toml");
+        let text = format!(
+            "socket = {socket:?}\n\
+             socket_mode = \"0600\"\n\
+             interval_ms = {interval_ms}\n\
+             backend = {backend:?}\n\
+             [tier_kinds]\n\
+             slow = \"cxl\"\n\
+             [metrics]\n\
+             listen = \"\"\n\
+             [discovery]\n\
+             ch_api_dir = {ch_dir:?}\n\
+             [controller]\n\
+             enabled = true\n",
+            socket = socket.display().to_string(),
+            ch_dir = ch_dir.display().to_string(),
+        );
+        std::fs::write(&config, text).context("writing tierd.toml")?;
+        let log = dir.join("tierd.log");
+        let err = File::create(&log).context("creating tierd.log")?;
+        let child = Command::new(bin)
+            .arg("run")
+            .arg("--config")
+            .arg(&config)
+            .stdout(Stdio::null())
+            .stderr(err)
+            .spawn()
+            .with_context(|| format!("starting {}", bin.display()))?;
+        Ok(Tierd { child, socket, log })
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// A client once the socket answers.
+    pub async fn client(
+        &mut self,
+        timeout: Duration,
+    ) -> anyhow::Result<TierServiceClient<Channel>> {
+        let endpoint =
+            Endpoint::parse(&self.socket.display().to_string()).context("tierd socket path")?;
+        let start = Instant::now();
+        loop {
+            if let Some(status) = self.child.try_wait().context("waiting for tierd")? {
+                bail!(
+                    "tierd exited ({status}); its log ({}):\n{}",
+                    self.log.display(),
+                    std::fs::read_to_string(&self.log).unwrap_or_default()
+                );
+            }
+            if self.socket.exists()
+                && let Ok(c) = connect(&endpoint).await
+            {
+                return Ok(c);
+            }
+            if start.elapsed() > timeout {
+                bail!(
+                    "tierd socket {} not up after {timeout:?}",
+                    self.socket.display()
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    pub fn stop(&mut self) {
+        stop_child(&mut self.child);
+    }
+}
+
+impl Drop for Tierd {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}

@@ -1,0 +1,295 @@
+//! One test guest under the patched cloud-hypervisor: started here, stopped
+//! here by its PID, read through its API socket, serial log and smaps.
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use tier_controller::actuate::{BalloonZone, ChApi, Vmm};
+use tier_testguest::serial::{Line, parse_log};
+
+/// What to boot.
+#[derive(Debug, Clone)]
+pub struct VmSpec {
+    pub name: String,
+    /// (zone id, MiB), DRAM first; one guest NUMA node each.
+    pub zones: Vec<(String, u64)>,
+    /// The guest's command line (checked with its own parser first).
+    pub cmdline: String,
+}
+
+/// A running VMM process.
+#[derive(Debug)]
+pub struct ChVm {
+    pub name: String,
+    child: Child,
+    pub socket: PathBuf,
+    pub serial: PathBuf,
+    pub api: ChApi,
+}
+
+impl ChVm {
+    /// Starts the VMM with `spec`; its API socket goes into `sock_dir`, its
+    /// serial and stderr into `dir`. Every zone is prefaulted, so the host
+    /// resident size of a zone drops exactly when the balloon frees pages,
+    /// and shared (memfd-backed): anonymous zones on one host node end up in
+    /// one merged mapping, which per-mapping sampling (hostpte) cannot split
+    /// by tier (docs/discovery.md).
+    pub fn boot(
+        spec: &VmSpec,
+        ch_bin: &Path,
+        guest: &Path,
+        sock_dir: &Path,
+        dir: &Path,
+    ) -> anyhow::Result<ChVm> {
+        tier_testguest::params::Params::parse(&spec.cmdline)
+            .with_context(|| format!("{}: guest command line", spec.name))?;
+        let socket = sock_dir.join(format!("{}.sock", spec.name));
+        let serial = dir.join(format!("{}.serial", spec.name));
+        let log = File::create(dir.join(format!("{}.log", spec.name)))
+            .with_context(|| format!("{}: creating its log", spec.name))?;
+        let mut cmd = Command::new(ch_bin);
+        cmd.arg("--api-socket")
+            .arg(format!("path={}", socket.display()))
+            .arg("--kernel")
+            .arg(guest)
+            .args(["--cmdline", &spec.cmdline])
+            .args(["--cpus", "boot=1", "--memory", "size=0"]);
+        for (i, (id, mib)) in spec.zones.iter().enumerate() {
+            cmd.args([
+                "--memory-zone",
+                &format!("id={id},size={mib}M,shared=on,prefault=on"),
+            ]);
+            cmd.args(["--numa", &format!("guest_numa_id={i},memory_zones={id}")]);
+        }
+        cmd.args(["--balloon", "size=0,tiers=on,stats=on"])
+            .arg("--serial")
+            .arg(format!("file={}", serial.display()))
+            .args(["--console", "off"])
+            .stdout(Stdio::null())
+            .stderr(log);
+        let child = cmd
+            .spawn()
+            .with_context(|| format!("starting {}", ch_bin.display()))?;
+        Ok(ChVm {
+            name: spec.name.clone(),
+            child,
+            api: ChApi::new(&socket).with_timeout(Duration::from_secs(5)),
+            socket,
+            serial,
+        })
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Waits for the API socket to answer and the guest driver to be ready.
+    pub async fn wait_ready(&mut self, timeout: Duration) -> anyhow::Result<Duration> {
+        let start = Instant::now();
+        loop {
+            if let Some(status) = self.child.try_wait().context("waiting for the VMM")? {
+                bail!(
+                    "{}: the VMM exited ({status}) before the guest was ready",
+                    self.name
+                );
+            }
+            if let Some(e) = self.lines().iter().find(|l| l.kind == "error") {
+                bail!("{}: guest error: {e:?}", self.name);
+            }
+            let ready = self.lines().iter().any(|l| l.kind == "ready");
+            if ready && self.api.ping().await.is_ok() {
+                return Ok(start.elapsed());
+            }
+            if start.elapsed() > timeout {
+                bail!("{}: guest not ready after {timeout:?}", self.name);
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// The guest's complete serial lines so far.
+    pub fn lines(&self) -> Vec<Line> {
+        parse_log(&std::fs::read_to_string(&self.serial).unwrap_or_default())
+    }
+
+    /// Per-zone balloon state from `vm.info`.
+    pub async fn zones(&self) -> anyhow::Result<Vec<BalloonZone>> {
+        let info = self.api.vm_info().await.context("vm.info")?;
+        Ok(info.balloon.map(|b| b.zones).unwrap_or_default())
+    }
+
+    /// The guest's own cumulative accesses per tier (stats queue, through
+    /// `vm.counters`): `tier<i>_guest_accesses`.
+    pub async fn guest_accesses(&self) -> anyhow::Result<Vec<u64>> {
+        let counters = self.api.counters().await.context("vm.counters")?;
+        let mut out = Vec::new();
+        for dev in counters.values() {
+            for i in 0.. {
+                match dev.get(&format!("tier{i}_guest_accesses")) {
+                    Some(v) => out.push(*v),
+                    None => break,
+                }
+            }
+            if !out.is_empty() {
+                break;
+            }
+        }
+        Ok(out)
+    }
+
+    /// Sets DRAM/slow balloon targets and waits until the device counted
+    /// exactly that many pages (`host_ballooned`).
+    pub async fn balloon_to(
+        &self,
+        targets: &[(String, u64)],
+        timeout: Duration,
+    ) -> anyhow::Result<Duration> {
+        self.api
+            .set_tier_targets(targets)
+            .await
+            .context("vm.resize")?;
+        let start = Instant::now();
+        loop {
+            let zones = self.zones().await?;
+            let done = targets.iter().all(|(id, t)| {
+                zones
+                    .iter()
+                    .any(|z| &z.id == id && z.host_ballooned == *t && z.target == *t)
+            });
+            if done {
+                return Ok(start.elapsed());
+            }
+            if start.elapsed() > timeout {
+                bail!(
+                    "{}: balloon did not reach {targets:?} in {timeout:?}: {zones:?}",
+                    self.name
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Host resident bytes of each zone: the smaps `Rss` of the VMM's
+    /// mappings that hold the zone's ranges (`vm.info` host addresses).
+    pub async fn zone_rss(&self) -> anyhow::Result<BTreeMap<String, u64>> {
+        let info = self.api.vm_info().await.context("vm.info")?;
+        let smaps = std::fs::read_to_string(format!("/proc/{}/smaps", self.pid()))
+            .with_context(|| format!("{}: reading smaps", self.name))?;
+        let maps = parse_smaps(&smaps);
+        let mut out = BTreeMap::new();
+        for z in info.memory_zones.unwrap_or_default() {
+            let mut rss = 0;
+            for r in &z.ranges {
+                let Some(start) = r.host_address else {
+                    bail!(
+                        "{}: vm.info gives no host address for zone {} (needs vmm-patch 0005)",
+                        self.name,
+                        z.id
+                    );
+                };
+                let end = start + r.size;
+                rss += maps
+                    .iter()
+                    .filter(|m| m.start < end && start < m.end)
+                    .map(|m| m.rss)
+                    .sum::<u64>();
+            }
+            out.insert(z.id, rss);
+        }
+        Ok(out)
+    }
+
+    /// SIGTERM by PID, then SIGKILL after 3 s.
+    pub fn stop(&mut self) {
+        stop_child(&mut self.child);
+    }
+}
+
+impl Drop for ChVm {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// Ends a child this program started: SIGTERM by its PID, SIGKILL after 3 s.
+pub fn stop_child(child: &mut Child) {
+    if matches!(child.try_wait(), Ok(Some(_))) {
+        return;
+    }
+    let pid = child.id() as libc::pid_t;
+    // SAFETY: kill(2) on the PID of our own child, which has not been
+    // reaped yet (try_wait said so), so the PID cannot have been reused.
+    unsafe { libc::kill(pid, libc::SIGTERM) };
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(3) {
+        if matches!(child.try_wait(), Ok(Some(_))) {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
+#[derive(Debug, PartialEq, Eq)]
+struct Mapping {
+    start: u64,
+    end: u64,
+    rss: u64,
+}
+
+/// Address range and `Rss` of every mapping in an smaps text.
+fn parse_smaps(text: &str) -> Vec<Mapping> {
+    let mut out: Vec<Mapping> = Vec::new();
+    for line in text.lines() {
+        let first = line.split_whitespace().next().unwrap_or("");
+        if let Some((a, b)) = first.split_once('-')
+            && let (Ok(start), Ok(end)) = (u64::from_str_radix(a, 16), u64::from_str_radix(b, 16))
+        {
+            out.push(Mapping { start, end, rss: 0 });
+        } else if let Some(kb) = line.strip_prefix("Rss:")
+            && let Some(m) = out.last_mut()
+        {
+            let kb = kb.trim().trim_end_matches("kB").trim();
+            m.rss = kb.parse::<u64>().unwrap_or(0) * 1024;
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn smaps_gives_ranges_and_rss() {
+        let text = "\
+7f0000000000-7f0002000000 rw-p 00000000 00:00 0 
+Size:              32768 kB
+Rss:               16384 kB
+Pss:               16384 kB
+7f0002000000-7f0002001000 r--p 00000000 fd:00 123                        /usr/lib/x
+Size:                  4 kB
+Rss:                   4 kB
+";
+        assert_eq!(
+            parse_smaps(text),
+            vec![
+                Mapping {
+                    start: 0x7f00_0000_0000,
+                    end: 0x7f00_0200_0000,
+                    rss: 16 << 20
+                },
+                Mapping {
+                    start: 0x7f00_0200_0000,
+                    end: 0x7f00_0200_1000,
+                    rss: 4096
+                },
+            ]
+        );
+    }
+}
