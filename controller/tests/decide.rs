@@ -336,3 +336,185 @@ fn guest_claims_are_shown_not_used() {
     assert_eq!(d.reason(), DecisionReason::BelowTarget);
     assert!(d.detail.contains("guest claims 1.000"), "{}", d.detail);
 }
+
+/// One VM "m" with 2G zones: 256M of a 2G hot set in DRAM, uniform
+/// (x = r = 0.125, b = 1). Target 0.875 needs 1792M hot in DRAM: +1536M,
+/// with steps of 512M and a quarter kept back (384M) for a settled sample.
+fn far_below() -> (Config, Vec<VmObs>) {
+    let mut cfg = config(4 * G);
+    cfg.default_target = 0.875;
+    cfg.max_step = 512 * M;
+    cfg.tuning.move_reserve = 0.25;
+    (cfg, vec![vm("m", 256 * M, 256 * M, 125.0, 1792 * M, 875.0)])
+}
+
+/// Sets the sample of `v`: `hot` of its DRAM accessed `acc` times, the
+/// slow tier `slow_hot` / `slow_acc`.
+fn sample(v: &mut VmObs, hot: u64, acc: f64, slow_hot: u64, slow_acc: f64) {
+    v.dram.accessed_bytes = hot;
+    v.dram.accesses = acc;
+    v.dram.idle_bytes = v.dram.held().saturating_sub(hot);
+    v.slow.accessed_bytes = slow_hot;
+    v.slow.accesses = slow_acc;
+    v.slow.idle_bytes = v.slow.held().saturating_sub(slow_hot);
+}
+
+#[test]
+fn a_move_larger_than_the_step_continues_without_waiting() {
+    let (cfg, mut vms) = far_below();
+    let mut c = Controller::new(cfg);
+    // Round 1: the assessment asks for 1536M, the step allows 512M.
+    let p = c.decide(&vms, 1);
+    let d = decision(&p, "m");
+    assert_eq!(d.reason(), DecisionReason::BelowTarget);
+    assert_eq!(p.targets[0].dram, 2 * G - 768 * M);
+    assert!(d.detail.contains("need 1.5G"), "{}", d.detail);
+    // Round 2: the balloon arrived, the sample mixes before and after
+    // (here r = 0.25 < 0.875). Cooldown 1, yet the move goes on: the next
+    // 512M of the 1152M not kept back, expected 1408M / 2G = 0.6875 after.
+    apply(&mut vms, &p);
+    sample(&mut vms[0], 768 * M, 250.0, 1792 * M, 750.0);
+    let p = c.decide(&vms, 2);
+    assert_eq!(p.targets[0].status, VmStatus::Managed);
+    let d = decision(&p, "m");
+    assert_eq!(d.reason(), DecisionReason::BelowTarget);
+    assert_eq!(p.targets[0].dram, 2 * G - 1280 * M);
+    assert!(
+        d.detail
+            .starts_with("continuing the rise planned in round 1: 1.5G in all, 640.0M left"),
+        "{}",
+        d.detail
+    );
+    assert_eq!(d.expected_ratio, 0.6875);
+    // Round 3: 128M of the unassessed part left, which the assessment can
+    // take along with the 384M kept back: no step, and this sample is mixed
+    // again, so no assessment either.
+    apply(&mut vms, &p);
+    sample(&mut vms[0], 1280 * M, 500.0, 1024 * M, 500.0);
+    let p = c.decide(&vms, 3);
+    assert!(p.decisions.is_empty());
+    assert_eq!(p.targets[0].status, VmStatus::Cooldown);
+    // Round 4, settled: 1280M of 2G hot in DRAM, r = 0.625 -> +512M to
+    // 1792M, the target exactly.
+    sample(&mut vms[0], 1280 * M, 625.0, 768 * M, 375.0);
+    let p = c.decide(&vms, 4);
+    let d = decision(&p, "m");
+    assert_eq!(p.targets[0].dram, 2 * G - 1792 * M);
+    assert_eq!(d.expected_ratio, 0.875);
+    assert!(d.detail.starts_with("ratio 0.625 < 0.875"), "{}", d.detail);
+}
+
+#[test]
+fn a_move_stops_when_the_sample_shows_the_target() {
+    let (cfg, mut vms) = far_below();
+    let mut c = Controller::new(cfg);
+    let p = c.decide(&vms, 1);
+    apply(&mut vms, &p);
+    // A mixed sample at the target already: whatever the plan said, the
+    // move is over; no assessment on this sample.
+    sample(&mut vms[0], 768 * M, 900.0, 1280 * M, 100.0);
+    let p = c.decide(&vms, 2);
+    assert!(p.decisions.is_empty());
+    assert_eq!(p.targets[0].status, VmStatus::Cooldown);
+    // The next, settled sample is assessed as usual (within the band).
+    let p = c.decide(&vms, 3);
+    assert!(p.decisions.is_empty());
+    assert_eq!(p.targets[0].status, VmStatus::Managed);
+}
+
+#[test]
+fn a_fit_less_growth_is_not_carried_on_blindly() {
+    // Nothing in DRAM: no fit, the even-spread estimate (1792M) would
+    // overshoot for a skewed guest. One step, then a settled sample.
+    let (cfg, _) = far_below();
+    let mut vms = vec![vm("m", 0, 0, 0.0, 2 * G, 1000.0)];
+    let mut c = Controller::new(cfg);
+    let p = c.decide(&vms, 1);
+    let d = decision(&p, "m");
+    assert!(d.detail.contains("no fit"), "{}", d.detail);
+    assert!(d.detail.contains("need 1.8G"), "{}", d.detail);
+    assert_eq!(p.targets[0].dram, 2 * G - 512 * M);
+    apply(&mut vms, &p);
+    sample(&mut vms[0], 512 * M, 700.0, 1536 * M, 300.0);
+    let p = c.decide(&vms, 2);
+    assert!(p.decisions.is_empty());
+    assert_eq!(p.targets[0].status, VmStatus::Cooldown);
+    // Settled: 512M of a 1G hot set (skewed) take 0.85 of the accesses,
+    // inside the band (0.875 +- 3/64) but short of the target after a
+    // rise cut short by the step: on to the target.
+    sample(&mut vms[0], 512 * M, 850.0, 512 * M, 150.0);
+    let p = c.decide(&vms, 3);
+    let d = decision(&p, "m");
+    assert!(
+        d.detail
+            .starts_with("ratio 0.850 < 0.875, the last rise was cut short by the step"),
+        "{}",
+        d.detail
+    );
+    assert!(p.targets[0].dram < 2 * G - 512 * M);
+}
+
+#[test]
+fn cooldown_counts_from_the_arrival_of_the_balloon() {
+    let (cfg, mut vms) = far_below();
+    let mut c = Controller::new(cfg.clone());
+    let p = c.decide(&vms, 1);
+    // The balloon is half way after one interval, there after two.
+    apply(&mut vms, &p);
+    vms[0].dram.balloon_actual += 256 * M;
+    vms[0].slow.balloon_actual -= 256 * M;
+    let p = c.decide(&vms, 2);
+    assert_eq!(p.targets[0].status, VmStatus::Settling);
+    vms[0].dram.balloon_actual = vms[0].dram.balloon_target;
+    vms[0].slow.balloon_actual = vms[0].slow.balloon_target;
+    // Arrived during this interval: the move goes on (it needs no
+    // assessment) ...
+    sample(&mut vms[0], 768 * M, 250.0, 1792 * M, 750.0);
+    let p = c.decide(&vms, 3);
+    assert_eq!(decision(&p, "m").changes.len(), 2);
+    // ... but a VM with nothing under way waits one more interval: its
+    // sample is mixed.
+    let (_, mut fresh) = far_below();
+    fresh[0].dram.balloon_actual += 256 * M;
+    let mut c = Controller::new(cfg);
+    assert_eq!(c.decide(&fresh, 1).targets[0].status, VmStatus::Settling);
+    fresh[0].dram.balloon_actual = fresh[0].dram.balloon_target;
+    assert_eq!(c.decide(&fresh, 2).targets[0].status, VmStatus::Cooldown);
+    assert_eq!(c.decide(&fresh, 3).targets[0].status, VmStatus::Managed);
+}
+
+#[test]
+fn a_new_hot_set_lifts_the_flip_back_guard() {
+    // h: x = r = 0.5 -> +160M (up); then r = 0.95 -> a cut (a reversal);
+    // then r = 0.5 again: up would flip back within the window: held,
+    // unless the hot set changed by more than a quarter (a new load).
+    let run = |hot_last: u64| {
+        let mut vms = vec![vm("h", 320 * M, 320 * M, 500.0, 320 * M, 500.0)];
+        let mut c = Controller::new(config(4 * G));
+        let mut dirs = Vec::new();
+        let mut step = |vms: &mut Vec<VmObs>, c: &mut Controller, round: u64| {
+            let before = vms[0].dram.balloon_target;
+            let p = c.decide(vms, round);
+            apply(vms, &p);
+            let after = vms[0].dram.balloon_target;
+            if after != before {
+                dirs.push(if after < before { 1 } else { -1 });
+            }
+        };
+        step(&mut vms, &mut c, 1);
+        step(&mut vms, &mut c, 2);
+        let g = vms[0].dram.given();
+        sample(&mut vms[0], g, 950.0, 640 * M - g, 50.0);
+        step(&mut vms, &mut c, 3);
+        step(&mut vms, &mut c, 4);
+        let g = vms[0].dram.given();
+        sample(&mut vms[0], g, 500.0, hot_last - g, 500.0);
+        step(&mut vms, &mut c, 5);
+        dirs
+    };
+    // The same 640M hot set, or one within a quarter of it: held.
+    assert_eq!(run(640 * M), [1, -1]);
+    assert_eq!(run(800 * M), [1, -1]);
+    // 1G: a new load.
+    assert_eq!(run(G), [1, -1, 1]);
+}

@@ -1,13 +1,16 @@
 //! The controller's decision function on simulated fleets of 8, 64 and 1000
 //! VMs (tier_controller::sim: Zipf-like hot sets, 2 % sampling noise, 2 % of
 //! guests refusing their balloon, a third of the VMs changing phase at
-//! interval 20, balloons at 1 GiB/s): intervals until every cooperative VM
-//! is within epsilon of its target, after the start and after the phase
-//! change, against an oracle that knows each VM's need and is bound only
-//! by the same step and cooldown (the baseline); flip-backs; DRAM
-//! utilisation; wall time of one decision round, against a trivial
-//! proportional split of the same budget over the same observations (the
-//! baseline), and 1000 VMs against 8.
+//! interval 20, balloons at 1 GiB/s, samples of an interval in which a
+//! balloon moved mix before and after): intervals until every cooperative
+//! VM is within epsilon of its target, after the start and after the phase
+//! change, against an oracle that knows each VM's need and is bound only by
+//! the same step (the baseline; also shown bound by step and cooldown after
+//! every change, as a controller that re-assesses before each step is);
+//! reversals under constant load and flip-backs; DRAM utilisation; wall
+//! time of one decision round, against a trivial proportional split of the
+//! same budget over the same observations (the baseline), and 1000 VMs
+//! against 8.
 
 use std::time::Instant;
 
@@ -16,7 +19,7 @@ use tier_benches::{Row, Summary, print_table, result_line};
 use tier_controller::policy::{Config, Tuning, VmObs};
 use tier_controller::sim::fleet::{FleetSpec, fleet};
 use tier_controller::sim::metrics::{
-    converge, cooperative, oracle_converge, oscillations, utilisation,
+    converge, cooperative, oracle_converge, oscillations, reversals, utilisation,
 };
 use tier_controller::sim::{Sim, SimConfig};
 
@@ -68,10 +71,15 @@ fn proportional(obs: &[VmObs], budget: u64) -> Vec<u64> {
 struct Sample {
     converge: Vec<f64>,
     converge_phase: Vec<f64>,
-    /// The same for an oracle bound only by step and cooldown.
+    /// The same for an oracle bound only by the step.
     oracle: Vec<f64>,
     oracle_phase: Vec<f64>,
+    /// ... and for one that also waits out the cooldown after each change.
+    oracle_cd: Vec<f64>,
+    oracle_cd_phase: Vec<f64>,
     not_converged: usize,
+    /// Reversals before the phase change (constant load).
+    reversals: Vec<f64>,
     flips: Vec<f64>,
     util: Vec<f64>,
     decide_ms: Vec<f64>,
@@ -116,10 +124,16 @@ fn measure(vms: usize) -> Sample {
                 }
             }
         }
-        for (from, out) in [(0, &mut m.oracle), (p, &mut m.oracle_phase)] {
-            let o = oracle_converge(&sim.vms, &steps, from, EPSILON, STEP, COOLDOWN, &counted);
+        for (from, cd, out) in [
+            (0, 0, &mut m.oracle),
+            (p, 0, &mut m.oracle_phase),
+            (0, COOLDOWN, &mut m.oracle_cd),
+            (p, COOLDOWN, &mut m.oracle_cd_phase),
+        ] {
+            let o = oracle_converge(&sim.vms, &steps, from, EPSILON, STEP, cd, &counted);
             out.extend(o.map(|k| k as f64));
         }
+        m.reversals.push(reversals(&steps, 0, p) as f64);
         m.flips.push(oscillations(&steps, 0, n) as f64);
         for k in [p - 1, n - 1] {
             m.util.extend(utilisation(&steps, k).map(|u| u * 100.0));
@@ -137,6 +151,7 @@ fn main() -> anyhow::Result<()> {
         let (d, b) = (s(&m.decide_ms)?, s(&m.baseline_ms)?);
         let (c, cp) = (s(&m.converge)?, s(&m.converge_phase)?);
         let (o, op) = (s(&m.oracle)?, s(&m.oracle_phase)?);
+        let (ocd, ocdp) = (s(&m.oracle_cd)?, s(&m.oracle_cd_phase)?);
         converge_max = converge_max.max(c.max).max(cp.max);
         medians.push((vms, d.median));
         print_table(
@@ -152,6 +167,12 @@ fn main() -> anyhow::Result<()> {
                     ratio: None,
                 },
                 Row {
+                    name: "oracle + cooldown, after start".into(),
+                    unit: "intervals",
+                    summary: ocd,
+                    ratio: None,
+                },
+                Row {
                     name: "converge after start".into(),
                     unit: "intervals",
                     summary: c,
@@ -164,10 +185,22 @@ fn main() -> anyhow::Result<()> {
                     ratio: None,
                 },
                 Row {
+                    name: "oracle + cooldown, after phase".into(),
+                    unit: "intervals",
+                    summary: ocdp,
+                    ratio: None,
+                },
+                Row {
                     name: "converge after phase change".into(),
                     unit: "intervals",
                     summary: cp,
                     ratio: Some(cp.median / op.median),
+                },
+                Row {
+                    name: "reversals before phase change".into(),
+                    unit: "per run",
+                    summary: s(&m.reversals)?,
+                    ratio: None,
                 },
                 Row {
                     name: "flip-backs (+-+ / -+-)".into(),

@@ -1,11 +1,12 @@
 //! What one managed VM wants this interval, before the host-level allocator
 //! and the budget have their say. Checks in order: tier limits, above
-//! target, idle memory, below target.
+//! target, idle memory, below target. A move under way (`state::Move`)
+//! takes its next step instead (`resume`).
 
 use super::config::{Config, PAGE};
 use super::input::VmObs;
 use super::model::Load;
-use super::state::Dir;
+use super::state::{Dir, Move};
 
 /// Which rule produced a want.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -16,9 +17,9 @@ pub enum Why {
     Floor,
     /// Idle DRAM above the idle threshold.
     Idle,
-    /// Ratio above target + epsilon.
+    /// Ratio above the band (`Config::hold_epsilon`).
     Above,
-    /// Ratio below target - epsilon.
+    /// Ratio below the band.
     Below,
 }
 
@@ -50,6 +51,11 @@ pub struct Ctx {
     pub last_dir: Option<Dir>,
     /// The VM reversed direction within the hysteresis window.
     pub reversed_lately: bool,
+    /// The last assessment's move in this direction was cut short by the
+    /// step: aim at the target, not only at the band (`VmState::short`).
+    pub short: Option<Dir>,
+    /// The last change reversed the one before it.
+    pub last_reversed: bool,
 }
 
 /// Idle bytes to reclaim so that at most `threshold` of what the guest
@@ -69,24 +75,61 @@ fn flips_back(ctx: &Ctx, dir: Dir) -> bool {
     ctx.reversed_lately && ctx.last_dir.is_some_and(|d| d != dir)
 }
 
-pub fn classify(vm: &VmObs, load: &Load, ctx: &Ctx, cfg: &Config) -> Want {
-    let g = vm.dram.given();
-    let step = cfg.max_step;
+/// DRAM given outside the tier limits: back toward them, whatever the ratio.
+fn limit_want(g: u64, ctx: &Ctx, step: u64) -> Option<Want> {
     if g > ctx.hi {
         let raw = g - ctx.hi;
-        return Want::Release {
+        return Some(Want::Release {
             why: Why::Ceiling,
             raw,
             bytes: raw.min(step),
-        };
+        });
     }
     if g < ctx.lo {
         let raw = ctx.lo - g;
-        return Want::Need {
+        return Some(Want::Need {
             why: Why::Floor,
             raw,
             bytes: raw.min(step),
-        };
+        });
+    }
+    None
+}
+
+/// The next step of a move under way, or `None` when it is over: the limits
+/// call for something else (`classify` handles them), the sample shows the
+/// ratio at or past the target (a sample taken while the balloon moved lies
+/// between before and after, so past there is past now), the VM has no
+/// accesses, or what is left is below the minimum step. An idle reclaim
+/// never takes more than the bytes found idle.
+pub fn resume(vm: &VmObs, load: &Load, ctx: &Ctx, cfg: &Config, mv: &Move) -> Option<Want> {
+    let g = vm.dram.given();
+    if g > ctx.hi || g < ctx.lo {
+        return None;
+    }
+    let r = load.ratio()?;
+    let step = cfg.max_step;
+    let (done, room) = match mv.dir {
+        Dir::Up => (r >= ctx.target, ctx.hi - g),
+        Dir::Down if mv.why == Why::Idle => (false, (g - ctx.lo).min(vm.dram.idle_bytes)),
+        Dir::Down => (r <= ctx.target, g - ctx.lo),
+    };
+    let bytes = mv.left.min(step).min(room) / PAGE * PAGE;
+    if done || bytes < cfg.min_step() {
+        return None;
+    }
+    let (why, raw) = (mv.why, mv.left);
+    Some(match mv.dir {
+        Dir::Up => Want::Need { why, raw, bytes },
+        Dir::Down => Want::Release { why, raw, bytes },
+    })
+}
+
+pub fn classify(vm: &VmObs, load: &Load, ctx: &Ctx, cfg: &Config) -> Want {
+    let g = vm.dram.given();
+    let step = cfg.max_step;
+    if let Some(w) = limit_want(g, ctx, step) {
+        return w;
     }
     let room_down = if flips_back(ctx, Dir::Down) {
         0
@@ -94,7 +137,24 @@ pub fn classify(vm: &VmObs, load: &Load, ctx: &Ctx, cfg: &Config) -> Want {
         (g - ctx.lo).min(step)
     };
     let ratio = load.ratio();
-    if ratio.is_some_and(|r| r > ctx.target + cfg.epsilon) {
+    // After a move cut short by the step, the band does not stop the next
+    // one in the same direction short of the target: landing just inside
+    // the band's edge, sampling noise would otherwise decide.
+    // Within the hold band nothing moves; undoing a reversal takes a ratio
+    // outside epsilon itself (no flip-back for sampling noise's margin).
+    let band = |dir: Dir| {
+        if ctx.last_reversed && ctx.last_dir.is_some_and(|d| d != dir) {
+            cfg.epsilon
+        } else {
+            cfg.hold_epsilon()
+        }
+    };
+    let (above, below) = match ctx.short {
+        Some(Dir::Down) => (ctx.target, ctx.target - band(Dir::Up)),
+        Some(Dir::Up) => (ctx.target + band(Dir::Down), ctx.target),
+        None => (ctx.target + band(Dir::Down), ctx.target - band(Dir::Up)),
+    };
+    if let Some(r) = ratio.filter(|&r| r > above) {
         let raw = load.shrink_for(ctx.target);
         let bytes = raw.min(room_down);
         if bytes >= cfg.min_step() {
@@ -104,7 +164,9 @@ pub fn classify(vm: &VmObs, load: &Load, ctx: &Ctx, cfg: &Config) -> Want {
                 bytes,
             };
         }
-        return Want::Hold;
+        if r > ctx.target + band(Dir::Down) {
+            return Want::Hold;
+        }
     }
     let raw = idle_reclaim(vm.dram.held(), vm.dram.idle_bytes, cfg.idle_threshold);
     let bytes = raw.min(room_down);
@@ -116,8 +178,13 @@ pub fn classify(vm: &VmObs, load: &Load, ctx: &Ctx, cfg: &Config) -> Want {
         };
     }
     match ratio {
-        Some(r) if r < ctx.target - cfg.epsilon && !flips_back(ctx, Dir::Up) => {
-            let raw = load.grow_for(ctx.target).max(cfg.min_step());
+        Some(r) if r < below && !flips_back(ctx, Dir::Up) => {
+            let grow = load.grow_for(ctx.target);
+            // Inside the band (after a short move) only a worthwhile step.
+            if r >= ctx.target - band(Dir::Up) && grow < cfg.min_step() {
+                return Want::Hold;
+            }
+            let raw = grow.max(cfg.min_step());
             let bytes = raw.min(step).min(ctx.hi - g);
             if bytes == 0 {
                 return Want::Hold;
@@ -186,6 +253,8 @@ mod tests {
             hi: 1024 * M,
             last_dir: None,
             reversed_lately: false,
+            short: None,
+            last_reversed: false,
         }
     }
 
@@ -265,6 +334,143 @@ mod tests {
                 bytes: 64 * M
             }
         );
+    }
+
+    #[test]
+    fn hold_band_and_reversals() {
+        // Band 0.75 x 0.02 = 0.015: 0.88 (within epsilon) is already acted
+        // on, 2M more reach 0.9 (uniform fit).
+        let v = vm(100 * M, 88 * M, 880.0, 12 * M, 120.0);
+        assert!(is(want(&v, &ctx()), Why::Below, 2 * M, 64 * M, false));
+        // Undoing a reversal takes a ratio outside epsilon itself, however
+        // long ago the reversal was.
+        let reversed = Ctx {
+            last_dir: Some(Dir::Down),
+            last_reversed: true,
+            ..ctx()
+        };
+        assert_eq!(want(&v, &reversed), Want::Hold);
+        let w = vm(100 * M, 87 * M, 870.0, 13 * M, 130.0);
+        assert!(is(want(&w, &reversed), Why::Below, 3 * M, 64 * M, false));
+        // The same direction as the reversal is not held.
+        let again = Ctx {
+            last_dir: Some(Dir::Up),
+            ..reversed
+        };
+        assert!(matches!(want(&v, &again), Want::Need { .. }));
+        // Inside the band: nothing.
+        let x = vm(100 * M, 89 * M, 890.0, 11 * M, 110.0);
+        assert_eq!(want(&x, &ctx()), Want::Hold);
+    }
+
+    #[test]
+    fn after_a_short_move_the_target_not_the_band() {
+        let short = |d| Ctx {
+            short: Some(d),
+            last_dir: Some(d),
+            ..ctx()
+        };
+        // 0.89 is inside the band; after a rise cut short by the step the
+        // next assessment goes on to the target: 1M more.
+        let v = vm(100 * M, 89 * M, 890.0, 11 * M, 110.0);
+        assert_eq!(want(&v, &ctx()), Want::Hold);
+        assert!(is(want(&v, &short(Dir::Up)), Why::Below, M, 64 * M, false));
+        // Never the other way round: a short cut does not make it rise.
+        assert_eq!(want(&v, &short(Dir::Down)), Want::Hold);
+        // 0.91 after a short cut: 9M idle and 1M hot go.
+        let w = vm(100 * M, 91 * M, 910.0, 9 * M, 90.0);
+        assert_eq!(want(&w, &ctx()), Want::Hold);
+        assert!(is(
+            want(&w, &short(Dir::Down)),
+            Why::Above,
+            10 * M,
+            64 * M,
+            true
+        ));
+        assert_eq!(want(&w, &short(Dir::Up)), Want::Hold);
+    }
+
+    #[test]
+    fn resume_takes_the_next_step_until_the_sample_shows_the_target() {
+        let c = cfg();
+        let up = Move {
+            dir: Dir::Up,
+            left: 100 * M,
+            reserve: 20 * M,
+            why: Why::Below,
+            planned: 1,
+            total: 184 * M,
+            target: 0.9,
+            expected: 0.85,
+        };
+        let next = |v: &VmObs, cx: &Ctx, m: &Move| resume(v, &Load::of(v), cx, &c, m);
+        let v = vm(100 * M, 70 * M, 700.0, 30 * M, 300.0);
+        assert_eq!(
+            next(&v, &ctx(), &up),
+            Some(Want::Need {
+                why: Why::Below,
+                raw: 100 * M,
+                bytes: 64 * M
+            })
+        );
+        // The sample (taken during the last step) is at the target: over.
+        let at = vm(100 * M, 90 * M, 900.0, 10 * M, 100.0);
+        assert_eq!(next(&at, &ctx(), &up), None);
+        // Less than the minimum step left, no accesses, outside the limits:
+        // over.
+        let crumbs = Move { left: M / 2, ..up };
+        assert_eq!(next(&v, &ctx(), &crumbs), None);
+        let quiet = vm(100 * M, 70 * M, 0.0, 30 * M, 0.0);
+        assert_eq!(next(&quiet, &ctx(), &up), None);
+        let capped = Ctx {
+            hi: 50 * M,
+            ..ctx()
+        };
+        assert_eq!(next(&v, &capped, &up), None);
+        // Up to the ceiling.
+        let near = Ctx {
+            hi: 110 * M,
+            ..ctx()
+        };
+        assert_eq!(
+            next(&v, &near, &up),
+            Some(Want::Need {
+                why: Why::Below,
+                raw: 100 * M,
+                bytes: 10 * M
+            })
+        );
+        // An idle reclaim never takes more than the bytes found idle.
+        let idle = Move {
+            dir: Dir::Down,
+            why: Why::Idle,
+            ..up
+        };
+        let w = vm(90 * M, 80 * M, 900.0, 10 * M, 100.0);
+        assert_eq!(
+            next(&w, &ctx(), &idle),
+            Some(Want::Release {
+                why: Why::Idle,
+                raw: 100 * M,
+                bytes: 10 * M
+            })
+        );
+        // A cut stops once the sample is at or below the target.
+        let cut = Move {
+            dir: Dir::Down,
+            why: Why::Above,
+            ..up
+        };
+        assert_eq!(next(&at, &ctx(), &cut), None);
+        let high = vm(100 * M, 99 * M, 990.0, M, 10.0);
+        assert!(matches!(
+            next(&high, &ctx(), &cut),
+            Some(Want::Release {
+                why: Why::Above,
+                bytes,
+                ..
+            }) if bytes == 64 * M
+        ));
     }
 
     #[test]

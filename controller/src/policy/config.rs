@@ -63,6 +63,18 @@ pub struct Tuning {
     /// Releases smaller than this are not worth a balloon round trip;
     /// `None`: max(PAGE, max_step / 64).
     pub min_step: Option<u64>,
+    /// Share of a multi-step move, as fitted by the model, kept back from
+    /// the steps taken without a new assessment: the model extrapolates,
+    /// so the last part is sized from a settled sample (0..=1).
+    pub move_reserve: f64,
+    /// Share of epsilon within which a VM is left alone (0..=1): the
+    /// observed ratio carries sampling noise, so the controller acts before
+    /// the observation reaches epsilon, and always aims at the target.
+    pub hold_band: f64,
+    /// A hot set (bytes accessed, both tiers) that changed by more than this
+    /// share since a reversal is a new load, not an oscillation: the
+    /// flip-back guard is lifted.
+    pub new_load: f64,
 }
 
 impl Default for Tuning {
@@ -72,6 +84,9 @@ impl Default for Tuning {
             balloon_tolerance: 4 << 20,
             grace_intervals: 3,
             min_step: None,
+            move_reserve: 0.2,
+            hold_band: 0.75,
+            new_load: 0.25,
         }
     }
 }
@@ -97,6 +112,12 @@ impl Config {
     /// The override for a VM, by id first, then by name.
     pub fn vm(&self, id: &str, name: &str) -> Option<&VmOverride> {
         self.vms.get(id).or_else(|| self.vms.get(name))
+    }
+
+    /// Half-width of the band within which a VM is left alone:
+    /// epsilon x `hold_band`.
+    pub fn hold_epsilon(&self) -> f64 {
+        self.epsilon * self.tuning.hold_band.clamp(0.0, 1.0)
     }
 
     pub fn min_step(&self) -> u64 {

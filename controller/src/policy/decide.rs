@@ -3,12 +3,12 @@
 //! changes on the slow tier, and write decisions.
 
 use super::allocate::{Claim, water_fill};
-use super::classify::{Ctx, Want, Why, classify};
+use super::classify::{Ctx, Want, Why, classify, resume};
 use super::config::{Config, Limits, PAGE};
 use super::decision;
 use super::input::VmObs;
 use super::model::Load;
-use super::state::{Balloons, Dir, VmState};
+use super::state::{Balloons, Dir, Move, VmState};
 use super::{BudgetSummary, Controller, Plan, Targets, VmStatus};
 
 /// Everything decided about one VM in this round.
@@ -31,6 +31,8 @@ pub(super) struct Work {
     pub delta: i64,
     pub slow_delta: i64,
     pub was_budget_limited: bool,
+    /// The want is the next step of this move under way (before the round).
+    pub resumed: Option<Move>,
 }
 
 /// What the pool looked like, for the decisions' detail text.
@@ -68,23 +70,56 @@ fn status(cfg: &Config, vm: &VmObs, st: &mut VmState, round: u64) -> (VmStatus, 
         return (VmStatus::Uncooperative, true);
     }
     if balloons == Balloons::Moving {
+        // This interval's sample mixes before and after: the cooldown
+        // counts from the arrival, not from the change.
+        st.cooldown_until = st
+            .cooldown_until
+            .max(round + u64::from(cfg.cooldown_intervals));
+        st.mixed_until = round + 1;
         return (VmStatus::Settling, false);
     }
-    if round <= st.cooldown_until {
+    // A sample taken while a balloon moved is never assessed, whatever the
+    // cooldown; a move under way takes its next step as soon as the
+    // balloons arrived.
+    if (round <= st.cooldown_until || round <= st.mixed_until) && st.moving.is_none() {
         return (VmStatus::Cooldown, false);
     }
     (VmStatus::Managed, false)
 }
 
+/// Whether this sample's hot set differs by more than `Tuning::new_load`
+/// from `before`. Only settled samples count: one taken while a balloon
+/// moved counts pages touched on both sides of the move.
+fn new_load(cfg: &Config, before: Option<u64>, settled: bool, load: &Load) -> bool {
+    let Some(before) = before.filter(|_| settled) else {
+        return false;
+    };
+    let now = load.hot_set();
+    now.abs_diff(before) as f64 > cfg.tuning.new_load.max(0.0) * before as f64
+}
+
 fn look(cfg: &Config, vm: &VmObs, st: &mut VmState, round: u64) -> Work {
-    let (status, newly_uncooperative) = status(cfg, vm, st, round);
-    let (lo, hi) = limits(cfg, vm, &vm.dram.name, vm.dram.size);
-    let (slow_lo, slow_hi) = limits(cfg, vm, &vm.slow.name, vm.slow.size);
     let target = cfg
         .vm(&vm.id, &vm.name)
         .and_then(|o| o.target)
         .unwrap_or(cfg.default_target);
+    // A move planned for another target (the policy changed) is over.
+    st.moving = st.moving.filter(|m| m.target == target);
+    let (status, newly_uncooperative) = status(cfg, vm, st, round);
+    if matches!(
+        status,
+        VmStatus::Disabled | VmStatus::Excluded | VmStatus::Uncooperative
+    ) {
+        st.moving = None;
+    }
+    let (lo, hi) = limits(cfg, vm, &vm.dram.name, vm.dram.size);
+    let (slow_lo, slow_hi) = limits(cfg, vm, &vm.slow.name, vm.slow.size);
     let load = Load::of(vm);
+    if round > st.mixed_until && status != VmStatus::Uncooperative {
+        st.settled_hot = Some(load.hot_set());
+    }
+    let mut status = status;
+    let mut resumed = None;
     let want = if status == VmStatus::Managed {
         let ctx = Ctx {
             target,
@@ -93,9 +128,31 @@ fn look(cfg: &Config, vm: &VmObs, st: &mut VmState, round: u64) -> Work {
             last_dir: st.last_dir,
             reversed_lately: st
                 .last_reversal
-                .is_some_and(|r| round - r < u64::from(cfg.tuning.hysteresis_window)),
+                .is_some_and(|r| round - r < u64::from(cfg.tuning.hysteresis_window))
+                && !new_load(cfg, st.hot_at_reversal, round > st.mixed_until, &load),
+            short: st.short,
+            last_reversed: st.last_reversed,
         };
-        classify(vm, &load, &ctx, cfg)
+        let next = st.moving.map(|m| (m, resume(vm, &load, &ctx, cfg, &m)));
+        match next {
+            Some((m, Some(w))) => {
+                resumed = Some(m);
+                w
+            }
+            Some((_, None)) => {
+                st.moving = None;
+                let g = vm.dram.given();
+                if (round <= st.cooldown_until || round <= st.mixed_until) && lo <= g && g <= hi {
+                    // The move is over; this sample still mixes before and
+                    // after its last step: no assessment.
+                    status = VmStatus::Cooldown;
+                    Want::Hold
+                } else {
+                    classify(vm, &load, &ctx, cfg)
+                }
+            }
+            None => classify(vm, &load, &ctx, cfg),
+        }
     } else {
         Want::Hold
     };
@@ -114,7 +171,76 @@ fn look(cfg: &Config, vm: &VmObs, st: &mut VmState, round: u64) -> Work {
         delta: 0,
         slow_delta: 0,
         was_budget_limited: st.budget_limited,
+        resumed,
     }
+}
+
+/// What follows a managed VM's round: the rest of a move larger than one
+/// step, carried on without a new assessment, or else the direction in
+/// which the VM was left short of its target (the next assessment then
+/// aims at the target, not the band). Not carried on blindly: the share
+/// `move_reserve` of a fitted estimate (the model extrapolates), and all of
+/// a growth estimated without a fit (the even-spread fallback overshoots
+/// for a guest that keeps its hottest pages in DRAM). A cut estimated
+/// without a fit errs low and an idle reclaim is measured: carried on whole.
+fn follow_up(cfg: &Config, w: &Work, round: u64) -> (Option<Move>, Option<Dir>) {
+    let (dir, why, raw) = match w.want {
+        Want::Need {
+            why: Why::Below,
+            raw,
+            ..
+        } => (Dir::Up, Why::Below, raw),
+        Want::Release {
+            why: why @ (Why::Above | Why::Idle),
+            raw,
+            ..
+        } => (Dir::Down, why, raw),
+        _ => return (None, None),
+    };
+    let moved = match dir {
+        Dir::Up => w.delta.max(0).unsigned_abs(),
+        Dir::Down => w.delta.min(0).unsigned_abs(),
+    };
+    if moved == 0 || w.forced > 0 {
+        return (None, None);
+    }
+    let fitted = w.load.exponent().is_some();
+    let (blind, reserve, planned, total, expected) = match w.resumed {
+        Some(m) => (m.left, m.reserve, m.planned, m.total, m.expected),
+        None if dir == Dir::Up && !fitted => (0, raw, round, raw, w.target),
+        None => {
+            let share = if why == Why::Idle || !fitted {
+                0.0
+            } else {
+                cfg.tuning.move_reserve.clamp(0.0, 1.0)
+            };
+            let reserve = ((raw as f64 * share / PAGE as f64).ceil() as u64 * PAGE).min(raw);
+            let blind = raw - reserve;
+            let signed = i64::try_from(blind).unwrap_or(i64::MAX);
+            let signed = if dir == Dir::Up { signed } else { -signed };
+            let expected = w.load.expected_ratio(signed).unwrap_or(w.target);
+            (blind, reserve, round, raw, expected)
+        }
+    };
+    let left = blind.saturating_sub(moved);
+    // A last blind step shorter than the step is not worth its interval
+    // when the assessment that follows can take it along with the reserve.
+    let worth = reserve == 0 || left >= cfg.max_step || left + reserve > cfg.max_step;
+    if left >= cfg.min_step() && worth {
+        let mv = Move {
+            dir,
+            left,
+            reserve,
+            why,
+            planned,
+            total,
+            target: w.target,
+            expected,
+        };
+        return (Some(mv), None);
+    }
+    let short = (blind + reserve).saturating_sub(moved) >= cfg.min_step();
+    (None, short.then_some(dir))
 }
 
 /// Sum of byte counts; absurd inputs saturate instead of overflowing.
@@ -296,6 +422,9 @@ pub(super) fn run(c: &mut Controller, vms: &[VmObs], now_unix_ns: u64) -> Plan {
             decisions.push(d);
         }
         if let Some(st) = c.state.get_mut(&vm.id) {
+            if w.status == VmStatus::Managed && !cfg.dry_run {
+                (st.moving, st.short) = follow_up(cfg, w, round);
+            }
             if w.status == VmStatus::Managed {
                 st.budget_limited = matches!(
                     w.want,
@@ -307,10 +436,13 @@ pub(super) fn run(c: &mut Controller, vms: &[VmObs], now_unix_ns: u64) -> Plan {
             }
             if changed && !cfg.dry_run {
                 st.cooldown_until = round + u64::from(cfg.cooldown_intervals);
+                st.mixed_until = round + 1;
                 if w.delta != 0 {
                     let dir = if w.delta > 0 { Dir::Up } else { Dir::Down };
-                    if st.last_dir.is_some_and(|d| d != dir) {
+                    st.last_reversed = st.last_dir.is_some_and(|d| d != dir);
+                    if st.last_reversed {
                         st.last_reversal = Some(round);
+                        st.hot_at_reversal = st.settled_hot;
                     }
                     st.last_dir = Some(dir);
                 }

@@ -10,13 +10,18 @@ use super::classify::{Want, Why};
 use super::config::Config;
 use super::decide::{Pool, Work};
 use super::input::VmObs;
+use super::state::{Dir, Move};
 use crate::view::human_bytes as hb;
 
 fn why_text(cfg: &Config, vm: &VmObs, w: &Work, pool: Pool) -> String {
     let g = vm.dram.given();
-    let (t, e) = (w.target, cfg.epsilon);
+    let (t, e) = (w.target, cfg.hold_epsilon());
     let r = w.load.ratio().unwrap_or(0.0);
     let mut s = String::new();
+    if let Some(m) = w.resumed {
+        continuing(&mut s, vm, w, pool, &m);
+        return s;
+    }
     let _ = match w.want {
         Want::Release {
             why: Why::Ceiling,
@@ -64,7 +69,12 @@ fn why_text(cfg: &Config, vm: &VmObs, w: &Work, pool: Pool) -> String {
         }
         Want::Release { why: _, raw, bytes } => write!(
             s,
-            "ratio {r:.3} > {t:.3} + {e:.3}: {}; {} can go (idle {} first) -> {}",
+            "{}: {}; {} can go (idle {} first) -> {}",
+            if r > t + e {
+                format!("ratio {r:.3} > {t:.3} + {e:.3}")
+            } else {
+                format!("ratio {r:.3} > {t:.3}, the last cut was cut short by the step")
+            },
             w.load.explain(t),
             hb(raw),
             hb(w.load.dram_idle),
@@ -72,7 +82,12 @@ fn why_text(cfg: &Config, vm: &VmObs, w: &Work, pool: Pool) -> String {
         ),
         Want::Need { why: _, raw, bytes } => write!(
             s,
-            "ratio {r:.3} < {t:.3} - {e:.3}: {}; need {} (min step {}) cap {} -> granted {} of pool {} (budget {}, committed {})",
+            "{}: {}; need {} (min step {}) cap {} -> granted {} of pool {} (budget {}, committed {})",
+            if r < t - e {
+                format!("ratio {r:.3} < {t:.3} - {e:.3}")
+            } else {
+                format!("ratio {r:.3} < {t:.3}, the last rise was cut short by the step")
+            },
             w.load.explain(t),
             hb(raw),
             hb(cfg.min_step()),
@@ -100,6 +115,50 @@ fn why_text(cfg: &Config, vm: &VmObs, w: &Work, pool: Pool) -> String {
         );
     }
     s
+}
+
+/// The next step of a move under way: what was planned, what is left, and
+/// why this interval's sample only serves to stop it.
+fn continuing(s: &mut String, vm: &VmObs, w: &Work, pool: Pool, m: &Move) {
+    let r = w.load.ratio().unwrap_or(0.0);
+    let what = match (m.dir, m.why) {
+        (_, Why::Idle) => "idle reclaim",
+        (Dir::Up, _) => "rise",
+        (Dir::Down, _) => "cut",
+    };
+    let _ = write!(
+        s,
+        "continuing the {what} planned in round {}: {} in all, {} left to take unassessed ({} kept for the next assessment), expected {:.3} after it",
+        m.planned,
+        hb(m.total),
+        hb(m.left),
+        hb(m.reserve),
+        m.expected
+    );
+    let _ = match w.want {
+        Want::Need { bytes, .. } => write!(
+            s,
+            "; sampled during the last step, ratio {r:.3} still < {:.3}: step {} -> granted {} of pool {} (budget {}, committed {})",
+            w.target,
+            hb(bytes),
+            hb(w.granted),
+            hb(pool.size),
+            hb(pool.budget),
+            hb(pool.committed)
+        ),
+        Want::Release {
+            why: Why::Idle,
+            bytes,
+            ..
+        } => write!(s, "; {} idle now -> {}", hb(vm.dram.idle_bytes), hb(bytes)),
+        Want::Release { bytes, .. } => write!(
+            s,
+            "; sampled during the last step, ratio {r:.3} still > {:.3}: step {}",
+            w.target,
+            hb(bytes)
+        ),
+        Want::Hold => Ok(()),
+    };
 }
 
 fn reason(w: &Work) -> DecisionReason {
@@ -199,7 +258,12 @@ pub(super) fn record(
     } else {
         DecisionOutcome::Applied
     } as i32;
-    d.expected_ratio = w.load.expected_ratio(w.delta).unwrap_or(d.observed_ratio);
+    // A continuing step's sample mixes before and after: the expectation is
+    // the one of the assessment that planned the move.
+    d.expected_ratio = match w.resumed {
+        Some(m) => m.expected,
+        None => w.load.expected_ratio(w.delta).unwrap_or(d.observed_ratio),
+    };
     let mut detail = why_text(cfg, vm, w, pool);
     let _ = write!(
         detail,

@@ -49,6 +49,11 @@ impl Load {
         }
     }
 
+    /// Hot bytes, both tiers.
+    pub fn hot_set(&self) -> u64 {
+        self.dram_hot.saturating_add(self.slow_hot)
+    }
+
     pub fn total(&self) -> f64 {
         self.dram_accesses + self.slow_accesses
     }

@@ -1,7 +1,8 @@
 //! What the controller remembers about a VM between intervals: cooldown,
-//! the direction of its last change (hysteresis), and whether its balloons
-//! follow their targets.
+//! the direction of its last change (hysteresis), a move still under way,
+//! and whether its balloons follow their targets.
 
+use super::classify::Why;
 use super::config::Tuning;
 use super::input::{TierObs, VmObs};
 
@@ -10,6 +11,29 @@ use super::input::{TierObs, VmObs};
 pub enum Dir {
     Up,
     Down,
+}
+
+/// A move planned in one assessment and larger than one step: the rest is
+/// carried out one step per interval, without a new assessment in between
+/// (the samples of those intervals are a mix of before and after).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Move {
+    pub dir: Dir,
+    /// Bytes of DRAM still to move without a new assessment.
+    pub left: u64,
+    /// Bytes kept back for the next assessment (`Tuning::move_reserve`).
+    pub reserve: u64,
+    /// The rule that planned it: `Below`, `Above` or `Idle`.
+    pub why: Why,
+    /// Round of the assessment.
+    pub planned: u64,
+    /// Bytes the assessment asked for in all.
+    pub total: u64,
+    /// The target ratio it was planned for: a new target drops the plan.
+    pub target: f64,
+    /// The ratio the planning assessment expected once the unassessed part
+    /// is done.
+    pub expected: f64,
 }
 
 /// How far one balloon has come toward its target.
@@ -65,9 +89,24 @@ pub struct VmState {
     pub last_dir: Option<Dir>,
     /// Round of the last change that reversed `last_dir`.
     pub last_reversal: Option<u64>,
+    /// The last change itself reversed the one before.
+    pub last_reversed: bool,
+    /// The hot set (bytes accessed, both tiers) of the last settled sample
+    /// before that reversal.
+    pub hot_at_reversal: Option<u64>,
+    /// Samples up to this round may mix before and after a balloon move.
+    pub mixed_until: u64,
+    /// Hot set of the last sample taken with the balloons at rest.
+    pub settled_hot: Option<u64>,
     pub uncooperative: bool,
     /// The last round left the VM short for lack of budget.
     pub budget_limited: bool,
+    /// The rest of a multi-step move, if one is under way.
+    pub moving: Option<Move>,
+    /// The last assessment moved in this direction by less than it asked
+    /// (step cap) and planned no continuation: the next one aims at the
+    /// target itself, not just the band around it.
+    pub short: Option<Dir>,
     lag: [Lag; 2],
 }
 

@@ -62,6 +62,9 @@ pub fn changes(steps: &[Step], i: usize, from: usize, to: usize) -> Vec<(usize, 
 /// Lower bound for `converge` from interval `from`: an oracle that knows
 /// each VM's DRAM for target +- `eps` and moves it there by at most `step`
 /// per change, one change every `cooldown + 1` intervals. Budget ignored.
+/// The controller carries a move planned in one assessment on at one step
+/// per interval, so its bound is `cooldown` 0; a controller that waits out
+/// a cooldown after every change is bound by the policy's cooldown.
 pub fn oracle_converge(
     vms: &[SimVm],
     steps: &[Step],
@@ -105,6 +108,20 @@ pub fn flip_backs_within(steps: &[Step], i: usize, window: usize) -> usize {
         .count()
 }
 
+/// Reversals of VM DRAM changes over `[from, to)`, all VMs: a change in the
+/// other direction than the VM's previous one (+ - or - +).
+pub fn reversals(steps: &[Step], from: usize, to: usize) -> usize {
+    let n = steps.first().map_or(0, |s| s.vms.len());
+    (0..n)
+        .map(|i| {
+            directions(steps, i, from, to)
+                .windows(2)
+                .filter(|w| w[0] != w[1])
+                .count()
+        })
+        .sum()
+}
+
 /// Flip-backs: a change that undoes a reversal (+ - + or - + -).
 pub fn flip_backs(dirs: &[i8]) -> usize {
     dirs.windows(3)
@@ -118,6 +135,31 @@ pub fn oscillations(steps: &[Step], from: usize, to: usize) -> usize {
     (0..n)
         .map(|i| flip_backs(&directions(steps, i, from, to)))
         .sum()
+}
+
+/// Decisions that moved a balloon on a fresh assessment of a sample taken
+/// while one of the VM's balloons moved by more than `tolerance` (what the
+/// controller counts as arrived), as (interval, VM id); the next step of a
+/// move under way ("continuing ...") needs no assessment and is allowed.
+pub fn assessed_while_moving(vms: &[SimVm], steps: &[Step], tolerance: u64) -> Vec<(u64, String)> {
+    let mut out = Vec::new();
+    for k in 1..steps.len() {
+        for (i, vm) in vms.iter().enumerate() {
+            let (a, b) = (&steps[k - 1].vms[i], &steps[k].vms[i]);
+            if a.dram_held.abs_diff(b.dram_held) <= tolerance
+                && a.slow_held.abs_diff(b.slow_held) <= tolerance
+            {
+                continue;
+            }
+            let fresh = steps[k].decisions.iter().any(|d| {
+                d.vm_id == vm.id && !d.changes.is_empty() && !d.detail.starts_with("continuing")
+            });
+            if fresh {
+                out.push((steps[k].interval, vm.id.clone()));
+            }
+        }
+    }
+    out
 }
 
 /// DRAM the guests hold over the budget, at interval `k`.

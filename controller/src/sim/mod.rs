@@ -3,9 +3,12 @@
 //! (`workload`), the controller decides, and the simulated balloons move
 //! toward the new targets at a fixed speed (`guest`). Each interval:
 //!
-//! 1. balloons move toward the targets of the previous decision;
-//! 2. each VM's load follows from what it now holds (its phase for the
-//!    interval), host samples are the truth times (1 +- noise);
+//! 1. balloons move toward the targets of the previous decision, at the
+//!    balloon speed from the start of the interval;
+//! 2. each VM's load follows from what it holds (its phase for the
+//!    interval); host samples are the load over the interval (a mix of
+//!    before and after while a balloon moved) times (1 +- noise), the true
+//!    ratio is that of what the guest holds at the end;
 //! 3. the controller decides; its targets become the balloons' targets.
 
 pub mod fleet;
@@ -50,12 +53,15 @@ impl Default for SimConfig {
 /// One VM in one interval of the timeline.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct VmStep {
-    /// True DRAM-hit ratio (no sampling noise); `None` without accesses.
+    /// True DRAM-hit ratio of what the guest holds at the end of the
+    /// interval (no sampling noise, no mix); `None` without accesses.
     pub ratio: Option<f64>,
     /// The VM's target ratio.
     pub target: f64,
-    /// DRAM the guest holds, and the balloon targets after the decision.
+    /// DRAM and slow memory the guest holds at the end of the interval,
+    /// and the balloon targets after the decision.
     pub dram_held: u64,
+    pub slow_held: u64,
     pub dram_target: u64,
     pub slow_target: u64,
     pub status: VmStatus,
@@ -130,8 +136,10 @@ impl Sim {
         let moved = (self.config.balloon_speed * self.config.interval_s).max(0.0) as u64;
         let mut truth = Vec::with_capacity(self.vms.len());
         for i in 0..self.vms.len() {
+            let from = self.vms[i].held();
             self.vms[i].move_balloons(moved);
-            let load = self.vms[i].load(k);
+            // What the host samples: a mix while a balloon moved.
+            let load = self.vms[i].sampled_load(k, from, moved);
             let (dram_acc, slow_acc) = (
                 self.noisy(load.dram_accesses),
                 self.noisy(load.slow_accesses),
@@ -149,14 +157,17 @@ impl Sim {
                 t.accessed_bytes = hot;
                 t.idle_bytes = held.saturating_sub(hot);
             }
-            truth.push((load.ratio(), dh));
+            // Convergence is judged on what the guest holds at the end.
+            truth.push((vm.load(k).ratio(), dh, sh));
         }
         let t0 = Instant::now();
         let plan = self.controller.decide(&self.obs, k * 1_000_000_000);
         let decide_ns = u64::try_from(t0.elapsed().as_nanos()).unwrap_or(u64::MAX);
         let cfg = self.controller.config();
         let mut vms = Vec::with_capacity(self.vms.len());
-        for ((vm, t), (ratio, dram_held)) in self.vms.iter_mut().zip(&plan.targets).zip(truth) {
+        for ((vm, t), (ratio, dram_held, slow_held)) in
+            self.vms.iter_mut().zip(&plan.targets).zip(truth)
+        {
             vm.dram.target = t.dram;
             vm.slow.target = t.slow;
             let target = cfg
@@ -167,6 +178,7 @@ impl Sim {
                 ratio,
                 target,
                 dram_held,
+                slow_held,
                 dram_target: t.dram,
                 slow_target: t.slow,
                 status: t.status,
