@@ -1,6 +1,11 @@
 //! Shared reporting for benches: min/median/max tables, ratios against a
 //! baseline measured in the same run, and the final `RESULT` line.
 
+pub mod fidelity;
+pub mod plot;
+pub mod sys;
+pub mod workload;
+
 /// min, median, max of a non-empty sample.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Summary {

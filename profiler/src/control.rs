@@ -24,7 +24,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tier_controller::policy::{Config, ConfigError, Controller, TierObs, VmObs, input};
-use tier_proto::v1::{Decision, DecisionOutcome, DecisionReason, Policy, StatsUpdate, Vm};
+use tier_proto::v1::{Decision, DecisionOutcome, DecisionReason, Policy, StatsUpdate, Vm, VmStats};
 
 use crate::ch::{ChHandle, Fleet};
 
@@ -98,7 +98,7 @@ impl InProcess {
 
     /// Fills the balloon state of `o` from its VMM; the reason if its
     /// balloon cannot be driven now.
-    fn readiness(&self, o: &mut VmObs) -> Result<Arc<ChHandle>, String> {
+    fn readiness(&self, o: &mut VmObs, s: &VmStats) -> Result<Arc<ChHandle>, String> {
         let h = self
             .actuation
             .as_ref()
@@ -114,11 +114,15 @@ impl InProcess {
         let balloon = snap
             .drivable(max_age, &tiers)
             .map_err(|e| format!("per-tier balloon not drivable: {e}"))?;
+        // Idle is only known for a tier that has been through an ageing pass.
+        let aged = |name: &str| s.tiers.iter().any(|x| x.tier == name && x.passes > 0);
         let fill = |t: &mut TierObs| {
             if let Some(z) = balloon.zones.iter().find(|z| z.id == t.name) {
                 t.balloon_target = z.target;
                 t.balloon_actual = z.host_ballooned;
-                t.idle_bytes = t.held().saturating_sub(t.accessed_bytes);
+                if aged(&t.name) {
+                    t.idle_bytes = t.held().saturating_sub(t.accessed_bytes);
+                }
             }
         };
         fill(&mut o.dram);
@@ -148,7 +152,7 @@ impl InProcess {
             .filter_map(|s| {
                 let vm = vms.iter().find(|v| v.id == s.vm_id)?;
                 let mut o = input::from_proto(vm, s).ok()?;
-                match self.readiness(&mut o) {
+                match self.readiness(&mut o, s) {
                     Ok(h) => {
                         o.balloon_ok = true;
                         handles.insert(o.id.clone(), h);

@@ -146,6 +146,14 @@ const BENCHES: &[(&str, &str)] = &[
         "balloon",
         "tier-balloon inflate GiB/s (coalesced runs) vs per-page punch+madvise and one call",
     ),
+    (
+        "fidelity",
+        "DRAM-hit ratio of each source (guest-reported, host backends) vs the guest's exact counts: error, lag, CSV + SVG",
+    ),
+    (
+        "overhead",
+        "guest throughput with vs without each sampler, BPF run time per program, hostpte CPU per GiB",
+    ),
 ];
 
 fn bench(name: &str) -> anyhow::Result<()> {

@@ -82,7 +82,8 @@ pub enum InputError {
 }
 
 /// Builds a `VmObs` from the protocol: the first DRAM tier and the first
-/// other tier. Idle bytes = bytes held minus bytes accessed.
+/// other tier. Idle bytes = bytes held minus bytes accessed, once the tier
+/// has been through an ageing pass (0 before).
 pub fn from_proto(vm: &Vm, stats: &VmStats) -> Result<VmObs, InputError> {
     if stats.vm_id != vm.id {
         return Err(InputError::NoStats(vm.id.clone()));
@@ -106,7 +107,11 @@ pub fn from_proto(vm: &Vm, stats: &VmStats) -> Result<VmObs, InputError> {
             o.balloon_actual = s.balloon_actual_bytes;
             o.accesses = s.estimated_accesses;
             o.accessed_bytes = s.estimated_accessed_bytes;
-            o.idle_bytes = o.held().saturating_sub(s.estimated_accessed_bytes);
+            // No ageing pass yet (a sampler's first interval only arms):
+            // nothing is known to be idle.
+            if s.passes > 0 {
+                o.idle_bytes = o.held().saturating_sub(s.estimated_accessed_bytes);
+            }
         }
         (i, o)
     };
@@ -163,6 +168,7 @@ mod tests {
                 estimated_accessed_bytes: 4 << 20,
                 balloon_target_bytes: 8 << 20,
                 balloon_actual_bytes: 6 << 20,
+                passes: 4,
                 ..Default::default()
             }],
             guest_reported_accesses: vec![10, 30],
@@ -182,5 +188,11 @@ mod tests {
         let mut other = stats.clone();
         other.vm_id = "x".into();
         assert!(from_proto(&vm, &other).is_err());
+        // Before its first ageing pass nothing is known to be idle.
+        let mut arming = stats.clone();
+        arming.tiers[0].passes = 0;
+        arming.tiers[0].estimated_accesses = 0.0;
+        arming.tiers[0].estimated_accessed_bytes = 0;
+        assert_eq!(from_proto(&vm, &arming).unwrap().dram.idle_bytes, 0);
     }
 }

@@ -41,12 +41,17 @@ pub struct Move {
 struct Lag {
     /// Round since which the balloon lags without progress.
     since: Option<u64>,
-    /// |actual - target| at the last look.
+    /// |actual - target| at `since`.
     gap: u64,
 }
 
 impl Lag {
     /// Updates with this round's look: (lagging, grace period over).
+    ///
+    /// Progress is counted over the grace window, not per interval: a guest
+    /// that moves its balloon slowly but steadily (a driver that has to
+    /// migrate pages first, a guest under emulation) follows its target and
+    /// is not marked; one that stops for the whole window is.
     fn look(&mut self, t: &TierObs, round: u64, tuning: &Tuning) -> (bool, bool) {
         let gap = t.balloon_actual.abs_diff(t.balloon_target);
         let tol = tuning.balloon_tolerance;
@@ -54,18 +59,26 @@ impl Lag {
             *self = Lag { since: None, gap };
             return (false, false);
         }
-        // Progress by at least the tolerance restarts the grace period.
-        let progressed = self.gap.saturating_sub(gap) >= tol.max(1);
-        let since = match self.since {
-            Some(s) if !progressed => s,
-            _ => round,
-        };
-        *self = Lag {
-            since: Some(since),
-            gap,
-        };
-        (true, round - since >= u64::from(tuning.grace_intervals))
+        let progressed = self.gap.saturating_sub(gap) >= progress_min(tol);
+        match self.since {
+            Some(since) if !progressed => {
+                (true, round - since >= u64::from(tuning.grace_intervals))
+            }
+            _ => {
+                *self = Lag {
+                    since: Some(round),
+                    gap,
+                };
+                (true, tuning.grace_intervals == 0)
+            }
+        }
     }
+}
+
+/// Shrinking the gap by this much within the grace window is progress:
+/// an eighth of the arrival tolerance, at least one page.
+fn progress_min(tol: u64) -> u64 {
+    (tol / 8).max(super::config::PAGE)
 }
 
 /// Where a VM's balloons are.
@@ -150,8 +163,33 @@ mod tests {
         assert_eq!(s.track(&vm(0, 2 * M), 1, &tuning), Balloons::Arrived);
         assert_eq!(s.track(&vm(512 * M, 0), 2, &tuning), Balloons::Moving);
         assert_eq!(s.track(&vm(512 * M, 0), 3, &tuning), Balloons::Moving);
-        assert_eq!(s.track(&vm(512 * M, 2 * M), 4, &tuning), Balloons::Moving);
-        assert_eq!(s.track(&vm(512 * M, 2 * M), 5, &tuning), Balloons::Stuck);
+        // Less than tolerance / 8 in the whole window is no progress.
+        assert_eq!(s.track(&vm(512 * M, M / 4), 4, &tuning), Balloons::Moving);
+        assert_eq!(s.track(&vm(512 * M, M / 4), 5, &tuning), Balloons::Stuck);
+    }
+
+    #[test]
+    fn slow_steady_balloon_is_not_stuck() {
+        // 1 MiB per interval toward an 8 MiB target: a guest that migrates
+        // pages before it can give them (the PVH test guest under emulation).
+        let tuning = Tuning::default();
+        let mut s = VmState::default();
+        for round in 1..=4 {
+            let actual = (round - 1) * M;
+            assert_eq!(
+                s.track(&vm(8 * M, actual), round, &tuning),
+                Balloons::Moving,
+                "round {round}"
+            );
+        }
+        assert_eq!(s.track(&vm(8 * M, 4 * M), 5, &tuning), Balloons::Arrived);
+        // Progress spread over the window counts too: 256K per interval.
+        let mut s = VmState::default();
+        let mut states = Vec::new();
+        for round in 1..=6u64 {
+            states.push(s.track(&vm(64 * M, round * M / 4), round, &tuning));
+        }
+        assert!(!states.contains(&Balloons::Stuck), "{states:?}");
     }
 
     #[test]

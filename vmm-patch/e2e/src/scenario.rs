@@ -45,6 +45,10 @@ pub struct Plan {
     pub epsilon: f64,
     pub max_step_mib: u64,
     pub interval_ms: u64,
+    /// Ageing passes per interval: one here. The guests run emulated, so a
+    /// hot page is touched a few times a second, not millions: a shorter
+    /// pass would find most of a working set idle (docs/e2e.md).
+    pub passes: u32,
     pub backend: String,
 }
 
@@ -62,6 +66,7 @@ impl Default for Plan {
             epsilon: 0.05,
             max_step_mib: 8,
             interval_ms: 1000,
+            passes: 1,
             backend: "hostpte".into(),
         }
     }
@@ -98,7 +103,9 @@ impl Plan {
             host_dram_budget_bytes: held,
             max_step_bytes: self.max_step_mib * MIB,
             cooldown_intervals: 1,
-            idle_threshold: 0.5,
+            // Idle DRAM above a third of what a VM holds goes back first:
+            // the VM whose working set shrank is the donor.
+            idle_threshold: 0.3,
             vms: Vec::new(),
         }
     }
@@ -117,6 +124,8 @@ pub struct VmRow {
     pub balloon: BTreeMap<String, (u64, u64)>,
     /// Host resident bytes per zone.
     pub rss: BTreeMap<String, u64>,
+    /// The DRAM balloon (target, actual) as tierd's stream reports it.
+    pub tierd_dram: Option<(u64, u64)>,
     /// Decisions APPLIED for this VM since the previous row.
     pub applied: u32,
 }
@@ -189,6 +198,7 @@ pub async fn run(plan: &Plan, paths: &Paths) -> anyhow::Result<Outcome> {
         &ch_dir,
         &plan.backend,
         plan.interval_ms,
+        plan.passes,
     )?;
     let mut client = tierd.client(Duration::from_secs(30)).await?;
     println!("tierd: pid {}, log {}", tierd.pid(), tierd.log.display());
@@ -215,6 +225,7 @@ pub async fn run(plan: &Plan, paths: &Paths) -> anyhow::Result<Outcome> {
     let mut rows = Vec::new();
     let mut decisions = Vec::new();
     let mut phase_change = [None, None];
+    let mut applied = [0u32; 2];
     let start = Instant::now();
     let deadline = Duration::from_secs(plan.phase_secs * 2 + plan.after_secs + 120);
     print_header();
@@ -255,6 +266,12 @@ pub async fn run(plan: &Plan, paths: &Paths) -> anyhow::Result<Outcome> {
             {
                 r.host = Some((s.dram_hit_ratio, s.dram_hit_error));
             }
+            if let Some(id) = &ids[i]
+                && let Some(s) = update.stats.iter().find(|s| &s.vm_id == id)
+                && let Some(t) = s.tiers.iter().find(|t| t.tier == "dram")
+            {
+                r.tierd_dram = Some((t.balloon_target_bytes, t.balloon_actual_bytes));
+            }
             let acc = vm.guest_accesses().await.unwrap_or_default();
             if acc.len() >= 2 && last_acc[i].len() == acc.len() {
                 let d: Vec<u64> = acc
@@ -273,14 +290,12 @@ pub async fn run(plan: &Plan, paths: &Paths) -> anyhow::Result<Outcome> {
             }
             r.rss = vm.zone_rss().await.unwrap_or_default();
             if let Some(id) = &ids[i] {
-                r.applied = decisions
+                let total = decisions
                     .iter()
-                    .filter(|d| {
-                        &d.vm_id == id
-                            && d.outcome == DecisionOutcome::Applied as i32
-                            && d.timestamp_unix_ns > 0
-                    })
+                    .filter(|d| &d.vm_id == id && d.outcome == DecisionOutcome::Applied as i32)
                     .count() as u32;
+                r.applied = total - applied[i].min(total);
+                applied[i] = total;
             }
             if r.phase == Some(1) && phase_change[i].is_none() {
                 phase_change[i] = Some(rows.len());
@@ -298,15 +313,6 @@ pub async fn run(plan: &Plan, paths: &Paths) -> anyhow::Result<Outcome> {
         if start.elapsed() > deadline {
             println!("deadline of {deadline:?} reached");
             break;
-        }
-    }
-    // Make the applied counts per interval, not cumulative.
-    for i in 0..2 {
-        let mut prev = 0;
-        for r in &mut rows {
-            let c = r.vms[i].applied;
-            r.vms[i].applied = c - prev.min(c);
-            prev = c;
         }
     }
     tierd.stop();
@@ -327,29 +333,34 @@ fn pct(v: Option<f64>) -> String {
 }
 
 fn mib(v: u64) -> String {
-    format!("{:.1}", v as f64 / MIB as f64)
+    format!("{:.0}", v as f64 / MIB as f64)
 }
 
 /// Header of the timeline table.
 pub fn print_header() {
     println!(
-        "{:>5} {:>4} | {:>2} {:>9} {:>5} {:>9} {:>9} {:>6} {:>3} | {:>2} {:>9} {:>5} {:>9} {:>9} {:>6} {:>3}",
+        "{:>5} {:>4} | {:>2} {:>7} {:>5} {:>5} {:>5} {:>9} {:>5} {:>3} | {:>2} {:>7} {:>5} {:>5} {:>5} {:>9} {:>5} {:>3}",
         "t_s",
         "seq",
         "ph",
         "a_host%",
         "truth",
-        "dram_tgt",
-        "dram_bal",
+        "d_tgt",
+        "d_bal",
+        "tierd_t/a",
         "rss",
         "dec",
         "ph",
         "b_host%",
         "truth",
-        "dram_tgt",
-        "dram_bal",
+        "d_tgt",
+        "d_bal",
+        "tierd_t/a",
         "rss",
         "dec"
+    );
+    println!(
+        "      (host%: tierd's DRAM-hit estimate ± bound; truth: the guest's exact split; d_tgt/d_bal: dram balloon target and pages the device holds, MiB; tierd_t/a: the same as tierd's stream has them; rss: dram zone resident MiB; dec: decisions applied)"
     );
 }
 
@@ -362,13 +373,17 @@ pub fn print_row(row: &Row) {
             || "-".into(),
             |(r, e)| format!("{}±{:.0}", pct(Some(r)), e * 100.0),
         );
+        let td = v
+            .tierd_dram
+            .map_or_else(|| "-".into(), |(t, a)| format!("{}/{}", mib(t), mib(a)));
         line.push_str(&format!(
-            " | {:>2} {:>9} {:>5} {:>9} {:>9} {:>6} {:>3}",
+            " | {:>2} {:>7} {:>5} {:>5} {:>5} {:>9} {:>5} {:>3}",
             v.phase.map_or_else(|| "-".into(), |p| p.to_string()),
             host,
             pct(v.truth),
             mib(tgt),
             mib(bal),
+            td,
             mib(v.rss.get("dram").copied().unwrap_or(0)),
             v.applied
         ));

@@ -31,6 +31,7 @@ impl Tierd {
         ch_dir: &Path,
         backend: &str,
         interval_ms: u64,
+        passes: u32,
     ) -> anyhow::Result<Tierd> {
         let socket = dir.join("tierd.sock");
         let config = dir.join("tierd.toml");
@@ -38,6 +39,7 @@ impl Tierd {
             "socket = {socket:?}\n\
              socket_mode = \"0600\"\n\
              interval_ms = {interval_ms}\n\
+             passes_per_interval = {passes}\n\
              backend = {backend:?}\n\
              [tier_kinds]\n\
              slow = \"cxl\"\n\

@@ -192,14 +192,25 @@ static void inflate(unsigned t, uint32_t need)
 	if (need > BATCH_PFNS)
 		need = BATCH_PFNS;
 	n = zone_take(t, need, b.pfns);
-	/* Out of free pages: move workload pages elsewhere, then take theirs. */
-	if (n < need && wl_evict(t, need - n))
-		n += zone_take(t, need - n, b.pfns + n);
-	if (n < need && !b.stuck[t]) {
-		b.stuck[t] = 1;
-		con_printf("tg balloon tier=%u target=%u out of reach: %u ballooned, no page left to "
-			   "take or move\n",
-			   t, b.target[t], zones[t].ballooned);
+	/*
+	 * Out of free pages: move workload pages elsewhere and take theirs, one
+	 * descriptor's worth per batch, so the device sees the balloon grow
+	 * while pages migrate (as a kernel driver inflates 256 pages at a time).
+	 */
+	if (n < need) {
+		uint32_t more = need - n, got = 0;
+
+		if (more > VIRTIO_BALLOON_MAX_PFNS_PER_DESC)
+			more = VIRTIO_BALLOON_MAX_PFNS_PER_DESC;
+		if (wl_evict(t, more))
+			got = zone_take(t, more, b.pfns + n);
+		n += got;
+		if (got < more && !b.stuck[t]) {
+			b.stuck[t] = 1;
+			con_printf("tg balloon tier=%u target=%u out of reach: %u ballooned, no page "
+				   "left to take or move\n",
+				   t, b.target[t], zones[t].ballooned + n);
+		}
 	}
 	if (n)
 		send_pfns(tg_queue_tier(b.stats, 0, t, 1), n);
@@ -216,7 +227,6 @@ static void deflate(unsigned t, uint32_t count)
 		return;
 	/* Usable again only once the device has seen them. */
 	zone_release(t, b.pfns, n);
-	wl_promote(t);
 }
 
 void balloon_poll(void)
@@ -273,6 +283,14 @@ void balloon_poll(void)
 				   "promoted=%lu\n",
 				   t, b.target[t], zones[t].free, wl.evicted, wl.promoted);
 	}
+	/*
+	 * Pages pushed out of their tier come back a descriptor's worth per
+	 * poll once it has room again, after the actuals are written: the
+	 * balloon answers first, migration follows (like NUMA balancing).
+	 */
+	for (unsigned t = 0; t < b.ntiers && !b.dead; t++)
+		if (wl_promote(t, VIRTIO_BALLOON_MAX_PFNS_PER_DESC) && zones[t].free == 0)
+			con_printf("tg balloon tier=%u promoted=%lu\n", t, wl.promoted);
 }
 
 uint32_t balloon_target(unsigned tier)

@@ -127,16 +127,20 @@ out:
 	return moved;
 }
 
-void wl_promote(unsigned z)
+uint32_t wl_promote(unsigned z, uint32_t max)
 {
+	uint32_t moved = 0;
+
 	if (z >= wl.nsets)
-		return;
-	for (uint32_t k = 0; k < wl.n[z] && zones[z].free; k++) {
+		return 0;
+	for (uint32_t k = 0; k < wl.n[z] && zones[z].free && moved < max; k++) {
 		if (wl.where[z][k] != z) {
 			move_page(z, k, z);
-			wl.promoted++;
+			moved++;
 		}
 	}
+	wl.promoted += moved;
+	return moved;
 }
 
 void wl_resident(uint32_t *res)

@@ -36,8 +36,9 @@ void wl_set_phase(const struct tg_phase *ph);
 void wl_run(uint64_t n);
 /* Move up to `need` workload pages out of zone `z`; returns how many moved. */
 uint32_t wl_evict(unsigned z, uint32_t need);
-/* Move pages of set `z` that live elsewhere back into zone `z` while it has room. */
-void wl_promote(unsigned z);
+/* Move up to `max` pages of set `z` that live elsewhere back into zone `z`
+ * while it has room; returns how many moved. */
+uint32_t wl_promote(unsigned z, uint32_t max);
 /* Workload pages per zone. */
 void wl_resident(uint32_t *res);
 

@@ -1,0 +1,172 @@
+//! Fidelity of per-tier DRAM-hit ratios: ground truth (the guest's exact
+//! access counts) against the guest-reported stats and each host sampler
+//! backend available here, over a matrix of workloads (hot-set size x skew
+//! by footprint, skew by access rate, phase changes), run through tierd's
+//! own pipeline (registry, aggregator, `passes_per_interval` sampler passes
+//! per interval). Writes CSV and SVG plots; see benches/README.md.
+//!
+//! Workload source: the raw-KVM demo VM (the PVH test guest under the
+//! patched VMM is a second `WorkloadSource` to add). Options:
+//! `--interval-ms N`, `--passes N` (defaults: tierd's).
+
+mod matrix;
+mod report;
+mod run;
+
+use std::time::Duration;
+
+use anyhow::Context;
+use tier_benches::result_line;
+use tier_benches::workload::{DemoSource, Shape, WorkloadSource};
+use tier_profiler::sampler::{self, Sampler};
+
+fn arg(name: &str) -> anyhow::Result<Option<u64>> {
+    let args: Vec<String> = std::env::args().collect();
+    match args.iter().position(|a| a == name) {
+        Some(i) => {
+            let v = args
+                .get(i + 1)
+                .with_context(|| format!("{name} needs a value"))?;
+            Ok(Some(v.parse().with_context(|| format!("{name} {v:?}"))?))
+        }
+        None => Ok(None),
+    }
+}
+
+fn main() -> anyhow::Result<()> {
+    tier_profiler::bpf::route_libbpf_logs();
+    let defaults = tier_profiler::config::Config::default();
+    let interval_ms = arg("--interval-ms")?.unwrap_or(defaults.interval_ms);
+    let passes = u32::try_from(arg("--passes")?.unwrap_or(u64::from(defaults.passes_per_interval)))
+        .context("--passes")?;
+    anyhow::ensure!(
+        (1..=64).contains(&passes) && interval_ms / u64::from(passes) >= 5,
+        "need 1 <= passes <= 64 and passes of at least 5 ms (tierd's limits)"
+    );
+    let interval = Duration::from_millis(interval_ms);
+    let matrix = matrix::matrix();
+    let out = tier_benches::sys::out_dir("fidelity").context("creating the results folder")?;
+
+    // Which host backends run here: the library's own probe and selection.
+    let probe = tier_profiler::probe::run();
+    let mut backends: Vec<(String, Box<dyn Sampler>)> = Vec::new();
+    let mut unavailable: Vec<(String, String)> = Vec::new();
+    for name in ["ept-fexit", "ept-tracepoint", "hostpte"] {
+        match sampler::select(name, &probe, defaults.ept_sample_stride) {
+            Ok(Some(s)) => backends.push((name.to_string(), s)),
+            Ok(None) => unavailable.push((name.into(), "no sampler".into())),
+            Err(e) => unavailable.push((name.into(), e.to_string())),
+        }
+    }
+    match probe.get("pmu") {
+        Some(c) if !c.available => unavailable.push(("pmu".into(), c.reason.clone())),
+        _ => unavailable.push((
+            "pmu".into(),
+            "available, but this bench does not drive tierd's PMU source (PmuState) yet".into(),
+        )),
+    }
+
+    let source = DemoSource::start_default(Shape::pages(64, 64))
+        .context("starting the demo VM (needs /dev/kvm)")?;
+    let overhead_pages = source.overhead_pages();
+    println!(
+        "fidelity: workload source: {}\n  interval {interval_ms} ms, {passes} passes per interval (tierd defaults: {} ms, {}); {} workloads, {} measured intervals per phase",
+        source.describe(),
+        defaults.interval_ms,
+        defaults.passes_per_interval,
+        matrix.len(),
+        matrix::INTERVALS
+    );
+    println!("sources:");
+    println!(
+        "  {:<15} exact per-tier access counts from the guest side (counted by the vCPU thread per finished round)",
+        "truth"
+    );
+    println!(
+        "  {:<15} {}",
+        "guest-reported",
+        source.guest_reported_kind()
+    );
+    for (n, _) in &backends {
+        println!("  {n:<15} available: runs the whole matrix");
+    }
+    for (n, why) in &unavailable {
+        println!("  {n:<15} unavailable: {why}");
+    }
+    println!();
+
+    let mut headline = None;
+    let mut runs: Vec<Option<(String, Box<dyn Sampler>)>> =
+        backends.into_iter().map(Some).collect();
+    if runs.is_empty() {
+        runs.push(None); // truth and guest-reported still get scored
+    }
+    let mut files = Vec::new();
+    for b in runs {
+        let (name, mut s) = match b {
+            Some((n, s)) => (Some(n), Some(s)),
+            None => (None, None),
+        };
+        eprintln!(
+            "running the matrix with host backend {} ...",
+            name.as_deref().unwrap_or("none")
+        );
+        let records = run::run(
+            run::Pipeline {
+                source: &source,
+                sampler: s.as_deref_mut().map(|s| s as &mut dyn Sampler),
+                interval,
+                passes,
+            },
+            &matrix,
+        )?;
+        let (truth, guest, host) = report::sources(&records, name.as_deref());
+        let mut others = vec![&guest];
+        if let Some(h) = &host {
+            others.push(h);
+        }
+        let interval_ns = u64::try_from(interval.as_nanos()).unwrap_or(u64::MAX);
+        let h = report::print_tables(
+            &matrix,
+            &records,
+            &truth,
+            &others,
+            overhead_pages,
+            interval_ns,
+        );
+        let tag = name.as_deref().unwrap_or("none");
+        let csv = out.join(format!("intervals-{tag}.csv"));
+        let summary = out.join(format!("summary-{tag}.csv"));
+        report::write_intervals_csv(&csv, &matrix, &records, &truth, &others)?;
+        report::write_summary_csv(&summary, &matrix, &records, &truth, &others)?;
+        let sub = out.join(tag);
+        std::fs::create_dir_all(&sub).with_context(|| format!("creating {}", sub.display()))?;
+        let mut all = vec![&truth];
+        all.extend(others.iter().copied());
+        files.extend([csv, summary]);
+        files.extend(report::plots(&sub, &matrix, &records, &all)?);
+        if name.as_deref() == Some("hostpte") {
+            headline = h;
+        }
+        println!();
+    }
+    source.check().context("demo VM")?;
+    println!("files:");
+    for f in &files {
+        println!("  {}", f.display());
+    }
+    let f = |x: Option<f64>| x.map_or("na".to_string(), |x| format!("{x:.2}"));
+    let pairs = match headline {
+        Some(h) => vec![
+            ("p95_err_pp", f(h.all.map(|e| e.p95))),
+            ("mean_err_pp", f(h.all.map(|e| e.mean))),
+            ("max_err_pp", f(h.all.map(|e| e.max))),
+            ("p95_err_pp_footprint", f(h.footprint.map(|e| e.p95))),
+            ("lag_max", h.lag_max.map_or("na".into(), |l| l.to_string())),
+            ("changes_missed_or_unsettled", h.lag_bad.to_string()),
+        ],
+        None => vec![("p95_err_pp", "na".to_string())],
+    };
+    println!("{}", result_line(&pairs));
+    Ok(())
+}

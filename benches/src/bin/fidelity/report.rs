@@ -1,0 +1,477 @@
+//! Scores, tables, CSV files and plots of a fidelity run.
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
+use tier_benches::fidelity::{ErrorStats, Lag, detect_lag, error_pp, ratio};
+use tier_benches::plot::{Panel, Series, grid};
+
+use crate::matrix::{Kind, Workload};
+use crate::run::Record;
+
+/// One source's DRAM-hit ratio per interval.
+pub struct Source {
+    pub name: String,
+    pub ratios: Vec<Option<f64>>,
+    /// Time in the sampler per interval, when it has one.
+    pub scan_ns: Option<Vec<u64>>,
+}
+
+/// Truth, guest-reported and host sources of one run, index-aligned with
+/// its records.
+pub fn sources(records: &[Record], host_name: Option<&str>) -> (Source, Source, Option<Source>) {
+    let truth = Source {
+        name: "truth".into(),
+        ratios: records
+            .iter()
+            .map(|r| ratio(r.truth[0] as f64, r.truth[1] as f64))
+            .collect(),
+        scan_ns: None,
+    };
+    let guest = Source {
+        name: "guest-reported".into(),
+        ratios: records
+            .iter()
+            .map(|r| r.guest.and_then(|g| ratio(g[0] as f64, g[1] as f64)))
+            .collect(),
+        scan_ns: None,
+    };
+    let host = host_name.map(|n| Source {
+        name: n.to_string(),
+        ratios: records
+            .iter()
+            .map(|r| r.host.and_then(|h| h.ratio))
+            .collect(),
+        scan_ns: Some(
+            records
+                .iter()
+                .map(|r| r.host.map_or(0, |h| h.scan_ns))
+                .collect(),
+        ),
+    });
+    (truth, guest, host)
+}
+
+/// Per-interval errors (pp) of `s` over the scored records selected by
+/// `keep`; an interval where the source has no reading but the truth has
+/// is an error of 100 pp (it said nothing).
+fn errors(
+    records: &[Record],
+    truth: &Source,
+    s: &Source,
+    keep: impl Fn(&Record) -> bool,
+) -> Vec<f64> {
+    records
+        .iter()
+        .enumerate()
+        .filter(|(_, r)| !r.warmup && keep(r))
+        .filter_map(|(i, _)| match (s.ratios[i], truth.ratios[i]) {
+            (_, None) => None,
+            (None, Some(_)) => Some(100.0),
+            (a, b) => error_pp(a, b),
+        })
+        .collect()
+}
+
+/// One phase change of a workload.
+pub struct Change {
+    pub workload: usize,
+    pub step: usize,
+    pub truth_step: f64,
+}
+
+/// Lag of a source at every phase change, `None` for too-short phases.
+pub fn lags(records: &[Record], truth: &Source, s: &Source) -> Vec<(Change, Option<Lag>)> {
+    let mut out = Vec::new();
+    let idx = |w: usize, step: usize| -> Vec<usize> {
+        records
+            .iter()
+            .enumerate()
+            .filter(|(_, r)| r.workload == w && r.step == step && !r.warmup)
+            .map(|(i, _)| i)
+            .collect()
+    };
+    let pick = |src: &Source, ix: &[usize]| ix.iter().map(|&i| src.ratios[i]).collect::<Vec<_>>();
+    let mut seen = std::collections::BTreeSet::new();
+    for r in records.iter().filter(|r| r.change) {
+        if !seen.insert((r.workload, r.step)) || r.step == 0 {
+            continue;
+        }
+        let (before, after) = (idx(r.workload, r.step - 1), idx(r.workload, r.step));
+        let level = |ix: &[usize]| tier_benches::fidelity::steady_level(&pick(truth, ix));
+        let truth_step = match (level(&before), level(&after)) {
+            (Some(a), Some(b)) => b - a,
+            _ => continue,
+        };
+        let lag = detect_lag(&pick(s, &before), &pick(s, &after), truth_step, 0.02);
+        out.push((
+            Change {
+                workload: r.workload,
+                step: r.step,
+                truth_step,
+            },
+            lag,
+        ));
+    }
+    out
+}
+
+fn lag_summary(l: &[(Change, Option<Lag>)]) -> (String, Option<usize>, usize) {
+    let settled: Vec<usize> = l
+        .iter()
+        .filter_map(|(_, g)| match g {
+            Some(Lag::Settled(n)) => Some(*n),
+            _ => None,
+        })
+        .collect();
+    let bad = l.len() - settled.len();
+    let max = settled.iter().copied().max();
+    let text = l
+        .iter()
+        .map(|(_, g)| g.map_or("-".to_string(), |g| g.to_string()))
+        .collect::<Vec<_>>()
+        .join(",");
+    (text, max, bad)
+}
+
+fn fmt_stats(s: Option<ErrorStats>) -> String {
+    match s {
+        Some(s) => format!("{:>5} {:>8.2} {:>8.2} {:>8.2}", s.n, s.mean, s.p95, s.max),
+        None => format!("{:>5} {:>8} {:>8} {:>8}", 0, "-", "-", "-"),
+    }
+}
+
+/// Headline numbers of the host backend for the RESULT line.
+pub struct Headline {
+    pub all: Option<ErrorStats>,
+    pub footprint: Option<ErrorStats>,
+    pub lag_max: Option<usize>,
+    pub lag_bad: usize,
+}
+
+/// Prints the per-source and per-workload tables; returns the host
+/// backend's headline.
+pub fn print_tables(
+    matrix: &[Workload],
+    records: &[Record],
+    truth: &Source,
+    others: &[&Source],
+    overhead_pages: [u32; 2],
+    interval_ns: u64,
+) -> Option<Headline> {
+    println!(
+        "DRAM-hit ratio error against the truth per source, all scored intervals (pp = percentage points)"
+    );
+    println!(
+        "{:<16} {:>5} {:>8} {:>8} {:>8}  {:<22} sampling cost",
+        "source", "n", "mean_pp", "p95_pp", "max_pp", "lag (per change)"
+    );
+    let truth_lags = lags(records, truth, truth);
+    let (tl, _, _) = lag_summary(&truth_lags);
+    println!(
+        "{:<16} {:>5} {:>8} {:>8} {:>8}  {:<22} a counter read per interval",
+        "truth (ref)", "-", "0", "0", "0", tl
+    );
+    let mut headline = None;
+    for s in others {
+        let e = ErrorStats::of(&errors(records, truth, s, |_| true));
+        let l = lags(records, truth, s);
+        let (text, max, bad) = lag_summary(&l);
+        let cost = match &s.scan_ns {
+            Some(ns) => {
+                let scored: Vec<f64> = ns.iter().map(|&n| n as f64 / 1e6).collect();
+                let mean = scored.iter().sum::<f64>() / scored.len().max(1) as f64;
+                format!(
+                    "{mean:.2} ms in the sampler per interval ({:.2} % of one CPU)",
+                    mean * 1e6 / interval_ns as f64 * 100.0
+                )
+            }
+            None => "a counter read per interval".into(),
+        };
+        println!("{:<16} {}  {:<22} {}", s.name, fmt_stats(e), text, cost);
+        if s.scan_ns.is_some() {
+            headline = Some(Headline {
+                all: e,
+                footprint: ErrorStats::of(&errors(records, truth, s, |r| {
+                    matrix[r.workload].kind == Kind::Footprint
+                })),
+                lag_max: max,
+                lag_bad: bad,
+            });
+        }
+    }
+    println!(
+        "lag: intervals from the one holding the change (at 40 % of it) until the source stays within 2 pp of its own new level; 'missed': it moved by less than half the truth's step"
+    );
+    for (i, (c, _)) in truth_lags.iter().enumerate() {
+        let per: Vec<String> = others
+            .iter()
+            .map(|s| {
+                let l = lags(records, truth, s);
+                let g = l.get(i).and_then(|(_, g)| *g);
+                format!("{} {}", s.name, g.map_or("-".into(), |g| g.to_string()))
+            })
+            .collect();
+        println!(
+            "  change W{} phase {} (truth {:+.1} pp): {}",
+            c.workload + 1,
+            c.step + 1,
+            c.truth_step * 100.0,
+            per.join(", ")
+        );
+    }
+    for s in others.iter().filter(|s| s.scan_ns.is_some()) {
+        println!();
+        print_workloads(matrix, records, truth, s, overhead_pages);
+    }
+    headline
+}
+
+/// Share of distinct touched pages in dram, counting the guest's own
+/// non-work pages: what accessed bits can see (analysis only, never fed to
+/// the estimate).
+fn pages_view(r: &Record, overhead: [u32; 2]) -> Option<f64> {
+    let s = r.shape;
+    let d = if s.dram_repeat > 0 { s.dram_pages } else { 0 } + overhead[0];
+    let w = if s.slow_repeat > 0 { s.slow_pages } else { 0 } + overhead[1];
+    ratio(f64::from(d), f64::from(w))
+}
+
+fn mean(v: impl Iterator<Item = f64>) -> Option<f64> {
+    let v: Vec<f64> = v.collect();
+    (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64)
+}
+
+fn print_workloads(
+    matrix: &[Workload],
+    records: &[Record],
+    truth: &Source,
+    s: &Source,
+    overhead: [u32; 2],
+) {
+    println!(
+        "per workload: {} against the truth; pages% = share of distinct touched pages in dram incl. the guest's code+parameter pages (what accessed bits can see; analysis only)",
+        s.name
+    );
+    println!(
+        "{:<3} {:<40} {:<9} {:>6} {:>6} {:>8} {:>5} {:>8} {:>8} {:>8}  {:<10} p95<=2pp",
+        "#",
+        "workload",
+        "kind",
+        "truth%",
+        "pages%",
+        s.name,
+        "n",
+        "mean_pp",
+        "p95_pp",
+        "max_pp",
+        "lag",
+    );
+    let changes = lags(records, truth, s);
+    for (w, work) in matrix.iter().enumerate() {
+        let ix: Vec<usize> = (0..records.len())
+            .filter(|&i| records[i].workload == w && !records[i].warmup)
+            .collect();
+        let m = |src: &Source| mean(ix.iter().filter_map(|&i| src.ratios[i]));
+        let pv = mean(ix.iter().filter_map(|&i| pages_view(&records[i], overhead)));
+        let e = ErrorStats::of(&errors(records, truth, s, |r| r.workload == w));
+        let lag: Vec<String> = changes
+            .iter()
+            .filter(|(c, _)| c.workload == w)
+            .map(|(_, g)| g.map_or("-".into(), |g| g.to_string()))
+            .collect();
+        let pct = |x: Option<f64>| x.map_or("-".into(), |x| format!("{:.1}", x * 100.0));
+        println!(
+            "{:<3} {:<40} {:<9} {:>6} {:>6} {:>8} {}  {:<10} {}",
+            w + 1,
+            work.name,
+            work.kind.label(),
+            pct(m(truth)),
+            pct(pv),
+            pct(m(s)),
+            fmt_stats(e),
+            if lag.is_empty() {
+                "-".into()
+            } else {
+                lag.join(",")
+            },
+            match e {
+                Some(e) if e.p95 <= 2.0 => "yes",
+                Some(_) => "NO",
+                None => "-",
+            }
+        );
+    }
+}
+
+/// intervals.csv: one line per interval with every source.
+pub fn write_intervals_csv(
+    path: &Path,
+    matrix: &[Workload],
+    records: &[Record],
+    truth: &Source,
+    others: &[&Source],
+) -> anyhow::Result<()> {
+    let mut out = String::from(
+        "interval,t_s,workload,workload_name,kind,step,warmup,change,shape,truth_dram,truth_slow,truth_ratio",
+    );
+    for s in others {
+        let _ = write!(out, ",{0}_ratio,{0}_err_pp", s.name);
+    }
+    out.push_str(
+        ",host_young_dram,host_young_slow,host_est_dram,host_est_slow,host_passes,host_scan_ms\n",
+    );
+    let f = |x: Option<f64>| x.map_or(String::new(), |x| format!("{x:.5}"));
+    for (i, r) in records.iter().enumerate() {
+        let w = &matrix[r.workload];
+        let _ = write!(
+            out,
+            "{},{:.3},{},\"{}\",{},{},{},{},{},{},{},{}",
+            r.index,
+            r.t_s,
+            r.workload + 1,
+            w.name,
+            w.kind.label(),
+            r.step,
+            r.warmup,
+            r.change,
+            r.shape.label(),
+            r.truth[0],
+            r.truth[1],
+            f(truth.ratios[i])
+        );
+        for s in others {
+            let _ = write!(
+                out,
+                ",{},{}",
+                f(s.ratios[i]),
+                f(error_pp(s.ratios[i], truth.ratios[i]))
+            );
+        }
+        match r.host {
+            Some(h) => {
+                let _ = writeln!(
+                    out,
+                    ",{},{},{:.1},{:.1},{},{:.3}",
+                    h.young[0],
+                    h.young[1],
+                    h.estimated[0],
+                    h.estimated[1],
+                    h.passes,
+                    h.scan_ns as f64 / 1e6
+                );
+            }
+            None => out.push_str(",,,,,,\n"),
+        }
+    }
+    std::fs::write(path, out).with_context(|| format!("writing {}", path.display()))
+}
+
+/// summary.csv: error statistics per workload and source.
+pub fn write_summary_csv(
+    path: &Path,
+    matrix: &[Workload],
+    records: &[Record],
+    truth: &Source,
+    others: &[&Source],
+) -> anyhow::Result<()> {
+    let mut out = String::from("workload,workload_name,kind,source,n,mean_pp,p95_pp,max_pp,lags\n");
+    for s in others {
+        let l = lags(records, truth, s);
+        for (w, work) in matrix.iter().enumerate() {
+            let e = ErrorStats::of(&errors(records, truth, s, |r| r.workload == w));
+            let lag: Vec<String> = l
+                .iter()
+                .filter(|(c, _)| c.workload == w)
+                .map(|(_, g)| g.map_or("-".into(), |g| g.to_string()))
+                .collect();
+            let (n, a, b, c) = e.map_or((0, String::new(), String::new(), String::new()), |e| {
+                (
+                    e.n,
+                    format!("{:.3}", e.mean),
+                    format!("{:.3}", e.p95),
+                    format!("{:.3}", e.max),
+                )
+            });
+            let _ = writeln!(
+                out,
+                "{},\"{}\",{},{},{n},{a},{b},{c},{}",
+                w + 1,
+                work.name,
+                work.kind.label(),
+                s.name,
+                lag.join(";")
+            );
+        }
+    }
+    std::fs::write(path, out).with_context(|| format!("writing {}", path.display()))
+}
+
+/// ratio_over_time.svg (whole run) and ratio_by_workload.svg (one panel
+/// per workload); returns their paths.
+pub fn plots(
+    dir: &Path,
+    matrix: &[Workload],
+    records: &[Record],
+    sources: &[&Source],
+) -> anyhow::Result<Vec<PathBuf>> {
+    let series = |ix: &[usize], x: &dyn Fn(usize) -> f64| -> Vec<Series> {
+        sources
+            .iter()
+            .map(|s| Series {
+                name: s.name.clone(),
+                points: ix.iter().map(|&i| (x(i), s.ratios[i])).collect(),
+            })
+            .collect()
+    };
+    let all: Vec<usize> = (0..records.len()).collect();
+    let markers = matrix
+        .iter()
+        .enumerate()
+        .filter_map(|(w, _)| {
+            records
+                .iter()
+                .find(|r| r.workload == w)
+                .map(|r| (r.index as f64, format!("W{}", w + 1)))
+        })
+        .collect();
+    let whole = Panel {
+        title: "DRAM-hit ratio per interval, whole matrix (W = workload start)".into(),
+        series: series(&all, &|i| records[i].index as f64),
+        markers,
+    };
+    let time = dir.join("ratio_over_time.svg");
+    grid(&time, &[whole], 1, (1800, 480), "interval", "DRAM-hit %")?;
+
+    let panels: Vec<Panel> = matrix
+        .iter()
+        .enumerate()
+        .map(|(w, work)| {
+            let ix: Vec<usize> = (0..records.len())
+                .filter(|&i| records[i].workload == w)
+                .collect();
+            let first = ix.first().map_or(0, |&i| records[i].index);
+            let x = |i: usize| (records[i].index - first) as f64;
+            Panel {
+                title: format!("W{} {} ({})", w + 1, work.name, work.kind.label()),
+                series: series(&ix, &x),
+                markers: ix
+                    .iter()
+                    .filter(|&&i| records[i].change)
+                    .map(|&i| (x(i), "change".to_string()))
+                    .collect(),
+            }
+        })
+        .collect();
+    let by = dir.join("ratio_by_workload.svg");
+    grid(
+        &by,
+        &panels,
+        3,
+        (520, 300),
+        "interval in workload (0 = warm-up)",
+        "DRAM-hit %",
+    )?;
+    Ok(vec![time, by])
+}
