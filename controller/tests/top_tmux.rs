@@ -259,6 +259,19 @@ fn daemon_goes_away_and_comes_back() {
     let before = tmux.wait("the detail pane", |s| s.contains(") detail"));
     tmux.keys(&["Escape"]);
     let old_id = id(&before).unwrap();
+    // The restarted tierd numbers its updates from 1 again: a lower number
+    // on screen means the picture is the new daemon's, not the last one.
+    let update_no = |s: &str| {
+        s.split("update #").nth(1).and_then(|r| {
+            r.chars()
+                .take_while(char::is_ascii_digit)
+                .collect::<String>()
+                .parse::<u64>()
+                .ok()
+        })
+    };
+    let last =
+        update_no(&tmux.wait("five updates", |s| update_no(s).is_some_and(|n| n >= 5))).unwrap();
 
     tierd.stop();
     let s = tmux.wait("the disconnect", |s| {
@@ -268,7 +281,10 @@ fn daemon_goes_away_and_comes_back() {
 
     tierd.restart();
     tmux.wait("the reconnect", |s| {
-        s.contains("● connected") && !s.contains("disconnected")
+        s.contains("● connected")
+            && !s.contains("disconnected")
+            && demo_row(s).is_some()
+            && update_no(s).is_some_and(|n| n < last)
     });
     tmux.keys(&["Enter"]);
     let after = tmux.wait("the new demo VM", |s| {

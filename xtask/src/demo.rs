@@ -1,5 +1,6 @@
-//! `cargo xtask demo`: tierd with its demo VM, its capability report, and
-//! `tierctl top` (live on a terminal, one plain table otherwise).
+//! `cargo xtask demo`: tierd with its demo VM (or, with a patched
+//! cloud-hypervisor, two PVH test guests and the controller), its capability
+//! report, and `tierctl top` (live on a terminal, one plain table otherwise).
 
 use std::io::IsTerminal;
 use std::os::unix::process::CommandExt;
@@ -16,22 +17,30 @@ struct Daemon(Child);
 
 impl Drop for Daemon {
     fn drop(&mut self) {
-        let pid = self.0.id() as i32;
-        // SAFETY: kill(2) on the PID of a child we spawned and have not reaped.
-        unsafe { libc::kill(pid, libc::SIGTERM) };
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = self.0.try_wait() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        let _ = self.0.kill();
-        let _ = self.0.wait();
+        stop(&mut self.0);
     }
 }
 
-pub fn run(updates: Option<u64>) -> anyhow::Result<()> {
+/// SIGTERM to a child we spawned, by its PID; SIGKILL after 5 s.
+pub fn stop(child: &mut Child) {
+    if let Ok(Some(_)) = child.try_wait() {
+        return;
+    }
+    let pid = child.id() as i32;
+    // SAFETY: kill(2) on the PID of a child we spawned and have not reaped.
+    unsafe { libc::kill(pid, libc::SIGTERM) };
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while Instant::now() < deadline {
+        if let Ok(Some(_)) = child.try_wait() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
+pub fn run(updates: Option<u64>, ch_bin: Option<PathBuf>) -> anyhow::Result<()> {
     run::cargo(&[
         "build",
         "--quiet",
@@ -53,12 +62,35 @@ pub fn run(updates: Option<u64>) -> anyhow::Result<()> {
     let socket = dir.join("tierd.sock");
     let endpoint = format!("unix:{}", socket.display());
     let log = dir.join("tierd.log");
-    println!(
-        "\n== starting tierd with the demo VM (log: {})",
-        log.display()
-    );
-    let child = Command::new(&tierd)
-        .args(["run", "--demo-vm", "--interval-ms", "1000"])
+    let guests = match &ch_bin {
+        Some(ch) => {
+            println!("\n== two PVH test guests under {}", ch.display());
+            Some(crate::demo_ch::start(ch, &dir)?)
+        }
+        None => None,
+    };
+    let mut cmd = Command::new(&tierd);
+    cmd.arg("run");
+    match &guests {
+        Some(g) => {
+            let config = dir.join("tierd.toml");
+            std::fs::write(&config, crate::demo_ch::tierd_config(&g.api_dir))
+                .context("writing tierd.toml")?;
+            println!(
+                "\n== starting tierd on the guests' API sockets (log: {})",
+                log.display()
+            );
+            cmd.arg("--config").arg(config);
+        }
+        None => {
+            println!(
+                "\n== starting tierd with the demo VM (log: {})",
+                log.display()
+            );
+            cmd.args(["--demo-vm", "--interval-ms", "1000"]);
+        }
+    }
+    let child = cmd
         // Any free loopback port: a fixed one may be taken on this machine.
         .args(["--metrics-listen", "127.0.0.1:0", "--socket"])
         .arg(&socket)
@@ -78,6 +110,30 @@ pub fn run(updates: Option<u64>) -> anyhow::Result<()> {
     }
     println!("\n== tierctl info");
     run::status(Command::new(&tierctl).args(["--endpoint", &endpoint, "info"]))?;
+    if guests.is_some() {
+        // Budget: the DRAM the two guests hold (2 x 16 MiB unballooned).
+        println!("\n== tierctl policy set (the controller moves DRAM between the guests)");
+        run::status(Command::new(&tierctl).args([
+            "--endpoint",
+            &endpoint,
+            "policy",
+            "set",
+            "--default-target",
+            "0.85",
+            "--epsilon",
+            "0.05",
+            "--budget",
+            "32M",
+            "--max-step",
+            "8M",
+            "--cooldown",
+            "1",
+            "--idle-threshold",
+            "0.3",
+        ]))?;
+        // Discovery of the sockets takes an interval or two.
+        std::thread::sleep(Duration::from_millis(2500));
+    }
     println!("\n== tierctl vms");
     run::status(Command::new(&tierctl).args(["--endpoint", &endpoint, "vms"]))?;
 
@@ -91,8 +147,10 @@ pub fn run(updates: Option<u64>) -> anyhow::Result<()> {
             &mut top
         }
         (false, _) => {
-            // Let two intervals pass so the table has a full interval of numbers.
-            std::thread::sleep(Duration::from_millis(2100));
+            // Let two intervals pass so the table has a full interval of
+            // numbers; with the guests, long enough to see balloons move.
+            let wait = if guests.is_some() { 8000 } else { 2100 };
+            std::thread::sleep(Duration::from_millis(wait));
             println!("\n== tierctl top --once");
             top.arg("--once")
         }
@@ -108,6 +166,7 @@ pub fn run(updates: Option<u64>) -> anyhow::Result<()> {
             c.wait().context("waiting for tierctl top")
         });
     drop(daemon);
+    drop(guests);
     println!("\ntierd stopped; demo files in {}", dir.display());
     match result {
         Ok(st) if st.success() || (terminal && updates.is_none()) => Ok(()),

@@ -1,6 +1,7 @@
 //! `cargo xtask <task>`: everything a fresh machine needs, in one place.
 
 mod demo;
+mod demo_ch;
 mod deps;
 mod run;
 mod vmm_patch;
@@ -33,6 +34,10 @@ enum Task {
         /// Print this many updates as tables instead of the live view (terminal only).
         #[arg(long)]
         updates: Option<u64>,
+        /// A patched cloud-hypervisor (`cargo xtask vmm-patch build`): run two
+        /// PVH test guests under it and the controller instead of the demo VM.
+        #[arg(long, env = "TIERD_CH_BIN")]
+        ch_bin: Option<PathBuf>,
     },
     /// Run one benchmark from benches/ (prints a table and a RESULT line).
     Bench {
@@ -86,9 +91,9 @@ fn dispatch(task: Task) -> anyhow::Result<()> {
     match task {
         Task::Deps { check } => deps::ensure(check),
         Task::Test => test(),
-        Task::Demo { updates } => {
+        Task::Demo { updates, ch_bin } => {
             deps::ensure(false)?;
-            demo::run(updates)
+            demo::run(updates, ch_bin)
         }
         Task::Bench { name } => bench(&name),
         Task::E2e {
@@ -271,10 +276,24 @@ mod tests {
             Task::Deps { check: true }
         );
         assert_eq!(parse(&["test"]).unwrap(), Task::Test);
-        assert_eq!(parse(&["demo"]).unwrap(), Task::Demo { updates: None });
-        assert_eq!(
+        // ch_bin may also come from TIERD_CH_BIN in the environment.
+        assert!(matches!(
+            parse(&["demo"]).unwrap(),
+            Task::Demo { updates: None, .. }
+        ));
+        assert!(matches!(
             parse(&["demo", "--updates", "3"]).unwrap(),
-            Task::Demo { updates: Some(3) }
+            Task::Demo {
+                updates: Some(3),
+                ..
+            }
+        ));
+        assert_eq!(
+            parse(&["demo", "--ch-bin", "/opt/ch/cloud-hypervisor"]).unwrap(),
+            Task::Demo {
+                updates: None,
+                ch_bin: Some("/opt/ch/cloud-hypervisor".into())
+            }
         );
         assert_eq!(
             parse(&["bench", "balloon"]).unwrap(),

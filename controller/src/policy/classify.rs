@@ -168,7 +168,15 @@ pub fn classify(vm: &VmObs, load: &Load, ctx: &Ctx, cfg: &Config) -> Want {
             return Want::Hold;
         }
     }
-    let raw = idle_reclaim(vm.dram.held(), vm.dram.idle_bytes, cfg.idle_threshold);
+    // No idle reclaim from a VM below its band: its ratio says the DRAM it
+    // holds is not enough, so what looks idle is memory it still touches,
+    // only less often than one ageing pass sees (accessed bits cannot tell).
+    let below_band = ratio.is_some_and(|r| r < below);
+    let raw = if below_band {
+        0
+    } else {
+        idle_reclaim(vm.dram.held(), vm.dram.idle_bytes, cfg.idle_threshold)
+    };
     let bytes = raw.min(room_down);
     if bytes >= cfg.min_step() {
         return Want::Release {
@@ -334,6 +342,22 @@ mod tests {
                 bytes: 64 * M
             }
         );
+    }
+
+    #[test]
+    fn no_idle_reclaim_below_the_band() {
+        // 100M held, 20M seen young in the pass (80M "idle"), yet only 0.5
+        // of the accesses hit DRAM: the pages look idle because they are
+        // touched less often than one pass, not because they are unused.
+        // The VM needs DRAM, it does not give any.
+        let v = vm(100 * M, 20 * M, 500.0, 30 * M, 500.0);
+        assert!(matches!(
+            want(&v, &ctx()),
+            Want::Need {
+                why: Why::Below,
+                ..
+            }
+        ));
     }
 
     #[test]

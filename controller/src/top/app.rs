@@ -171,6 +171,13 @@ impl App {
         }
         if !self.paused() {
             self.refresh();
+            // The VM of an open detail pane went away (or tierd restarted and
+            // gave it a new id): back to the table, whose footer says so.
+            if let Some(id) = &self.detail
+                && self.shown().vm(id).is_none()
+            {
+                self.detail = None;
+            }
         }
     }
 
