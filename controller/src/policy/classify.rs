@@ -111,7 +111,12 @@ pub fn resume(vm: &VmObs, load: &Load, ctx: &Ctx, cfg: &Config, mv: &Move) -> Op
     let step = cfg.max_step;
     let (done, room) = match mv.dir {
         Dir::Up => (r >= ctx.target, ctx.hi - g),
-        Dir::Down if mv.why == Why::Idle => (false, (g - ctx.lo).min(vm.dram.idle_bytes)),
+        // An idle reclaim stops once the VM falls below its band, as it
+        // would not start there (`classify`).
+        Dir::Down if mv.why == Why::Idle => (
+            r < ctx.target - cfg.hold_epsilon(),
+            (g - ctx.lo).min(vm.dram.idle_bytes),
+        ),
         Dir::Down => (r <= ctx.target, g - ctx.lo),
     };
     let bytes = mv.left.min(step).min(room) / PAGE * PAGE;
@@ -479,6 +484,9 @@ mod tests {
                 bytes: 10 * M
             })
         );
+        // ... and stops once the VM has fallen below its band (0.5 here).
+        let fallen = vm(90 * M, 80 * M, 500.0, 10 * M, 500.0);
+        assert_eq!(next(&fallen, &ctx(), &idle), None);
         // A cut stops once the sample is at or below the target.
         let cut = Move {
             dir: Dir::Down,

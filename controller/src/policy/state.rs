@@ -43,6 +43,8 @@ struct Lag {
     since: Option<u64>,
     /// |actual - target| at `since`.
     gap: u64,
+    /// The target at `since`: a new target restarts the window.
+    target: u64,
 }
 
 impl Lag {
@@ -54,20 +56,26 @@ impl Lag {
     /// is not marked; one that stops for the whole window is.
     fn look(&mut self, t: &TierObs, round: u64, tuning: &Tuning) -> (bool, bool) {
         let gap = t.balloon_actual.abs_diff(t.balloon_target);
+        let target = t.balloon_target;
         let tol = tuning.balloon_tolerance;
         if gap <= tol {
-            *self = Lag { since: None, gap };
+            *self = Lag {
+                since: None,
+                gap,
+                target,
+            };
             return (false, false);
         }
         let progressed = self.gap.saturating_sub(gap) >= progress_min(tol);
         match self.since {
-            Some(since) if !progressed => {
+            Some(since) if !progressed && target == self.target => {
                 (true, round - since >= u64::from(tuning.grace_intervals))
             }
             _ => {
                 *self = Lag {
                     since: Some(round),
                     gap,
+                    target,
                 };
                 (true, tuning.grace_intervals == 0)
             }
@@ -166,6 +174,20 @@ mod tests {
         // Less than tolerance / 8 in the whole window is no progress.
         assert_eq!(s.track(&vm(512 * M, M / 4), 4, &tuning), Balloons::Moving);
         assert_eq!(s.track(&vm(512 * M, M / 4), 5, &tuning), Balloons::Stuck);
+    }
+
+    #[test]
+    fn a_new_target_restarts_the_grace_window() {
+        // Lagging toward 8M without progress, then the target is raised
+        // (an operator's SetBalloonTargets): the window starts again.
+        let tuning = Tuning::default();
+        let mut s = VmState::default();
+        assert_eq!(s.track(&vm(8 * M, 0), 1, &tuning), Balloons::Moving);
+        assert_eq!(s.track(&vm(8 * M, 0), 2, &tuning), Balloons::Moving);
+        assert_eq!(s.track(&vm(8 * M, 0), 3, &tuning), Balloons::Moving);
+        assert_eq!(s.track(&vm(64 * M, 0), 4, &tuning), Balloons::Moving);
+        assert_eq!(s.track(&vm(64 * M, 0), 6, &tuning), Balloons::Moving);
+        assert_eq!(s.track(&vm(64 * M, 0), 7, &tuning), Balloons::Stuck);
     }
 
     #[test]

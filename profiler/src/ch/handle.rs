@@ -197,8 +197,10 @@ impl ChHandle {
         }
         let h = self.clone();
         tokio::spawn(async move {
+            // Cleared however the task ends (a panic included), or the VM
+            // would never be refreshed again.
+            let _done = ClearOnDrop(&h.refreshing);
             let _ = h.refresh().await;
-            h.refreshing.store(false, Ordering::Release);
         });
     }
 
@@ -229,6 +231,15 @@ fn guest_accesses(counters: Option<&BTreeMap<String, u64>>) -> BTreeMap<u32, u64
             Some((i.parse().ok()?, *v))
         })
         .collect()
+}
+
+/// Clears a flag when dropped.
+struct ClearOnDrop<'a>(&'a AtomicBool);
+
+impl Drop for ClearOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::Release);
+    }
 }
 
 /// The discovered cloud-hypervisor VMs by VM id.

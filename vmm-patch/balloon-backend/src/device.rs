@@ -620,15 +620,17 @@ impl Balloon {
     }
 
     fn serve_queue(&self, index: usize, vring: &Vring) {
-        let mut st = lock(&self.inner.state);
-        let role = queue_role(index, st.acked_features, self.inner.specs.len());
+        let (role, mem, event_idx) = {
+            let st = lock(&self.inner.state);
+            let role = queue_role(index, st.acked_features, self.inner.specs.len());
+            (role, st.mem.clone(), st.event_idx)
+        };
         if role == QueueRole::Absent {
             return;
         }
-        let Some(mem) = st.mem.clone() else {
+        let Some(mem) = mem else {
             return;
         };
-        let event_idx = st.event_idx;
         loop {
             if event_idx && let Err(e) = vring.disable_notification() {
                 tracing::warn!(queue = index, "disable_notification: {e}");
@@ -642,6 +644,10 @@ impl Balloon {
                 let Some(chain) = chain else { break };
                 let head = chain.head_index();
                 let guest = mem.memory();
+                // The state lock is taken per chain, not for the whole drain:
+                // a guest that keeps the queue full must not starve the
+                // control socket (targets, state) for as long as it likes.
+                let mut st = lock(&self.inner.state);
                 let hold = match role {
                     QueueRole::Stats => self.take_stats(&mut st, chain, &guest, vring),
                     QueueRole::Tier { tier, op } => {
@@ -658,6 +664,7 @@ impl Balloon {
                     }
                     QueueRole::Absent => false,
                 };
+                drop(st);
                 if !hold {
                     if let Err(e) = vring.add_used(head, 0) {
                         tracing::warn!(queue = index, "add_used: {e}");
@@ -780,6 +787,12 @@ impl Balloon {
         if ok {
             for e in scratch.chunks_exact(10) {
                 let tag = u16::from_le_bytes([e[0], e[1]]);
+                // Only SPEC tags are kept: a guest cycling through all 65536
+                // tags would otherwise grow the `state` answer past what a
+                // VMM reads (about 2 MiB).
+                if !known_tag(tag) {
+                    continue;
+                }
                 let mut v = [0u8; 8];
                 v.copy_from_slice(&e[2..10]);
                 st.stats.values.insert(tag, u64::from_le_bytes(v));
@@ -838,6 +851,12 @@ enum Gather {
     Bad(usize),
     /// More than the limit (bytes announced so far).
     TooLong(usize),
+}
+
+/// Whether SPEC.md section 4 defines `tag`: the standard tags 0-15 and the
+/// per-tier ones, `0x8000 + 0x10 * i + {0, 1, 2}` for the 8 possible tiers.
+pub fn known_tag(tag: u16) -> bool {
+    tag < 16 || ((0x8000..0x8080).contains(&tag) && (tag - 0x8000) % 0x10 < 3)
 }
 
 /// SPEC.md section 5 counter names of a stats tag.
@@ -1137,6 +1156,15 @@ mod tests {
         assert_eq!(r(2, stats), QueueRole::Stats);
         assert_eq!(r(3, stats), QueueRole::Absent);
         assert_eq!(r(2, 0), QueueRole::Absent);
+    }
+
+    #[test]
+    fn only_spec_stats_tags_are_known() {
+        assert!(known_tag(0) && known_tag(15));
+        assert!(known_tag(0x8000) && known_tag(0x8002) && known_tag(0x8072));
+        assert!(!known_tag(16) && !known_tag(0x8003) && !known_tag(0x8080));
+        assert!(!known_tag(0xffff) && !known_tag(0x7fff));
+        assert_eq!((0..=u16::MAX).filter(|&t| known_tag(t)).count(), 16 + 3 * 8);
     }
 
     #[test]

@@ -882,7 +882,9 @@ fn config_space_targets_and_stats() {
             assert_eq!(n(&v["stat_free_memory"]), 192 * MIB);
             assert_eq!(n(&v["tier0_guest_accesses"]), 1_000_000);
             assert_eq!(n(&v["tier1_guest_free_bytes"]), 64 * MIB);
-            assert_eq!(n(&v["tag_0x8003"]), 9);
+            // A tag SPEC.md does not define is dropped: a guest cannot grow
+            // the state by cycling through tags.
+            assert!(v.get("tag_0x8003").is_none(), "{v}");
             break;
         }
         assert!(Instant::now() < deadline, "stats never arrived: {st}");

@@ -82,6 +82,9 @@ struct VmPmu {
     last: [PmuCount; MAX_TIERS as usize],
 }
 
+/// Distinct problems remembered as logged before the memory starts over.
+const MAX_LOGGED: usize = 4096;
+
 /// The running source.
 pub struct PmuSource {
     progs: PmuPrograms,
@@ -228,6 +231,10 @@ impl PmuSource {
                 Ok(None) => {}
                 Err(e) => problems.push(format!("{}: {e}", vm.id)),
             }
+        }
+        // A bound on what is remembered, whatever the problems say.
+        if self.logged.len() > MAX_LOGGED {
+            self.logged.clear();
         }
         for p in &problems {
             if self.logged.insert(p.clone()) {
@@ -391,6 +398,10 @@ impl PmuSource {
         }
         drop(state.threads);
         self.free.insert(state.slot);
+        // Its problems go with it: the set stays bounded as VMs come and go,
+        // and a new VM that reuses the id gets its problems logged again.
+        let prefix = format!("{id}: ");
+        self.logged.retain(|p| !p.starts_with(&prefix));
     }
 }
 
