@@ -12,6 +12,7 @@
 //! so applying it twice leaves the VMM where applying it once does.
 
 use std::collections::{BTreeMap, HashSet};
+use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -140,6 +141,8 @@ fn vmm_message(body: &[u8]) -> String {
     String::from_utf8_lossy(body).trim().to_string()
 }
 
+/// Which failures of a call are worth another attempt.
+#[derive(Clone, Copy)]
 enum Retry {
     /// Transport failures and 5xx.
     Get,
@@ -207,24 +210,25 @@ impl ChApi {
         body: Option<&[u8]>,
         retry: Retry,
     ) -> Result<Vec<u8>, ActuateError> {
-        let attempts = self.backoff.attempts.max(1);
-        let mut attempt = 1;
-        loop {
-            let result = tokio::time::timeout(
-                self.timeout,
-                http::request(&self.socket, method, path, body),
-            )
-            .await;
-            let retryable = match &result {
-                Err(_) | Ok(Err(_)) => true,
-                Ok(Ok(resp)) => resp.status >= 500 && matches!(retry, Retry::Get),
-            };
-            if !retryable || attempt >= attempts {
-                return self.finish(endpoint, attempt, result);
-            }
-            tokio::time::sleep(self.backoff.delay(attempt)).await;
-            attempt += 1;
-        }
+        self.backoff
+            .run(|attempt| async move {
+                let result = tokio::time::timeout(
+                    self.timeout,
+                    http::request(&self.socket, method, path, body),
+                )
+                .await;
+                let retryable = match &result {
+                    Err(_) | Ok(Err(_)) => true,
+                    Ok(Ok(resp)) => resp.status >= 500 && matches!(retry, Retry::Get),
+                };
+                let done = self.finish(endpoint, attempt, result);
+                if retryable {
+                    ControlFlow::Continue(done)
+                } else {
+                    ControlFlow::Break(done)
+                }
+            })
+            .await
     }
 
     fn finish(

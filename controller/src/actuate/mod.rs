@@ -19,6 +19,7 @@ mod http;
 mod vhost;
 
 use std::future::Future;
+use std::ops::ControlFlow;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -85,6 +86,28 @@ impl Backoff {
     pub fn delay(&self, n: u32) -> Duration {
         let factor = 1u32.checked_shl(n.saturating_sub(1)).unwrap_or(u32::MAX);
         self.initial.saturating_mul(factor).min(self.max)
+    }
+
+    /// Runs `attempt(n)` for n = 1, 2, ... until it breaks, or gives the
+    /// last `Continue` value once `attempts` ran out, waiting
+    /// [`Backoff::delay`] between attempts. `Break` is final (success, or an
+    /// error not worth retrying); `Continue` is a failure worth retrying.
+    pub async fn run<T, F, Fut>(&self, mut attempt: F) -> T
+    where
+        F: FnMut(u32) -> Fut,
+        Fut: Future<Output = ControlFlow<T, T>>,
+    {
+        let attempts = self.attempts.max(1);
+        let mut n = 1;
+        loop {
+            match attempt(n).await {
+                ControlFlow::Break(v) => return v,
+                ControlFlow::Continue(v) if n >= attempts => return v,
+                ControlFlow::Continue(_) => {}
+            }
+            tokio::time::sleep(self.delay(n)).await;
+            n += 1;
+        }
     }
 }
 
@@ -163,6 +186,43 @@ impl ActuateError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn run_retries_continues_and_stops_at_a_break() {
+        let b = Backoff {
+            attempts: 3,
+            initial: Duration::from_millis(1),
+            max: Duration::from_millis(1),
+        };
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .unwrap();
+        // Always worth retrying: three attempts, the last one's value.
+        let mut seen = Vec::new();
+        let v = rt.block_on(b.run(|n| {
+            seen.push(n);
+            async move { ControlFlow::Continue::<u32, u32>(n * 10) }
+        }));
+        assert_eq!((v, seen), (30, vec![1, 2, 3]));
+        // A break ends it at once.
+        let mut seen = Vec::new();
+        let v = rt.block_on(b.run(|n| {
+            seen.push(n);
+            async move {
+                if n == 2 {
+                    ControlFlow::Break(n)
+                } else {
+                    ControlFlow::Continue(0)
+                }
+            }
+        }));
+        assert_eq!((v, seen), (2, vec![1, 2]));
+        // Zero attempts still makes one.
+        let once = Backoff { attempts: 0, ..b };
+        let v = rt.block_on(once.run(|n| async move { ControlFlow::Continue::<u32, u32>(n) }));
+        assert_eq!(v, 1);
+    }
 
     #[test]
     fn backoff_doubles_up_to_max() {

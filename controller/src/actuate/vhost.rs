@@ -14,6 +14,7 @@
 
 use std::collections::{BTreeMap, HashSet};
 use std::io;
+use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -239,46 +240,41 @@ impl VhostBalloon {
 
     /// One request with its retries; the `ok: true` answer.
     async fn call(&self, endpoint: &'static str, line: &str) -> Result<Value, ActuateError> {
-        let attempts = self.backoff.attempts.max(1);
-        let mut attempt = 1;
-        loop {
-            let result = tokio::time::timeout(self.timeout, exchange(&self.socket, line)).await;
-            let err = match result {
-                Err(_) => ActuateError::Timeout {
-                    endpoint,
-                    socket: self.socket.clone(),
-                    timeout: self.timeout,
-                    attempts: attempt,
-                },
-                Ok(Err(source)) => ActuateError::Transport {
-                    endpoint,
-                    socket: self.socket.clone(),
-                    attempts: attempt,
-                    source,
-                },
-                Ok(Ok(answer)) => match parse(&answer) {
-                    Outcome::Ok(v) => return Ok(v),
-                    Outcome::Refused(status @ 400..=499, message) => {
-                        return Err(ActuateError::Rejected {
+        self.backoff
+            .run(|attempt| async move {
+                let result = tokio::time::timeout(self.timeout, exchange(&self.socket, line)).await;
+                ControlFlow::Continue(Err(match result {
+                    Err(_) => ActuateError::Timeout {
+                        endpoint,
+                        socket: self.socket.clone(),
+                        timeout: self.timeout,
+                        attempts: attempt,
+                    },
+                    Ok(Err(source)) => ActuateError::Transport {
+                        endpoint,
+                        socket: self.socket.clone(),
+                        attempts: attempt,
+                        source,
+                    },
+                    Ok(Ok(answer)) => match parse(&answer) {
+                        Outcome::Ok(v) => return ControlFlow::Break(Ok(v)),
+                        Outcome::Refused(status @ 400..=499, message) => {
+                            return ControlFlow::Break(Err(ActuateError::Rejected {
+                                endpoint,
+                                status,
+                                message,
+                            }));
+                        }
+                        Outcome::Refused(status, message) => ActuateError::Vmm {
                             endpoint,
                             status,
                             message,
-                        });
-                    }
-                    Outcome::Refused(status, message) => ActuateError::Vmm {
-                        endpoint,
-                        status,
-                        message,
+                        },
+                        Outcome::Garbled(detail) => ActuateError::Protocol { endpoint, detail },
                     },
-                    Outcome::Garbled(detail) => ActuateError::Protocol { endpoint, detail },
-                },
-            };
-            if attempt >= attempts {
-                return Err(err);
-            }
-            tokio::time::sleep(self.backoff.delay(attempt)).await;
-            attempt += 1;
-        }
+                }))
+            })
+            .await
     }
 }
 
