@@ -36,6 +36,10 @@ pub struct TierRow {
     pub dram_hit_error: Option<f64>,
     /// The controller's target for the VM, when it manages it.
     pub dram_hit_target: Option<f64>,
+    /// Share of the tier's active pages young in the shortest pass; near
+    /// 0.95 `accesses_per_s` counts pages, not touches. None when the passes
+    /// cannot tell.
+    pub rate_saturation: Option<f64>,
 }
 
 /// DRAM share of guest-reported accesses, if the guest reported any.
@@ -90,6 +94,7 @@ pub fn rows(update: &StatsUpdate) -> Vec<TierRow> {
                     .map(|s| s.estimated_accesses / secs),
                 dram_hit_error: stats.filter(|s| s.has_accesses).map(|s| s.dram_hit_error),
                 dram_hit_target: stats.and_then(|s| s.dram_hit_target),
+                rate_saturation: sample.and_then(|s| s.saturation),
             });
         }
     }
@@ -207,13 +212,13 @@ pub fn table(rows: &[TierRow]) -> String {
 /// CSV with a header row; numbers unformatted.
 pub fn csv(rows: &[TierRow]) -> String {
     let mut out = String::from(
-        "vm_id,vm_name,vcpus,tier,kind,size_bytes,resident_bytes,balloon_target_bytes,balloon_actual_bytes,young_pages,sampled_pages,source,guest_accesses_per_s,dram_hit_ratio,guest_hit_ratio,accesses_per_s,dram_hit_error,dram_hit_target\n",
+        "vm_id,vm_name,vcpus,tier,kind,size_bytes,resident_bytes,balloon_target_bytes,balloon_actual_bytes,young_pages,sampled_pages,source,guest_accesses_per_s,dram_hit_ratio,guest_hit_ratio,accesses_per_s,dram_hit_error,dram_hit_target,rate_saturation\n",
     );
     let opt = |v: Option<f64>| v.map(|x| format!("{x}")).unwrap_or_default();
     for r in rows {
         let _ = writeln!(
             out,
-            "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}",
+            "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}",
             csv_field(&r.vm_id),
             csv_field(&r.vm_name),
             r.vcpus,
@@ -232,6 +237,7 @@ pub fn csv(rows: &[TierRow]) -> String {
             opt(r.accesses_per_s),
             opt(r.dram_hit_error),
             opt(r.dram_hit_target),
+            opt(r.rate_saturation),
         );
     }
     out

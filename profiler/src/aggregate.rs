@@ -4,8 +4,10 @@
 //! interval is made of several ageing passes (like DAMON's sampling vs
 //! aggregation intervals): `young_pages` is the most pages found young in
 //! one pass (a lower bound of the distinct pages touched), and
-//! `estimated_accesses` sums young pages over the passes, so a small set
-//! touched in every pass outweighs a large set touched in one.
+//! `estimated_accesses` fits pages and touch rate to the passes, which
+//! alternate short and long (`estimate`), so a small set touched in every
+//! pass outweighs a large set touched in one and a set touched four times
+//! as often as another, below one touch per pass, reads four times as much.
 
 use std::collections::HashMap;
 
@@ -13,6 +15,8 @@ use std::time::Instant;
 
 use tier_proto::v1::{SamplerHealth, StatsUpdate, TierSample, VmStats};
 
+use crate::estimate::fit;
+pub use crate::estimate::pass_ends;
 use crate::registry::Registry;
 use crate::sampler::{Sampler, TierReading};
 
@@ -32,19 +36,26 @@ pub struct Aggregator {
     passes: HashMap<String, Vec<PassSum>>,
     /// Sampler health summed over this interval's passes.
     health: Option<SamplerHealth>,
+    /// When the last pass re-armed the sampler: the next pass covers the
+    /// time since.
+    last_pass: Option<Instant>,
 }
 
 /// One tier's passes within the current interval.
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 struct PassSum {
     sampled_pages: u64,
     young_max: u64,
     young_sum: u64,
     passes: u32,
+    /// (pass seconds, young pages) of each pass; emptied when a pass's
+    /// length is unknown (the aggregator's first).
+    timed: Vec<(f64, f64)>,
+    untimed: bool,
 }
 
 impl PassSum {
-    fn add(&mut self, r: TierReading) {
+    fn add(&mut self, r: TierReading, secs: Option<f64>) {
         // A VM's arming pass examines nothing: it is not a pass.
         if r.sampled_pages == 0 {
             return;
@@ -53,6 +64,19 @@ impl PassSum {
         self.young_max = self.young_max.max(r.young_pages);
         self.young_sum += r.young_pages;
         self.passes += 1;
+        match secs {
+            Some(t) => self.timed.push((t, r.young_pages as f64)),
+            None => self.untimed = true,
+        }
+    }
+
+    /// Page touches over the interval and saturation (`estimate::fit`).
+    fn estimate(&self) -> (f64, Option<f64>) {
+        if self.untimed {
+            return (self.young_sum as f64, None);
+        }
+        let e = fit(&self.timed);
+        (e.accesses, e.saturation)
     }
 }
 
@@ -60,8 +84,19 @@ impl Aggregator {
     /// One ageing pass within the interval: samples every live VM and keeps
     /// what it found for the interval's update.
     pub fn pass(&mut self, registry: &mut Registry, sampler: Option<&mut dyn Sampler>) {
+        self.pass_at(registry, sampler, Instant::now());
+    }
+
+    /// [`Aggregator::pass`] as if it ran at `now` (the pass's length is the
+    /// time since the previous one).
+    pub fn pass_at(
+        &mut self,
+        registry: &mut Registry,
+        sampler: Option<&mut dyn Sampler>,
+        now: Instant,
+    ) {
         let departed = registry.reap();
-        self.pass_over(registry, sampler, &departed);
+        self.pass_over(registry, sampler, &departed, now);
         self.departed.extend(departed);
     }
 
@@ -70,10 +105,15 @@ impl Aggregator {
         registry: &Registry,
         sampler: Option<&mut dyn Sampler>,
         departed: &[String],
+        now: Instant,
     ) {
         for id in departed {
             self.passes.remove(id);
         }
+        let secs = self
+            .last_pass
+            .replace(now)
+            .map(|before| now.saturating_duration_since(before).as_secs_f64());
         let (readings, health) = match sampler {
             Some(s) => sample(s, registry, departed),
             None => (vec![None; registry.len()], None),
@@ -85,7 +125,7 @@ impl Aggregator {
             let sums = self.passes.entry(t.vm().id.clone()).or_default();
             sums.resize(r.len(), PassSum::default());
             for (sum, reading) in sums.iter_mut().zip(r) {
-                sum.add(reading);
+                sum.add(reading, secs);
             }
         }
         if let Some(h) = health {
@@ -111,12 +151,23 @@ impl Aggregator {
         sampler: Option<&mut dyn Sampler>,
         interval_ns: u64,
     ) -> StatsUpdate {
+        self.tick_at(registry, sampler, interval_ns, Instant::now())
+    }
+
+    /// [`Aggregator::tick`] as if its pass ran at `now`.
+    pub fn tick_at(
+        &mut self,
+        registry: &mut Registry,
+        sampler: Option<&mut dyn Sampler>,
+        interval_ns: u64,
+        now: Instant,
+    ) -> StatsUpdate {
         let mut departed = std::mem::take(&mut self.departed);
         departed.extend(registry.reap());
         for id in &departed {
             self.last_guest.remove(id);
         }
-        self.pass_over(registry, sampler, &departed);
+        self.pass_over(registry, sampler, &departed, now);
         let health: Vec<SamplerHealth> = self.health.take().into_iter().collect();
         let mut passes = std::mem::take(&mut self.passes);
         let backend = health.first().map_or(0, |h| h.backend);
@@ -140,7 +191,7 @@ impl Aggregator {
                 .iter()
                 .enumerate()
                 .map(|(i, t)| {
-                    let r = reading.as_ref().and_then(|r| r.get(i)).copied();
+                    let r = reading.as_ref().and_then(|r| r.get(i));
                     let mut sample = TierSample {
                         tier: t.name.clone(),
                         resident_bytes: resident.get(i).copied().unwrap_or(0),
@@ -156,7 +207,9 @@ impl Aggregator {
                         sample.coverage = (r.sampled_pages as f64 / pages as f64).min(1.0);
                         sample.estimated_accessed_bytes =
                             (r.young_max as f64 * scale) as u64 * PAGE;
-                        sample.estimated_accesses = r.young_sum as f64 * scale;
+                        let (accesses, saturation) = r.estimate();
+                        sample.estimated_accesses = accesses * scale;
+                        sample.saturation = saturation;
                         sample.passes = r.passes;
                         sample.source = backend;
                     }

@@ -261,12 +261,19 @@ impl Config {
                 format!("{} is not in [1, 64]", self.passes_per_interval),
             ));
         }
-        if self.interval_ms / u64::from(self.passes_per_interval) < 5 {
+        let shortest = crate::estimate::shortest_pass(
+            std::time::Duration::from_millis(self.interval_ms),
+            self.passes_per_interval,
+        );
+        if shortest < std::time::Duration::from_millis(5) {
             return Err(invalid(
                 "passes_per_interval",
                 format!(
-                    "{} passes in {} ms leave less than 5 ms per pass",
-                    self.passes_per_interval, self.interval_ms
+                    "{} passes in {} ms leave {:.1} ms for the shortest (short and long passes alternate, 1:{}); at least 5 ms",
+                    self.passes_per_interval,
+                    self.interval_ms,
+                    shortest.as_secs_f64() * 1e3,
+                    crate::estimate::LONG_OVER_SHORT
                 ),
             ));
         }

@@ -9,7 +9,7 @@ use std::time::Duration;
 use anyhow::Context;
 use tokio_stream::wrappers::{TcpListenerStream, UnixListenerStream};
 
-use tier_profiler::aggregate::Aggregator;
+use tier_profiler::aggregate::{Aggregator, pass_ends};
 use tier_profiler::config::Settings;
 use tier_profiler::control::InProcess;
 use tier_profiler::demo_vm::{DemoVm, DemoVmConfig, tracked::DemoTracked};
@@ -252,25 +252,31 @@ async fn sample_loop(l: Sampling) {
         mut pmu,
     } = l;
     let mut agg = Aggregator::default();
-    // `passes` ageing passes per interval; the last one closes it.
-    let mut ticker = tokio::time::interval(interval / passes.max(1));
-    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    ticker.tick().await;
+    // `passes` ageing passes per interval, alternating short and long so
+    // the estimate can tell touch rates from pages; the last closes it.
+    let ends = pass_ends(interval, passes);
     let interval_ns = u64::try_from(interval.as_nanos()).unwrap_or(u64::MAX);
-    let mut pass = 0u32;
+    let mut start = tokio::time::Instant::now();
+    let mut pass = 0usize;
     loop {
-        ticker.tick().await;
+        let Some(end) = ends.get(pass) else {
+            return;
+        };
+        tokio::time::sleep_until(start + *end).await;
         pass += 1;
         let Ok(mut reg) = registry.lock() else {
             tracing::error!("registry lock poisoned; sampling stops");
             return;
         };
         let sampler = backend.as_deref_mut().map(|b| b as &mut dyn Sampler);
-        if pass < passes {
+        if pass < ends.len() {
             agg.pass(&mut reg, sampler);
             continue;
         }
         pass = 0;
+        // A late interval restarts the schedule from now rather than
+        // running the missed passes back to back.
+        start = (start + interval).max(tokio::time::Instant::now());
         if let Some(d) = discover.as_mut() {
             d.run(&mut reg);
         }

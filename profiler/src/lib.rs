@@ -12,6 +12,7 @@ pub mod config;
 pub mod control;
 pub mod demo_vm;
 pub mod discovery;
+pub mod estimate;
 pub mod memtier;
 pub mod probe;
 pub mod registry;

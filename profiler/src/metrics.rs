@@ -43,6 +43,7 @@ pub struct Metrics {
     young: Family<TierLabels, Gauge>,
     sampled: Family<TierLabels, Gauge>,
     access_rate: FGauge<TierLabels>,
+    saturation: FGauge<TierLabels>,
     resident: Family<TierLabels, Gauge>,
     balloon_target: Family<TierLabels, Gauge>,
     balloon_actual: Family<TierLabels, Gauge>,
@@ -92,6 +93,7 @@ impl Metrics {
             young: Family::default(),
             sampled: Family::default(),
             access_rate: Family::default(),
+            saturation: Family::default(),
             resident: Family::default(),
             balloon_target: Family::default(),
             balloon_actual: Family::default(),
@@ -122,6 +124,11 @@ impl Metrics {
             "tier_estimated_accesses_per_second",
             "Estimated accesses to the tier per second (host-sampled)",
             m.access_rate.clone(),
+        );
+        r.register(
+            "tier_rate_saturation",
+            "Share of the tier's active pages young in the shortest pass; near 0.95 the access estimate counts pages, not touches (absent when the passes cannot tell)",
+            m.saturation.clone(),
         );
         r.register(
             "tier_resident_bytes",
@@ -205,6 +212,14 @@ impl Metrics {
                 self.access_rate
                     .get_or_create(tl)
                     .set(s.estimated_accesses / secs);
+                match s.saturation {
+                    Some(v) => {
+                        self.saturation.get_or_create(tl).set(v);
+                    }
+                    None => {
+                        self.saturation.remove(tl);
+                    }
+                }
                 self.resident.get_or_create(tl).set(clamp(s.resident_bytes));
                 self.balloon_target
                     .get_or_create(tl)
@@ -257,6 +272,7 @@ impl Metrics {
                 f.remove(&t);
             }
             self.access_rate.remove(&t);
+            self.saturation.remove(&t);
         }
     }
 

@@ -159,3 +159,50 @@ fn passes_weigh_pages_by_how_often_they_are_young() {
     // 48 / 78 by passes, where the pages alone (12 / 42) would say 0.29.
     assert!((s.dram_hit_ratio - 48.0 / 78.0).abs() < 1e-9, "{s:?}");
 }
+
+/// Passes of two lengths over a guest that touches every page in every
+/// pass: both tiers are reported saturated (the fit cannot count touches
+/// there) and weigh by their young pages.
+#[test]
+#[cfg_attr(not(has_kvm), ignore = "needs a usable /dev/kvm")]
+fn unequal_passes_flag_saturated_tiers() {
+    let _one = SAME_PROCESS.lock().unwrap_or_else(|e| e.into_inner());
+    use std::time::Instant;
+    use tier_profiler::aggregate::{Aggregator, pass_ends};
+    use tier_profiler::registry::Registry;
+
+    let cfg = DemoVmConfig {
+        phase: Phase {
+            dram_pages: 40,
+            dram_repeat: 1,
+            slow_pages: 120,
+            slow_repeat: 1,
+        },
+        ..DemoVmConfig::default()
+    };
+    let vm = std::sync::Arc::new(DemoTracked::new(DemoVm::start(cfg).unwrap(), TierKind::Cxl));
+    let mut reg = Registry::default();
+    reg.insert(Box::new(SharedVm(vm.clone())));
+    let mut sampler = HostPte::new();
+    let mut agg = Aggregator::default();
+    agg.pass(&mut reg, Some(&mut sampler)); // arms
+    let start = Instant::now();
+    let ends = pass_ends(Duration::from_millis(400), 4);
+    let (last, passes) = ends.split_last().unwrap();
+    for end in passes {
+        std::thread::sleep((start + *end).saturating_duration_since(Instant::now()));
+        agg.pass(&mut reg, Some(&mut sampler));
+    }
+    std::thread::sleep((start + *last).saturating_duration_since(Instant::now()));
+    let u = agg.tick(&mut reg, Some(&mut sampler), 400_000_000);
+    let s = &u.stats[0];
+    let (dram, slow) = (&s.tiers[0], &s.tiers[1]);
+    assert_eq!((dram.passes, slow.passes), (4, 4));
+    for t in [dram, slow] {
+        let sat = t.saturation.expect("unequal passes give a saturation");
+        assert!(sat > 0.9, "{t:?}");
+    }
+    // Code + parameter page + 40 work pages vs 120.
+    let pages = 42.0 / 162.0;
+    assert!((s.dram_hit_ratio - pages).abs() < 0.02, "{s:?}");
+}

@@ -85,6 +85,7 @@ fn stats_update_roundtrip_with_optional_and_departures() {
                     events: 20_014,
                     samples: 2,
                 }],
+                saturation: Some(0.42),
             }],
             dram_hit_ratio: 0.75,
             dram_hit_error: 0.01,

@@ -13,6 +13,10 @@ use super::app::App;
 use super::format::{action, ago, delta, pct, spark};
 use super::model::{VmView, WINDOW_NS};
 use super::render::delta_style;
+
+/// Saturation at tierd's fit cap (1 - e^-3, docs/estimate.md): the tier's
+/// touches are no longer counted, only its pages.
+const SATURATED: f64 = 0.95;
 use crate::view::{guest_hit, human_bytes, rate, source_name};
 
 /// Widths of the label and of the now/min/max columns of the sparklines.
@@ -159,7 +163,7 @@ fn wrap(prefix: &str, body: &str, width: usize, max: usize) -> Vec<String> {
 fn tier_table(app: &App, v: &VmView) -> Vec<Line<'static>> {
     let secs = app.shown().interval_ns as f64 / 1e9;
     let head = format!(
-        "{:<10} {:<7} {:>8} {:>9} {:>15} {:>13} {:>6} {:>6} {:>8} {:>11}  {}",
+        "{:<10} {:<7} {:>8} {:>9} {:>15} {:>13} {:>6} {:>6} {:>5} {:>8} {:>11}  {}",
         "TIER",
         "KIND",
         "SIZE",
@@ -168,6 +172,7 @@ fn tier_table(app: &App, v: &VmView) -> Vec<Line<'static>> {
         "YOUNG/SAMPLED",
         "COVER",
         "PASSES",
+        "SAT",
         "ACC/s",
         "GUEST ACC/s",
         "SOURCE"
@@ -186,7 +191,7 @@ fn tier_table(app: &App, v: &VmView) -> Vec<Line<'static>> {
             .filter(|_| secs > 0.0)
             .map(|&a| a as f64 / secs);
         out.push(Line::raw(format!(
-            "{:<10} {:<7} {:>8} {:>9} {:>15} {:>13} {:>6} {:>6} {:>8} {:>11}  {}",
+            "{:<10} {:<7} {:>8} {:>9} {:>15} {:>13} {:>6} {:>6} {:>5} {:>8} {:>11}  {}",
             t.name,
             kind.short_name(),
             human_bytes(t.size_bytes),
@@ -202,6 +207,12 @@ fn tier_table(app: &App, v: &VmView) -> Vec<Line<'static>> {
             )),
             s.map_or("-".into(), |s| format!("{:.0}%", s.coverage * 100.0)),
             s.map_or("-".into(), |s| s.passes.to_string()),
+            // `!` marks a tier too hot to count touches: ACC/s counts pages.
+            s.and_then(|s| s.saturation).map_or("-".into(), |x| format!(
+                "{:.0}%{}",
+                x * 100.0,
+                if x >= SATURATED { "!" } else { "" }
+            )),
             rate(v.now.get(i).and_then(|p| p.accesses_per_s)),
             rate(guest),
             s.map_or("-", |s| s.source().short_name()),

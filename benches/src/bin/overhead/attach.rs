@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use tier_benches::sys::thread_cpu_ns;
 use tier_profiler::aggregate::Aggregator;
+use tier_profiler::estimate::pass_lengths;
 use tier_profiler::registry::{Registry, TrackedVm};
 use tier_profiler::sampler::Sampler;
 use tier_profiler::sampler::ept::{EptOptions, EptProgram, EptPrograms, ProgramStatus};
@@ -41,7 +42,8 @@ impl PassStats {
     }
 }
 
-/// hostpte passes every `interval / passes` until stopped.
+/// hostpte passes on tierd's schedule (`pass_lengths`: short and long
+/// alternate) until stopped.
 pub struct HostpteThread {
     stop: Arc<AtomicBool>,
     handle: JoinHandle<anyhow::Result<PassStats>>,
@@ -81,7 +83,7 @@ fn passes_until(
     reg.insert(tracked);
     let mut agg = Aggregator::default();
     let mut sampler = HostPte::new();
-    let pass_len = interval / passes.max(1);
+    let lens = pass_lengths(interval, passes);
     let interval_ns = u64::try_from(interval.as_nanos()).unwrap_or(u64::MAX);
     let cpu0 = thread_cpu_ns();
     let mut stats = PassStats::default();
@@ -90,7 +92,8 @@ fn passes_until(
     while !stop.load(Ordering::Acquire) {
         // A late pass delays the next ones instead of bunching them (tokio's
         // MissedTickBehavior::Delay, as in tierd's loop).
-        next = (next + pass_len).max(Instant::now());
+        let pass_len = lens.get(k as usize % lens.len().max(1)).copied();
+        next = (next + pass_len.unwrap_or(interval)).max(Instant::now());
         // Sleep in short steps so a stop is seen quickly.
         while Instant::now() < next && !stop.load(Ordering::Acquire) {
             std::thread::sleep((next - Instant::now()).min(Duration::from_millis(20)));
