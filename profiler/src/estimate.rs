@@ -86,8 +86,9 @@ pub struct Estimate {
     pub saturation: Option<f64>,
 }
 
-/// Fits `young = a (1 - e^(-r t))` to `(pass seconds, young pages)` by least
-/// squares over `r` (`a` in closed form for each `r`).
+/// Fits `young = a (1 - e^(-r t))` to `(pass seconds, young pages)`: `r`
+/// from the ratio of the mean young counts of long and short passes (exact
+/// for two pass lengths), `a` by least squares for that `r`.
 pub fn fit(passes: &[(f64, f64)]) -> Estimate {
     let young: f64 = passes.iter().map(|p| p.1).sum();
     let total_t: f64 = passes.iter().map(|p| p.0).sum();
@@ -100,65 +101,56 @@ pub fn fit(passes: &[(f64, f64)]) -> Estimate {
     if young <= 0.0 || t_min.is_nan() || t_min <= 0.0 || t_max / t_min < MIN_SPREAD {
         return plain;
     }
-    // Search ln r between the linear regime and the cap: a coarse grid
-    // finds the basin, golden section refines it.
-    let lo = (1e-3 / total_t).ln();
-    let hi = (CAP / t_min).ln();
-    let sse = |u: f64| residual(passes, u.exp()).0;
-    const GRID: usize = 12;
-    let step = (hi - lo) / GRID as f64;
-    let (mut best_i, mut best) = (0usize, f64::INFINITY);
-    for i in 0..=GRID {
-        let e = sse(lo + step * i as f64);
-        // Only a clearly better fit moves up: equal fits keep the lower rate.
-        if i == 0 || e < best - best.abs() * 1e-12 {
-            (best_i, best) = (i, e);
+    // Short and long passes, split at the geometric middle of the lengths;
+    // the ratio of their mean young counts fixes the rate.
+    let mid = (t_min * t_max).sqrt();
+    let mean = |short: bool| {
+        let (mut t, mut y, mut n) = (0.0, 0.0, 0.0);
+        for &(pt, py) in passes.iter().filter(|p| (p.0 < mid) == short) {
+            (t, y, n) = (t + pt, y + py, n + 1.0);
         }
-    }
-    let mut a = lo + step * best_i.saturating_sub(1) as f64;
-    let mut b = (lo + step * (best_i + 1) as f64).min(hi);
-    const INV_PHI: f64 = 0.618_033_988_749_894_9;
-    let mut c = b - (b - a) * INV_PHI;
-    let mut d = a + (b - a) * INV_PHI;
-    let (mut fc, mut fd) = (sse(c), sse(d));
-    for _ in 0..24 {
-        if fc <= fd {
-            (b, d, fd) = (d, c, fc);
-            c = b - (b - a) * INV_PHI;
-            fc = sse(c);
-        } else {
-            (a, c, fc) = (c, d, fd);
-            d = a + (b - a) * INV_PHI;
-            fd = sse(d);
+        (t / n, y / n)
+    };
+    let ((ts, ys), (tl, yl)) = (mean(true), mean(false));
+    let k = tl / ts;
+    // With x = e^(-r ts): yl / ys = (1 - x^k) / (1 - x), rising from 1
+    // (saturated, x = 0) to k (linear, x -> 1).
+    let q_of = |x: f64| (1.0 - x.powf(k)) / (1.0 - x);
+    let x_cap = (-CAP).exp();
+    let r = if ys <= 0.0 || yl >= k * ys {
+        0.0
+    } else if yl <= ys * q_of(x_cap) {
+        CAP / ts
+    } else {
+        let q = yl / ys;
+        let (mut lo, mut hi) = (x_cap, 1.0);
+        for _ in 0..40 {
+            let x = (lo + hi) / 2.0;
+            if q_of(x) < q {
+                lo = x;
+            } else {
+                hi = x;
+            }
         }
-    }
-    let mut u = (a + b) / 2.0;
-    if best_i == GRID && best <= sse(u) {
-        u = hi;
-    }
-    let r = u.exp();
-    let (_, active) = residual(passes, r);
+        -((lo + hi) / 2.0).ln() / ts
+    };
+    let accesses = if r > 0.0 {
+        let (fy, ff) = passes.iter().fold((0.0, 0.0), |(fy, ff), &(t, y)| {
+            let f = -(-r * t).exp_m1();
+            (fy + f * y, ff + f * f)
+        });
+        fy / ff * r * total_t
+    } else {
+        // Linear regime: young = (a r) t, least squares through 0.
+        let (yt, tt) = passes
+            .iter()
+            .fold((0.0, 0.0), |(yt, tt), &(t, y)| (yt + y * t, tt + t * t));
+        yt / tt * total_t
+    };
     Estimate {
-        accesses: active * r * total_t,
-        saturation: Some(1.0 - (-r * t_min).exp()),
+        accesses,
+        saturation: Some(-(-r * t_min).exp_m1()),
     }
-}
-
-/// Squared residual at rate `r`, and the best active-page count for it.
-fn residual(passes: &[(f64, f64)], r: f64) -> (f64, f64) {
-    // y = a f with f = 1 - e^(-r t): a = <f,y>/<f,f>, residual
-    // <y,y> - <f,y>^2/<f,f>.
-    let (mut fy, mut ff, mut yy) = (0.0, 0.0, 0.0);
-    for &(t, y) in passes {
-        let f = -(-r * t).exp_m1();
-        fy += f * y;
-        ff += f * f;
-        yy += y * y;
-    }
-    if ff <= 0.0 {
-        return (f64::INFINITY, 0.0);
-    }
-    ((yy - fy * fy / ff).max(0.0), fy / ff)
 }
 
 #[cfg(test)]
@@ -197,6 +189,15 @@ mod tests {
             assert!((e.accesses / want - 1.0).abs() < 1e-3, "{a} {r}: {e:?}");
             let sat = e.saturation.unwrap_or(-1.0);
             assert!((sat - (1.0 - (-r * 0.125f64).exp())).abs() < 1e-3, "{e:?}");
+        }
+    }
+
+    #[test]
+    fn jittered_lengths_and_three_passes_still_fit() {
+        for ts in [&[0.124, 0.377, 0.126, 0.373][..], &[0.2, 0.6, 0.2][..]] {
+            let e = fit(&expected(1024.0, 5.0, ts));
+            let want = 1024.0 * 5.0 * ts.iter().sum::<f64>();
+            assert!((e.accesses / want - 1.0).abs() < 0.01, "{ts:?}: {e:?}");
         }
     }
 
