@@ -1,18 +1,25 @@
 //! Guests whose per-tier accesses a bench controls and counts exactly.
 //!
-//! A [`WorkloadSource`] runs a guest with two tiers (`dram` fast, `slow`),
-//! switches its per-round work ([`Shape`]) at round boundaries, reports the
-//! exact accesses it made (ground truth) and hands tierd a registry entry
-//! whose `guest_reported_accesses` is the guest-reported source. The raw-KVM
-//! demo VM ([`DemoSource`]) is the one here; the PVH test guest under the
-//! patched VMM (stats queue as the guest-reported source) plugs in beside it.
+//! A [`WorkloadSource`] runs a guest with two tiers (`dram` fast, `slow`)
+//! through a row of [`Shape`]s given up front, reports the exact accesses it
+//! made (ground truth) and hands tierd a registry entry whose
+//! `guest_reported_accesses` is the guest-reported source. Two sources:
+//! the raw-KVM demo VM in this process ([`DemoSource`]: exact counters) and
+//! the PVH test guest under the patched cloud-hypervisor
+//! ([`TestGuestSource`]: the balloon stats queue, as tierd reads it).
 
-use std::sync::Arc;
+mod demo;
+pub mod guest_plan;
+pub mod serial_truth;
+pub mod testguest;
 
-use tier_profiler::demo_vm::tracked::DemoTracked;
-use tier_profiler::demo_vm::{DRAM_WORK_GPA, DemoVm, DemoVmConfig, DemoVmError, PAGE_SIZE, Phase};
-use tier_profiler::registry::TrackedVm;
-use tier_proto::v1::{TierKind, Vm};
+use std::time::{Duration, Instant};
+
+use tier_profiler::demo_vm::DemoVmError;
+use tier_profiler::registry::Registry;
+
+pub use demo::DemoSource;
+pub use testguest::TestGuestSource;
 
 /// Work per round: `pages` distinct 4 KiB pages per tier, each
 /// read-modify-written `repeat` times.
@@ -52,6 +59,46 @@ impl Shape {
     }
 }
 
+/// Where a row's intervals and phase changes fall, relative to the row
+/// start: `warmup` unscored intervals, then `per_step` measured intervals
+/// per step; the change to step s >= 1 lands at `change_at` of the first
+/// interval of step s.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Schedule {
+    pub interval: Duration,
+    pub warmup: u32,
+    pub per_step: u32,
+    pub change_at: f64,
+}
+
+impl Schedule {
+    /// Index (within the row) of the interval that holds the change to `step`.
+    pub fn change_interval(&self, step: usize) -> usize {
+        self.warmup as usize + step * self.per_step as usize
+    }
+
+    /// Offset of the change to `step` (>= 1) from the row start.
+    pub fn change_offset(&self, step: usize) -> Duration {
+        let whole = u32::try_from(self.change_interval(step)).unwrap_or(u32::MAX);
+        self.interval * whole + self.interval.mul_f64(self.change_at)
+    }
+
+    /// Intervals in a row of `steps` steps.
+    pub fn intervals(&self, steps: usize) -> usize {
+        self.warmup as usize + steps * self.per_step as usize
+    }
+}
+
+/// A row as started: its first interval begins at `t0` (step 0 already
+/// runs then) and the change to step s happens at
+/// `t0 + schedule.change_offset(s)`.
+#[derive(Debug, Clone)]
+pub struct RowStart {
+    pub t0: Instant,
+    /// The VM's id in the registry.
+    pub vm_id: String,
+}
+
 /// Exact cumulative counts from the guest side.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Truth {
@@ -66,6 +113,12 @@ pub enum WorkloadError {
     Demo(#[from] DemoVmError),
     #[error("shape {shape} does not fit: {why}")]
     Shape { shape: String, why: String },
+    #[error("schedule: {0}")]
+    Schedule(String),
+    #[error(transparent)]
+    Params(#[from] tier_testguest::params::ParamsError),
+    #[error("test guest: {0}")]
+    Guest(String),
 }
 
 /// A guest with a `dram` and a `slow` tier whose work the bench sets.
@@ -74,176 +127,36 @@ pub trait WorkloadSource: Send + Sync {
     fn describe(&self) -> String;
     /// Where the guest-reported numbers come from, for the report.
     fn guest_reported_kind(&self) -> String;
-    /// Work pages available per round [dram, slow].
+    /// Work pages available [dram, slow].
     fn capacity(&self) -> [u32; 2];
-    /// Switches to `shape` at the guest's next round boundary.
-    fn apply(&self, shape: Shape) -> Result<(), WorkloadError>;
-    /// The shape the guest is running now.
-    fn shape(&self) -> Shape;
-    /// Ground truth so far.
-    fn truth(&self) -> Truth;
-    /// The VM as tierd's registry tracks it.
-    fn tracked(&self) -> Box<dyn TrackedVm>;
+    /// Starts a row whose steps follow `schedule`; the VM is in `reg` when
+    /// this returns, and `t0` is not in the past.
+    fn begin_row(
+        &self,
+        steps: &[Shape],
+        schedule: &Schedule,
+        reg: &mut Registry,
+    ) -> Result<RowStart, WorkloadError>;
+    /// Called by the run loop at the instant of the change to `step`: the
+    /// demo VM switches then; the test guest switches on its own.
+    fn change(&self, step: usize) -> Result<(), WorkloadError>;
+    /// What tierd does for this VM's source once per interval, right
+    /// before its tick (cloud-hypervisor discovery and refresh).
+    fn discover(&self, reg: &mut Registry);
+    /// Ground truth at `at`, an instant just passed (called right after
+    /// tierd's tick); may wait briefly until the guest has reported past it.
+    fn truth_at(&self, at: Instant) -> Result<Truth, WorkloadError>;
+    /// Ends the row: measured offsets of each phase change from where the
+    /// schedule put it (seconds, positive = late), when the source can see
+    /// them.
+    fn end_row(&self, reg: &mut Registry) -> Result<Vec<f64>, WorkloadError>;
     /// Process holding the guest memory, and the vCPU thread ids in it.
     fn vcpu_threads(&self) -> (u32, Vec<i32>);
-    /// Distinct pages per round [dram, slow] the guest touches that are not
-    /// work pages (code, parameters): visible to the host, not in the truth.
+    /// Distinct pages [dram, slow] the guest touches that are not work
+    /// pages (code, parameters): visible to the host, not in the truth.
     fn overhead_pages(&self) -> [u32; 2];
     /// Err once the guest has stopped.
     fn check(&self) -> Result<(), WorkloadError>;
-}
-
-/// The raw-KVM demo VM of `tier_profiler::demo_vm`, in this process.
-#[derive(Debug)]
-pub struct DemoSource {
-    vm: Arc<DemoTracked>,
-    capacity: [u32; 2],
-}
-
-impl DemoSource {
-    /// Starts a demo VM with `dram_bytes` / `slow_bytes` regions running `shape`.
-    pub fn start(
-        dram_bytes: u64,
-        slow_bytes: u64,
-        shape: Shape,
-    ) -> Result<DemoSource, WorkloadError> {
-        let demo = DemoVm::start(DemoVmConfig {
-            dram_bytes,
-            slow_bytes,
-            phase: phase(shape),
-        })?;
-        let capacity = [
-            pages_u32(dram_bytes.saturating_sub(DRAM_WORK_GPA)),
-            pages_u32(slow_bytes),
-        ];
-        Ok(DemoSource {
-            vm: Arc::new(DemoTracked::new(demo, TierKind::Cxl)),
-            capacity,
-        })
-    }
-
-    /// The default demo VM (16 MiB per region).
-    pub fn start_default(shape: Shape) -> Result<DemoSource, WorkloadError> {
-        let d = DemoVmConfig::default();
-        DemoSource::start(d.dram_bytes, d.slow_bytes, shape)
-    }
-
-    pub fn demo(&self) -> &DemoVm {
-        self.vm.demo()
-    }
-}
-
-fn pages_u32(bytes: u64) -> u32 {
-    u32::try_from(bytes / PAGE_SIZE).unwrap_or(u32::MAX)
-}
-
-fn phase(s: Shape) -> Phase {
-    Phase {
-        dram_pages: s.dram_pages,
-        dram_repeat: s.dram_repeat,
-        slow_pages: s.slow_pages,
-        slow_repeat: s.slow_repeat,
-    }
-}
-
-impl WorkloadSource for DemoSource {
-    fn describe(&self) -> String {
-        let r = self.demo().regions();
-        format!(
-            "raw-KVM demo VM in this process (vcpu0; dram {} MiB at GPA {:#x}, slow {} MiB at GPA {:#x}, memfd-backed)",
-            r[0].size >> 20,
-            r[0].gpa,
-            r[1].size >> 20,
-            r[1].gpa
-        )
-    }
-
-    fn guest_reported_kind(&self) -> String {
-        "the demo VM's exact counters as tierd's aggregator reads them \
-         (TrackedVm::guest_reported_accesses) at its own tick: no stats queue, \
-         so it differs from the truth only by read timing; the stats-queue \
-         source comes with the PVH test guest"
-            .to_string()
-    }
-
-    fn capacity(&self) -> [u32; 2] {
-        self.capacity
-    }
-
-    fn apply(&self, shape: Shape) -> Result<(), WorkloadError> {
-        for (pages, cap, tier) in [
-            (shape.dram_pages, self.capacity[0], "dram"),
-            (shape.slow_pages, self.capacity[1], "slow"),
-        ] {
-            if pages > cap {
-                return Err(WorkloadError::Shape {
-                    shape: shape.label(),
-                    why: format!("{tier} has {cap} work pages"),
-                });
-            }
-        }
-        Ok(self.demo().set_phase(phase(shape))?)
-    }
-
-    fn shape(&self) -> Shape {
-        let p = self.demo().phase();
-        Shape {
-            dram_pages: p.dram_pages,
-            dram_repeat: p.dram_repeat,
-            slow_pages: p.slow_pages,
-            slow_repeat: p.slow_repeat,
-        }
-    }
-
-    fn truth(&self) -> Truth {
-        let c = self.demo().counters();
-        Truth {
-            rounds: c.rounds,
-            accesses: c.accesses,
-        }
-    }
-
-    fn tracked(&self) -> Box<dyn TrackedVm> {
-        Box::new(Shared(Arc::clone(&self.vm)))
-    }
-
-    fn vcpu_threads(&self) -> (u32, Vec<i32>) {
-        (
-            std::process::id(),
-            self.demo().vcpu_tid().into_iter().collect(),
-        )
-    }
-
-    fn overhead_pages(&self) -> [u32; 2] {
-        // Code page and parameter page, both in dram (demo_vm::guest).
-        [2, 0]
-    }
-
-    fn check(&self) -> Result<(), WorkloadError> {
-        if self.demo().is_running() {
-            return Ok(());
-        }
-        let why = self.demo().last_error().unwrap_or_else(|| "stopped".into());
-        Err(DemoVmError::NotRunning(why).into())
-    }
-}
-
-/// Lets the registry own an entry while the source keeps the VM.
-struct Shared(Arc<DemoTracked>);
-
-impl TrackedVm for Shared {
-    fn vm(&self) -> &Vm {
-        self.0.vm()
-    }
-    fn alive(&self) -> bool {
-        self.0.alive()
-    }
-    fn resident_bytes(&self) -> Vec<u64> {
-        self.0.resident_bytes()
-    }
-    fn guest_reported_accesses(&self) -> Option<Vec<u64>> {
-        self.0.guest_reported_accesses()
-    }
 }
 
 #[cfg(test)]
@@ -261,5 +174,25 @@ mod tests {
         assert_eq!(s.accesses_per_round(), [192, 96]);
         assert_eq!(s.label(), "48x4|96x1");
         assert_eq!(Shape::pages(3, 5).accesses_per_round(), [3, 5]);
+    }
+
+    #[test]
+    fn changes_land_at_their_fraction_of_an_interval() {
+        let s = Schedule {
+            interval: Duration::from_millis(1000),
+            warmup: 1,
+            per_step: 6,
+            change_at: 0.4,
+        };
+        assert_eq!(s.change_interval(1), 7);
+        assert_eq!(s.change_interval(2), 13);
+        assert_eq!(s.change_offset(1), Duration::from_millis(7400));
+        assert_eq!(s.change_offset(2), Duration::from_millis(13400));
+        assert_eq!(s.intervals(3), 19);
+        let half = Schedule {
+            interval: Duration::from_millis(500),
+            ..s
+        };
+        assert_eq!(half.change_offset(1), Duration::from_millis(3700));
     }
 }

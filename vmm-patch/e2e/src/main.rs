@@ -8,7 +8,6 @@
 mod checks;
 mod scenario;
 mod tierd;
-mod vmm;
 
 use std::path::PathBuf;
 use std::process::ExitCode;

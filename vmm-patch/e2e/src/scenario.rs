@@ -14,7 +14,7 @@ use tier_proto::v1::{
 use tokio_stream::StreamExt;
 
 use crate::tierd::Tierd;
-use crate::vmm::{ChVm, VmSpec};
+use tier_e2e::vmm::{ChVm, VmSpec};
 
 const MIB: u64 = 1 << 20;
 

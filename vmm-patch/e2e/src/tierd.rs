@@ -10,7 +10,7 @@ use tier_proto::v1::tier_service_client::TierServiceClient;
 use tier_proto::{Endpoint, connect};
 use tonic::transport::Channel;
 
-use crate::vmm::stop_child;
+use tier_e2e::vmm::stop_child;
 
 /// A running tierd.
 #[derive(Debug)]

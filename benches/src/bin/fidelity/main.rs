@@ -5,19 +5,21 @@
 //! own pipeline (registry, aggregator, `passes_per_interval` sampler passes
 //! per interval). Writes CSV and SVG plots; see benches/README.md.
 //!
-//! Workload source: the raw-KVM demo VM (the PVH test guest under the
-//! patched VMM is a second `WorkloadSource` to add). Options:
-//! `--interval-ms N`, `--passes N` (defaults: tierd's).
+//! Workload source: the PVH test guest under the patched cloud-hypervisor
+//! when a VMM binary is configured (`--ch-bin PATH` or `TIERD_CH_BIN`),
+//! else the raw-KVM demo VM. Options: `--interval-ms N`, `--passes N`
+//! (defaults: tierd's).
 
 mod matrix;
 mod report;
 mod run;
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::Context;
-use tier_benches::result_line;
-use tier_benches::workload::{DemoSource, Shape, WorkloadSource};
+use tier_benches::workload::{DemoSource, Shape, TestGuestSource, WorkloadSource};
+use tier_benches::{Summary, result_line};
 use tier_profiler::sampler::{self, Sampler};
 
 fn arg(name: &str) -> anyhow::Result<Option<u64>> {
@@ -33,19 +35,43 @@ fn arg(name: &str) -> anyhow::Result<Option<u64>> {
     }
 }
 
+/// The VMM binary: `--ch-bin PATH`, else `TIERD_CH_BIN` (as `cargo xtask
+/// demo`); none: the demo VM.
+fn ch_bin() -> anyhow::Result<Option<PathBuf>> {
+    let args: Vec<String> = std::env::args().collect();
+    if let Some(i) = args.iter().position(|a| a == "--ch-bin") {
+        let v = args.get(i + 1).context("--ch-bin needs a path")?;
+        return Ok(Some(v.into()));
+    }
+    Ok(std::env::var_os("TIERD_CH_BIN")
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from))
+}
+
 fn main() -> anyhow::Result<()> {
     tier_profiler::bpf::route_libbpf_logs();
     let defaults = tier_profiler::config::Config::default();
     let interval_ms = arg("--interval-ms")?.unwrap_or(defaults.interval_ms);
     let passes = u32::try_from(arg("--passes")?.unwrap_or(u64::from(defaults.passes_per_interval)))
         .context("--passes")?;
-    anyhow::ensure!(
-        (1..=64).contains(&passes) && interval_ms / u64::from(passes) >= 5,
-        "need 1 <= passes <= 64 and passes of at least 5 ms (tierd's limits)"
-    );
     let interval = Duration::from_millis(interval_ms);
-    let matrix = matrix::matrix();
-    let out = tier_benches::sys::out_dir("fidelity").context("creating the results folder")?;
+    anyhow::ensure!(
+        (1..=64).contains(&passes)
+            && tier_profiler::estimate::shortest_pass(interval, passes) >= Duration::from_millis(5),
+        "need 1 <= passes <= 64 and a shortest pass of at least 5 ms (tierd's limits)"
+    );
+    let ch = ch_bin()?;
+    let matrix = match ch {
+        Some(_) => matrix::testguest(),
+        None => matrix::demo(),
+    };
+    // One folder per source, so a demo run does not overwrite a test-guest one.
+    let folder = if ch.is_some() {
+        "fidelity/test-guest"
+    } else {
+        "fidelity/demo"
+    };
+    let out = tier_benches::sys::out_dir(folder).context("creating the results folder")?;
 
     // Which host backends run here: the library's own probe and selection.
     let probe = tier_profiler::probe::run();
@@ -66,22 +92,39 @@ fn main() -> anyhow::Result<()> {
         )),
     }
 
-    let source = DemoSource::start_default(Shape::pages(64, 64))
-        .context("starting the demo VM (needs /dev/kvm)")?;
+    let (source, which, truth_kind): (Box<dyn WorkloadSource>, &str, String) = match &ch {
+        Some(bin) => (
+            Box::new(
+                TestGuestSource::new(bin, tier_testguest::elf_path())
+                    .context("preparing the test guest")?,
+            ),
+            "test-guest",
+            format!(
+                "exact per-tier access counts from the guest's serial `acc=` lines (one every {} accesses), timestamped on the host as they arrive and interpolated at each interval end",
+                tier_benches::workload::testguest::REPORT_EVERY
+            ),
+        ),
+        None => (
+            Box::new(
+                DemoSource::start_default(Shape::pages(64, 64))
+                    .context("starting the demo VM (needs /dev/kvm)")?,
+            ),
+            "demo-vm",
+            "exact per-tier access counts from the guest side (counted by the vCPU thread per finished round)".into(),
+        ),
+    };
+    let source = source.as_ref();
     let overhead_pages = source.overhead_pages();
+    println!("fidelity: source {which}: {}", source.describe());
     println!(
-        "fidelity: workload source: {}\n  interval {interval_ms} ms, {passes} passes per interval (tierd defaults: {} ms, {}); {} workloads, {} measured intervals per phase",
-        source.describe(),
+        "  interval {interval_ms} ms, {passes} passes per interval (tierd defaults: {} ms, {}); {} workloads, {} measured intervals per phase",
         defaults.interval_ms,
         defaults.passes_per_interval,
         matrix.len(),
         matrix::INTERVALS
     );
     println!("sources:");
-    println!(
-        "  {:<15} exact per-tier access counts from the guest side (counted by the vCPU thread per finished round)",
-        "truth"
-    );
+    println!("  {:<15} {truth_kind}", "truth");
     println!(
         "  {:<15} {}",
         "guest-reported",
@@ -111,15 +154,17 @@ fn main() -> anyhow::Result<()> {
             "running the matrix with host backend {} ...",
             name.as_deref().unwrap_or("none")
         );
-        let records = run::run(
+        let out_run = run::run(
             run::Pipeline {
-                source: &source,
+                source,
                 sampler: s.as_deref_mut().map(|s| s as &mut dyn Sampler),
                 interval,
                 passes,
             },
             &matrix,
         )?;
+        let records = out_run.records;
+        print_alignment(&out_run.change_offsets_s);
         let (truth, guest, host) = report::sources(&records, name.as_deref());
         let mut others = vec![&guest];
         if let Some(h) = &host {
@@ -150,7 +195,7 @@ fn main() -> anyhow::Result<()> {
         }
         println!();
     }
-    source.check().context("demo VM")?;
+    source.check().context("workload source")?;
     println!("files:");
     for f in &files {
         println!("  {}", f.display());
@@ -169,4 +214,19 @@ fn main() -> anyhow::Result<()> {
     };
     println!("{}", result_line(&pairs));
     Ok(())
+}
+
+/// Where the guest's own phase changes were seen against the instants the
+/// schedule gave them (test guest: `tg phase` lines on the host clock).
+fn print_alignment(offsets_s: &[f64]) {
+    let ms: Vec<f64> = offsets_s.iter().map(|s| s * 1e3).collect();
+    if let Some(s) = Summary::of(&ms) {
+        println!(
+            "phase changes seen by the host after their scheduled instant (`tg phase` line arrival - wall-clock second): n {} min {:.1} ms median {:.1} ms max {:.1} ms",
+            ms.len(),
+            s.min,
+            s.median,
+            s.max
+        );
+    }
 }

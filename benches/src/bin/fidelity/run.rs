@@ -5,8 +5,8 @@
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use tier_benches::workload::{Shape, Truth, WorkloadSource};
-use tier_profiler::aggregate::Aggregator;
+use tier_benches::workload::{Schedule, Shape, WorkloadSource};
+use tier_profiler::aggregate::{Aggregator, pass_ends};
 use tier_profiler::registry::Registry;
 use tier_profiler::sampler::Sampler;
 use tier_proto::v1::StatsUpdate;
@@ -44,40 +44,34 @@ pub struct Record {
     pub host: Option<Host>,
 }
 
-/// One interval to run.
+/// One interval of a row.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Plan {
-    workload: usize,
     step: usize,
     warmup: bool,
-    /// Applied at the start of the interval.
-    start: Option<Shape>,
-    /// Applied at CHANGE_AT of the interval.
-    change: Option<Shape>,
+    /// The step that starts at CHANGE_AT of this interval.
+    change: Option<usize>,
 }
 
-fn plans(matrix: &[Workload]) -> Vec<Plan> {
+/// The intervals of a row of `steps` steps, in order: the warm-up
+/// interval(s), then `per_step` per step, each change in the first interval
+/// of its step.
+fn row_plans(steps: usize, schedule: &Schedule) -> Vec<Plan> {
     let mut out = Vec::new();
-    for (w, work) in matrix.iter().enumerate() {
-        for (s, shape) in work.steps.iter().enumerate() {
-            let first = s == 0;
-            if first {
-                out.push(Plan {
-                    workload: w,
-                    step: 0,
-                    warmup: true,
-                    start: Some(*shape),
-                    change: None,
-                });
-            }
-            for i in 0..INTERVALS {
-                out.push(Plan {
-                    workload: w,
-                    step: s,
-                    warmup: false,
-                    start: None,
-                    change: (!first && i == 0).then_some(*shape),
-                });
-            }
+    for _ in 0..schedule.warmup {
+        out.push(Plan {
+            step: 0,
+            warmup: true,
+            change: None,
+        });
+    }
+    for s in 0..steps {
+        for i in 0..schedule.per_step {
+            out.push(Plan {
+                step: s,
+                warmup: false,
+                change: (s > 0 && i == 0).then_some(s),
+            });
         }
     }
     out
@@ -90,6 +84,13 @@ pub struct Pipeline<'a> {
     pub passes: u32,
 }
 
+/// Records of every interval, and how far from its scheduled instant each
+/// phase change was seen (seconds; sources that can tell).
+pub struct Output {
+    pub records: Vec<Record>,
+    pub change_offsets_s: Vec<f64>,
+}
+
 fn sleep_until(t: Instant) {
     let now = Instant::now();
     if t > now {
@@ -97,87 +98,94 @@ fn sleep_until(t: Instant) {
     }
 }
 
-/// Runs every plan; prints one progress line per workload to stderr.
-pub fn run(p: Pipeline<'_>, matrix: &[Workload]) -> anyhow::Result<Vec<Record>> {
+pub fn schedule(interval: Duration) -> Schedule {
+    Schedule {
+        interval,
+        warmup: 1,
+        per_step: INTERVALS as u32,
+        change_at: CHANGE_AT,
+    }
+}
+
+/// Runs every row; prints one progress line per workload to stderr.
+pub fn run(p: Pipeline<'_>, matrix: &[Workload]) -> anyhow::Result<Output> {
     let Pipeline {
         source,
         mut sampler,
         interval,
         passes,
     } = p;
+    let schedule = schedule(interval);
     let mut registry = Registry::default();
-    registry.insert(source.tracked());
-    let vm_id = registry
-        .iter()
-        .next()
-        .map(|t| t.vm().id.clone())
-        .context("registry is empty")?;
     let mut agg = Aggregator::default();
     let started = Instant::now();
-    let mut next = started;
-
-    let mut tick =
-        |agg: &mut Aggregator, reg: &mut Registry, start: Instant, change: Option<Shape>| {
-            interval_passes(
+    let mut records = Vec::new();
+    let mut offsets = Vec::new();
+    let total: usize = matrix
+        .iter()
+        .map(|w| schedule.intervals(w.steps.len()))
+        .sum();
+    for (w, work) in matrix.iter().enumerate() {
+        source.check()?;
+        eprintln!(
+            "  [{:>3}/{}] {} ({})",
+            records.len() + 1,
+            total,
+            work.name,
+            work.steps
+                .iter()
+                .map(|s| s.label())
+                .collect::<Vec<_>>()
+                .join(" -> ")
+        );
+        let row = source
+            .begin_row(&work.steps, &schedule, &mut registry)
+            .with_context(|| format!("starting workload {}", w + 1))?;
+        sleep_until(row.t0);
+        let mut last_truth = source.truth_at(row.t0)?;
+        for (k, plan) in row_plans(work.steps.len(), &schedule)
+            .into_iter()
+            .enumerate()
+        {
+            let start = row.t0 + interval * u32::try_from(k).context("row length")?;
+            let (at, update) = interval_passes(
                 Interval {
                     source,
                     sampler: sampler.as_deref_mut().map(|s| s as &mut dyn Sampler),
                     start,
                     interval,
                     passes,
-                    change,
+                    change: plan.change,
                 },
-                agg,
-                reg,
-            )
-        };
-    // One interval that only arms the sampler (its first pass reports nothing).
-    tick(&mut agg, &mut registry, next, None)?;
-    next += interval;
-    let mut last_truth = source.truth();
-    let mut records = Vec::new();
-    let plans = plans(matrix);
-    for (index, plan) in plans.iter().enumerate() {
-        source.check()?;
-        if plan.warmup {
-            let w = &matrix[plan.workload];
-            eprintln!(
-                "  [{:>3}/{}] {} ({})",
-                index + 1,
-                plans.len(),
-                w.name,
-                w.steps
-                    .iter()
-                    .map(|s| s.label())
-                    .collect::<Vec<_>>()
-                    .join(" -> ")
-            );
+                &mut agg,
+                &mut registry,
+            )?;
+            let truth = source.truth_at(at)?;
+            let delta = [
+                truth.accesses[0].saturating_sub(last_truth.accesses[0]),
+                truth.accesses[1].saturating_sub(last_truth.accesses[1]),
+            ];
+            last_truth = truth;
+            let (guest, host) = readings(&update, &row.vm_id);
+            records.push(Record {
+                index: records.len(),
+                t_s: started.elapsed().as_secs_f64(),
+                workload: w,
+                step: plan.step,
+                warmup: plan.warmup,
+                change: plan.change.is_some(),
+                shape: work.steps[plan.step],
+                truth: delta,
+                guest,
+                host,
+            });
         }
-        if let Some(s) = plan.start {
-            source.apply(s)?;
-        }
-        let (truth, update) = tick(&mut agg, &mut registry, next, plan.change)?;
-        next += interval;
-        let delta = [
-            truth.accesses[0] - last_truth.accesses[0],
-            truth.accesses[1] - last_truth.accesses[1],
-        ];
-        last_truth = truth;
-        let (guest, host) = readings(&update, &vm_id);
-        records.push(Record {
-            index,
-            t_s: started.elapsed().as_secs_f64(),
-            workload: plan.workload,
-            step: plan.step,
-            warmup: plan.warmup,
-            change: plan.change.is_some(),
-            shape: source.shape(),
-            truth: delta,
-            guest,
-            host,
-        });
+        offsets.extend(source.end_row(&mut registry)?);
     }
-    Ok(records)
+    Ok(Output {
+        records,
+        change_offsets_s: offsets,
+    })
 }
 
 struct Interval<'a> {
@@ -186,16 +194,18 @@ struct Interval<'a> {
     start: Instant,
     interval: Duration,
     passes: u32,
-    change: Option<Shape>,
+    /// The step that starts at CHANGE_AT of this interval.
+    change: Option<usize>,
 }
 
-/// The passes of one interval, the last one closing it: the truth is read
-/// just before tierd's tick.
+/// The passes of one interval, the last one closing it after the source's
+/// discovery step (as `tierd run` does); returns the instant just before
+/// tierd's tick, at which the truth is to be read, and the update.
 fn interval_passes(
     i: Interval<'_>,
     agg: &mut Aggregator,
     reg: &mut Registry,
-) -> anyhow::Result<(Truth, StatsUpdate)> {
+) -> anyhow::Result<(Instant, StatsUpdate)> {
     let Interval {
         source,
         mut sampler,
@@ -204,26 +214,28 @@ fn interval_passes(
         passes,
         change,
     } = i;
-    let pass_len = interval / passes.max(1);
     let interval_ns = u64::try_from(interval.as_nanos()).unwrap_or(u64::MAX);
     let change_at = start + interval.mul_f64(CHANGE_AT);
     let mut change = change;
-    for k in 1..=passes {
-        let at = start + pass_len * k;
+    let ends = pass_ends(interval, passes);
+    let last = ends.len();
+    for (k, end) in ends.into_iter().enumerate() {
+        let at = start + end;
         if change_at <= at
             && let Some(s) = change.take()
         {
             sleep_until(change_at);
-            source.apply(s)?;
+            source.change(s)?;
         }
         sleep_until(at);
         let s = sampler.as_deref_mut().map(|s| s as &mut dyn Sampler);
-        if k < passes {
+        if k + 1 < last {
             agg.pass(reg, s);
         } else {
-            let truth = source.truth();
+            source.discover(reg);
+            let at = Instant::now();
             let update = agg.tick(reg, s, interval_ns);
-            return Ok((truth, update));
+            return Ok((at, update));
         }
     }
     anyhow::bail!("passes_per_interval is 0")
@@ -250,4 +262,37 @@ fn readings(u: &StatsUpdate, vm_id: &str) -> (Option<[u64; 2]>, Option<Host>) {
         _ => None,
     };
     (guest, host)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_row_has_its_changes_in_the_first_interval_of_each_step() {
+        let s = schedule(Duration::from_secs(1));
+        let plans = row_plans(3, &s);
+        assert_eq!(plans.len(), s.intervals(3));
+        assert!(plans[0].warmup && plans[0].change.is_none());
+        let changes: Vec<(usize, usize)> = plans
+            .iter()
+            .enumerate()
+            .filter_map(|(k, p)| Some((k, p.change?)))
+            .collect();
+        // Interval k of the row starts at k * interval: each change sits at
+        // CHANGE_AT of the interval the schedule gives it.
+        assert_eq!(
+            changes,
+            vec![(s.change_interval(1), 1), (s.change_interval(2), 2)]
+        );
+        for (k, step) in changes {
+            let at = s.interval * k as u32 + s.interval.mul_f64(CHANGE_AT);
+            assert_eq!(at, s.change_offset(step));
+            assert_eq!(plans[k].step, step);
+        }
+        assert_eq!(
+            plans.iter().filter(|p| !p.warmup && p.step == 1).count(),
+            INTERVALS
+        );
+    }
 }

@@ -1,0 +1,388 @@
+//! The PVH test guest under the patched cloud-hypervisor as a workload
+//! source: one VM per row (booted by `tier_e2e::vmm`, the e2e's launcher)
+//! with a `dram` and a `slow` zone, its phases fixed at boot and timed in
+//! RTC seconds (`guest_plan`). tierd's own cloud-hypervisor discovery
+//! (`tier_profiler::ch::ChDiscovery`, slow zone overridden to CXL as the
+//! e2e's tierd does) puts it in the registry and refreshes it each
+//! interval, so its guest-reported numbers come from the balloon stats
+//! queue exactly as in tierd. The truth is the guest's serial `acc=` lines.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::time::{Duration, Instant, SystemTime};
+
+use tier_e2e::vmm::{ChVm, VmSpec};
+use tier_profiler::ch::{ChConfig, ChDiscovery, Fleet};
+use tier_profiler::discovery::{self, KvmFd};
+use tier_profiler::registry::Registry;
+use tier_proto::v1::TierKind;
+
+use super::guest_plan::{self, GuestPlan};
+use super::serial_truth::Follower;
+use super::{RowStart, Schedule, Shape, Truth, WorkloadError, WorkloadSource};
+
+/// Zone sizes: room for 4096-page hot sets plus the guest's own data.
+pub const ZONE_MIB: [u64; 2] = [32, 32];
+/// Accesses between two `tg tick` lines (about 30 lines a second here).
+pub const REPORT_EVERY: u64 = 500;
+/// Pages of each zone the workload cannot have: the first MiB and the
+/// image (dram), the guest's bitmaps, rings and hot-set arrays (generous).
+const RESERVED: [u32; 2] = [512, 64];
+const READY_TIMEOUT: Duration = Duration::from_secs(20);
+const ADOPT_TIMEOUT: Duration = Duration::from_secs(5);
+const TRUTH_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// One row's VM.
+#[derive(Debug)]
+struct Row {
+    vm: ChVm,
+    follower: Follower,
+    vm_id: String,
+    plan: GuestPlan,
+    b1: SystemTime,
+    steps: usize,
+}
+
+#[derive(Debug)]
+struct State {
+    rows: usize,
+    discovery: ChDiscovery,
+    kvm: Vec<KvmFd>,
+    row: Option<Row>,
+}
+
+/// Test guests booted here, one per row, stopped by PID.
+#[derive(Debug)]
+pub struct TestGuestSource {
+    // Dropped in this order: a running VM stops before its directory goes.
+    state: Mutex<State>,
+    rt: tokio::runtime::Runtime,
+    dir: tempfile::TempDir,
+    ch_bin: PathBuf,
+    guest: PathBuf,
+}
+
+impl TestGuestSource {
+    /// Checks the binaries and prepares a work directory; no VM yet.
+    pub fn new(ch_bin: &Path, guest: &Path) -> Result<TestGuestSource, WorkloadError> {
+        for (what, p) in [("cloud-hypervisor", ch_bin), ("test guest ELF", guest)] {
+            if !p.is_file() {
+                return Err(WorkloadError::Guest(format!(
+                    "{what} {}: no such file",
+                    p.display()
+                )));
+            }
+        }
+        let io = |e: std::io::Error| WorkloadError::Guest(format!("work directory: {e}"));
+        let dir = tempfile::Builder::new()
+            .prefix("tier-fidelity-")
+            .tempdir()
+            .map_err(io)?;
+        std::fs::create_dir(dir.path().join("api")).map_err(io)?;
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .map_err(|e| WorkloadError::Guest(format!("tokio runtime: {e}")))?;
+        let overrides = HashMap::from([("slow".to_string(), TierKind::Cxl)]);
+        let discovery = ChDiscovery::new(
+            ChConfig {
+                api_dir: Some(dir.path().join("api")),
+                cmdline: false,
+                timeout: Duration::from_secs(1),
+                memtier_root: tier_profiler::memtier::SYSFS.into(),
+            },
+            Path::new("/proc"),
+            overrides,
+            Fleet::default(),
+        );
+        Ok(TestGuestSource {
+            ch_bin: ch_bin.to_path_buf(),
+            guest: guest.to_path_buf(),
+            dir,
+            rt,
+            state: Mutex::new(State {
+                rows: 0,
+                discovery,
+                kvm: Vec::new(),
+                row: None,
+            }),
+        })
+    }
+
+    fn state(&self) -> Result<std::sync::MutexGuard<'_, State>, WorkloadError> {
+        self.state
+            .lock()
+            .map_err(|_| WorkloadError::Guest("state lock poisoned".into()))
+    }
+
+    /// Every guest line of the current row so far.
+    pub fn lines(&self) -> Vec<super::serial_truth::Seen> {
+        self.state()
+            .ok()
+            .and_then(|s| s.row.as_ref().map(|r| r.follower.lines()))
+            .unwrap_or_default()
+    }
+
+    /// Boots, waits for the driver, adopts the VM into `reg` and for the
+    /// guest's first RTC second change.
+    fn boot(
+        &self,
+        st: &mut State,
+        plan: GuestPlan,
+        steps: usize,
+        reg: &mut Registry,
+    ) -> Result<Row, WorkloadError> {
+        let name = format!("row{}", st.rows);
+        let spec = VmSpec {
+            name: name.clone(),
+            zones: vec![("dram".into(), ZONE_MIB[0]), ("slow".into(), ZONE_MIB[1])],
+            cmdline: plan.params.to_cmdline(),
+        };
+        let gerr = |e: anyhow::Error| WorkloadError::Guest(format!("{name}: {e:#}"));
+        let mut vm = ChVm::boot(
+            &spec,
+            &self.ch_bin,
+            &self.guest,
+            &self.dir.path().join("api"),
+            self.dir.path(),
+        )
+        .map_err(gerr)?;
+        let follower = Follower::start(vm.serial.clone());
+        self.rt
+            .block_on(vm.wait_ready(READY_TIMEOUT))
+            .map_err(gerr)?;
+        st.kvm = discovery::scan(Path::new("/proc"))
+            .into_iter()
+            .filter(|k| k.pid == vm.pid())
+            .collect();
+        let Some(&key) = st.kvm.first() else {
+            return Err(WorkloadError::Guest(format!(
+                "{name}: process {} holds no kvm-vm fd",
+                vm.pid()
+            )));
+        };
+        let vm_id = format!("ch:{}:{}", key.pid, key.fd);
+        let start = Instant::now();
+        while !reg.contains(&vm_id) {
+            {
+                let _rt = self.rt.enter();
+                st.discovery.run(reg, &st.kvm);
+            }
+            if start.elapsed() > ADOPT_TIMEOUT {
+                return Err(WorkloadError::Guest(format!(
+                    "{name}: tierd's cloud-hypervisor discovery did not adopt {vm_id} in {ADOPT_TIMEOUT:?}"
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let start = Instant::now();
+        let b1 = loop {
+            let tick = follower.find(|s| s.line.kind == "tick" && s.line.u64("s") >= Some(1));
+            if let Some(t) = tick {
+                break guest_plan::first_change(t.wall, t.line.u64("s").unwrap_or(1));
+            }
+            if let Some(e) = follower.find(|s| s.line.kind == "error") {
+                return Err(WorkloadError::Guest(format!("{name}: {:?}", e.line)));
+            }
+            if start.elapsed() > Duration::from_secs(3) {
+                return Err(WorkloadError::Guest(format!(
+                    "{name}: no tick with s>=1 within 3 s of ready"
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        };
+        Ok(Row {
+            vm,
+            follower,
+            vm_id,
+            plan,
+            b1,
+            steps,
+        })
+    }
+}
+
+/// The instant of wall-clock time `wall` (this process's clocks).
+fn instant_of(wall: SystemTime) -> Instant {
+    let (now, now_wall) = (Instant::now(), SystemTime::now());
+    match wall.duration_since(now_wall) {
+        Ok(ahead) => now + ahead,
+        Err(e) => now.checked_sub(e.duration()).unwrap_or(now),
+    }
+}
+
+fn signed_secs(a: SystemTime, b: SystemTime) -> f64 {
+    match a.duration_since(b) {
+        Ok(d) => d.as_secs_f64(),
+        Err(e) => -e.duration().as_secs_f64(),
+    }
+}
+
+impl WorkloadSource for TestGuestSource {
+    fn describe(&self) -> String {
+        format!(
+            "PVH test guest ({}) under {} (1 vCPU, zones dram {} MiB + slow {} MiB, shared=on,prefault=on, one NUMA node each, --balloon tiers=on,stats=on), one VM per workload, phases in RTC seconds",
+            self.guest.display(),
+            self.ch_bin.display(),
+            ZONE_MIB[0],
+            ZONE_MIB[1]
+        )
+    }
+
+    fn guest_reported_kind(&self) -> String {
+        "the balloon stats queue (per-tier TIER_ACCESSES, returned by the device every 1 s) \
+         through vm.counters, as tierd's cloud-hypervisor discovery reads it once per interval \
+         (TrackedVm::guest_reported_accesses of profiler::ch::tracked::ChVm)"
+            .to_string()
+    }
+
+    fn capacity(&self) -> [u32; 2] {
+        let pages = |mib: u64| u32::try_from(mib * 256).unwrap_or(u32::MAX);
+        [
+            pages(ZONE_MIB[0]) - RESERVED[0],
+            pages(ZONE_MIB[1]) - RESERVED[1],
+        ]
+    }
+
+    fn begin_row(
+        &self,
+        steps: &[Shape],
+        schedule: &Schedule,
+        reg: &mut Registry,
+    ) -> Result<RowStart, WorkloadError> {
+        let cap = self.capacity();
+        for s in steps {
+            if s.dram_pages > cap[0] || s.slow_pages > cap[1] {
+                return Err(WorkloadError::Shape {
+                    shape: s.label(),
+                    why: format!("the zones hold {} + {} work pages", cap[0], cap[1]),
+                });
+            }
+        }
+        let mut st = self.state()?;
+        st.rows += 1;
+        let plan = guest_plan::plan(steps, schedule, REPORT_EVERY, st.rows as u64)?;
+        let row = self.boot(&mut st, plan, steps.len(), reg)?;
+        let t0 = row.b1 + row.plan.start_after_b1;
+        let start = RowStart {
+            t0: instant_of(t0),
+            vm_id: row.vm_id.clone(),
+        };
+        st.row = Some(row);
+        Ok(start)
+    }
+
+    fn change(&self, _step: usize) -> Result<(), WorkloadError> {
+        Ok(())
+    }
+
+    fn discover(&self, reg: &mut Registry) {
+        let Ok(mut st) = self.state() else {
+            return;
+        };
+        let st = &mut *st;
+        let _rt = self.rt.enter();
+        st.discovery.run(reg, &st.kvm);
+    }
+
+    fn truth_at(&self, at: Instant) -> Result<Truth, WorkloadError> {
+        let start = Instant::now();
+        loop {
+            {
+                let st = self.state()?;
+                let row = st
+                    .row
+                    .as_ref()
+                    .ok_or_else(|| WorkloadError::Guest("no row running".into()))?;
+                if let Some(acc) = row.follower.truth_at(at) {
+                    return Ok(Truth {
+                        rounds: 0,
+                        accesses: acc,
+                    });
+                }
+            }
+            self.check()?;
+            if start.elapsed() > TRUTH_TIMEOUT {
+                return Err(WorkloadError::Guest(format!(
+                    "no serial count after the interval end within {TRUTH_TIMEOUT:?}"
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+
+    fn end_row(&self, reg: &mut Registry) -> Result<Vec<f64>, WorkloadError> {
+        let mut st = self.state()?;
+        let Some(mut row) = st.row.take() else {
+            return Ok(Vec::new());
+        };
+        let lines = row.follower.lines();
+        let mut offsets = Vec::new();
+        for step in 1..row.steps {
+            let n = step as u64;
+            let seen = lines
+                .iter()
+                .find(|s| s.line.kind == "phase" && s.line.u64("n") == Some(n));
+            match seen {
+                Some(s) => offsets.push(signed_secs(s.wall, row.plan.change_wall(row.b1, step))),
+                None => {
+                    return Err(WorkloadError::Guest(format!(
+                        "{}: no `tg phase n={n}` line",
+                        row.vm_id
+                    )));
+                }
+            }
+        }
+        let id = row.vm_id.clone();
+        reg.retire(|v| v.vm().id == id);
+        row.vm.stop();
+        let _ = std::fs::remove_file(&row.vm.socket);
+        Ok(offsets)
+    }
+
+    fn vcpu_threads(&self) -> (u32, Vec<i32>) {
+        let pid = self
+            .state()
+            .ok()
+            .and_then(|s| s.row.as_ref().map(|r| r.vm.pid()))
+            .unwrap_or(0);
+        (pid, Vec::new())
+    }
+
+    fn overhead_pages(&self) -> [u32; 2] {
+        // About: the loop's code, its data and stack, the hot-set page and
+        // tier arrays, the balloon poll's code; all in dram.
+        [8, 0]
+    }
+
+    fn check(&self) -> Result<(), WorkloadError> {
+        let st = self.state()?;
+        let Some(row) = st.row.as_ref() else {
+            return Ok(());
+        };
+        if let Some(e) = row
+            .follower
+            .find(|s| matches!(s.line.kind.as_str(), "error" | "halted"))
+        {
+            return Err(WorkloadError::Guest(format!(
+                "{}: {} {:?}",
+                row.vm_id, e.line.kind, e.line.fields
+            )));
+        }
+        // A VMM that exited keeps its PID as a zombie until reaped; its
+        // kvm-vm fd is gone at once.
+        let alive = st
+            .kvm
+            .first()
+            .is_some_and(|k| discovery::kvm_fd_alive(Path::new("/proc"), *k));
+        if !alive {
+            return Err(WorkloadError::Guest(format!(
+                "{}: the VMM exited",
+                row.vm_id
+            )));
+        }
+        Ok(())
+    }
+}
