@@ -71,8 +71,11 @@ fn one_row(bin: &std::path::Path) {
     assert!(reg.contains(&start.vm_id), "adopted by tierd's discovery");
     let vm = reg.iter().next().unwrap().vm().clone();
     let names: Vec<&str> = vm.tiers.iter().map(|t| t.name.as_str()).collect();
-    assert_eq!(names, ["dram", "slow"]);
-    assert!(vm.tiers[0].kind().is_fast() && !vm.tiers[1].kind().is_fast());
+    // The guest's own memory has a tier of its own, DRAM; work pages are
+    // in `dram` and `slow` only.
+    assert_eq!(names, ["sys", "dram", "slow"]);
+    let fast: Vec<bool> = vm.tiers.iter().map(|t| t.kind().is_fast()).collect();
+    assert_eq!(fast, [true, true, false]);
 
     sleep_until(start.t0);
     let mut last = source.truth_at(start.t0).unwrap();
@@ -96,7 +99,7 @@ fn one_row(bin: &std::path::Path) {
             .iter()
             .find(|s| s.vm_id == start.vm_id)
             .and_then(|s| match s.guest_reported_accesses.as_slice() {
-                [d, w] => Some([*d, *w]),
+                [_, d, w] => Some([*d, *w]),
                 _ => None,
             });
         row.guest.push(g);

@@ -15,7 +15,7 @@ use std::time::Instant;
 
 use tier_proto::v1::{SamplerHealth, StatsUpdate, TierSample, VmStats};
 
-use crate::estimate::fit;
+use crate::estimate::fit_vm;
 pub use crate::estimate::pass_ends;
 use crate::registry::Registry;
 use crate::sampler::{Sampler, TierReading};
@@ -70,14 +70,26 @@ impl PassSum {
         }
     }
 
-    /// Page touches over the interval and saturation (`estimate::fit`).
-    fn estimate(&self) -> (f64, Option<f64>) {
-        if self.untimed {
-            return (self.young_sum as f64, None);
-        }
-        let e = fit(&self.timed);
-        (e.accesses, e.saturation)
+    fn fitted(&self) -> bool {
+        self.passes > 0 && !self.untimed
     }
+}
+
+/// Page touches over the interval and saturation of each tier of one VM
+/// (`estimate::fit_vm` over its timed tiers; the plain sum otherwise).
+fn estimates(sums: &[PassSum]) -> Vec<(f64, Option<f64>)> {
+    let timed: Vec<&[(f64, f64)]> = sums
+        .iter()
+        .filter(|s| s.fitted())
+        .map(|s| s.timed.as_slice())
+        .collect();
+    let mut fitted = fit_vm(&timed).into_iter();
+    sums.iter()
+        .map(|s| match s.fitted().then(|| fitted.next()).flatten() {
+            Some(e) => (e.accesses, e.saturation),
+            None => (s.young_sum as f64, None),
+        })
+        .collect()
 }
 
 impl Aggregator {
@@ -186,6 +198,7 @@ impl Aggregator {
                 let before = self.last_guest.insert(vm.id.clone(), now.clone());
                 delta(&now, before.as_deref())
             });
+            let fitted = reading.as_deref().map(estimates).unwrap_or_default();
             let tiers = vm
                 .tiers
                 .iter()
@@ -207,7 +220,7 @@ impl Aggregator {
                         sample.coverage = (r.sampled_pages as f64 / pages as f64).min(1.0);
                         sample.estimated_accessed_bytes =
                             (r.young_max as f64 * scale) as u64 * PAGE;
-                        let (accesses, saturation) = r.estimate();
+                        let (accesses, saturation) = fitted.get(i).copied().unwrap_or_default();
                         sample.estimated_accesses = accesses * scale;
                         sample.saturation = saturation;
                         sample.passes = r.passes;

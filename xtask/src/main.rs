@@ -43,6 +43,10 @@ enum Task {
     Bench {
         /// Benchmark name; `list` shows them.
         name: String,
+        /// Passed to the bench binary after `--` (e.g. `fidelity -- --ch-bin
+        /// PATH`, `tierd-scale -- --against OLD_TIERD`).
+        #[arg(last = true)]
+        args: Vec<String>,
     },
     /// Closed loop against a patched cloud-hypervisor (needs a v53.0 checkout).
     E2e {
@@ -95,7 +99,7 @@ fn dispatch(task: Task) -> anyhow::Result<()> {
             deps::ensure(false)?;
             demo::run(updates, ch_bin)
         }
-        Task::Bench { name } => bench(&name),
+        Task::Bench { name, args } => bench(&name, &args),
         Task::E2e {
             ch_src,
             micro_http,
@@ -161,7 +165,7 @@ const BENCHES: &[(&str, &str)] = &[
     ),
 ];
 
-fn bench(name: &str) -> anyhow::Result<()> {
+fn bench(name: &str, args: &[String]) -> anyhow::Result<()> {
     let known: Vec<&str> = BENCHES.iter().map(|(n, _)| *n).collect();
     if name == "list" {
         for (n, what) in BENCHES {
@@ -181,7 +185,7 @@ fn bench(name: &str) -> anyhow::Result<()> {
     }
     // Benches may start tierd itself: build it in release beside them.
     run::cargo(&["build", "--release", "--quiet", "-p", "tier-profiler"])?;
-    run::cargo(&[
+    let mut cmd = vec![
         "run",
         "--release",
         "--quiet",
@@ -189,7 +193,10 @@ fn bench(name: &str) -> anyhow::Result<()> {
         "tier-benches",
         "--bin",
         name,
-    ])
+        "--",
+    ];
+    cmd.extend(args.iter().map(String::as_str));
+    run::cargo(&cmd)
 }
 
 fn e2e(
@@ -298,7 +305,15 @@ mod tests {
         assert_eq!(
             parse(&["bench", "balloon"]).unwrap(),
             Task::Bench {
-                name: "balloon".into()
+                name: "balloon".into(),
+                args: Vec::new(),
+            }
+        );
+        assert_eq!(
+            parse(&["bench", "fidelity", "--", "--ch-bin", "/opt/ch"]).unwrap(),
+            Task::Bench {
+                name: "fidelity".into(),
+                args: vec!["--ch-bin".into(), "/opt/ch".into()],
             }
         );
         assert_eq!(

@@ -2,6 +2,9 @@
 //! 1 Hz, streamed to 10 watchers, against the same tierd with no watcher
 //! (the baseline: sampling and aggregation alone) in the same run. CPU is
 //! tierd's utime+stime from /proc/PID/stat over the measured window.
+//! `--against PATH`: another tierd binary (say, one built from an earlier
+//! commit) runs the same 10-watcher load in every run, alternated with
+//! this one, and the table gives this tierd's CPU as a ratio of it.
 
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -149,40 +152,71 @@ async fn main() -> anyhow::Result<()> {
             tierd.display()
         );
     }
-    let (mut base, mut fan, mut gaps, mut updates, mut size) = (Vec::new(), Vec::new(), 0, 0, 0.0);
+    let args: Vec<String> = std::env::args().collect();
+    let against = match args.iter().position(|a| a == "--against") {
+        Some(i) => {
+            let p = PathBuf::from(args.get(i + 1).context("--against needs a tierd path")?);
+            if !p.is_file() {
+                bail!("--against {}: no such file", p.display());
+            }
+            Some(p)
+        }
+        None => None,
+    };
+    let (mut base, mut fan, mut other) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut gaps, mut updates, mut size) = (0, 0, 0.0);
     for _ in 0..RUNS {
-        // Alternate so drift on a noisy machine hits both alike.
+        // Alternate so drift on a noisy machine hits all alike.
         base.push(one_run(&tierd, 0).await?.cpu_pct);
         let o = one_run(&tierd, WATCHERS).await?;
         fan.push(o.cpu_pct);
         gaps += o.gaps;
         updates += o.updates;
         size = o.bytes_per_update;
+        if let Some(a) = &against {
+            other.push(one_run(a, WATCHERS).await?.cpu_pct);
+        }
     }
     let (b, f) = (
         Summary::of(&base).context("no runs")?,
         Summary::of(&fan).context("no runs")?,
     );
+    let o = Summary::of(&other);
+    let mut rows = vec![
+        Row {
+            name: "no watcher (baseline)".into(),
+            unit: "% of one core",
+            summary: b,
+            ratio: Some(1.0),
+        },
+        Row {
+            name: format!("{WATCHERS} watchers"),
+            unit: "% of one core",
+            summary: f,
+            ratio: (b.median > 0.0).then(|| f.median / b.median),
+        },
+    ];
+    if let (Some(o), Some(a)) = (o, &against) {
+        rows.push(Row {
+            name: format!("{WATCHERS} watchers, --against {}", a.display()),
+            unit: "% of one core",
+            summary: o,
+            ratio: (b.median > 0.0).then(|| o.median / b.median),
+        });
+    }
     print_table(
         &format!(
             "tierd CPU, {VMS} synthetic VMs x {TIERS} tiers at 1 Hz, {RUNS} runs of {WINDOW:?} (update {:.0} KiB encoded)",
             size / 1024.0
         ),
-        &[
-            Row {
-                name: "no watcher (baseline)".into(),
-                unit: "% of one core",
-                summary: b,
-                ratio: Some(1.0),
-            },
-            Row {
-                name: format!("{WATCHERS} watchers"),
-                unit: "% of one core",
-                summary: f,
-                ratio: (b.median > 0.0).then(|| f.median / b.median),
-            },
-        ],
+        &rows,
     );
+    if let Some(o) = o.filter(|o| o.median > 0.0) {
+        println!(
+            "this tierd / the --against tierd, 10 watchers, medians: {:.2}",
+            f.median / o.median
+        );
+    }
     println!("watchers received {updates} updates, {gaps} lost (sequence gaps)");
     println!(
         "{}",
@@ -190,6 +224,10 @@ async fn main() -> anyhow::Result<()> {
             ("cpu_pct", format!("{:.2}", f.median)),
             ("baseline_cpu_pct", format!("{:.2}", b.median)),
             ("gaps", gaps.to_string()),
+            (
+                "against_cpu_pct",
+                o.map_or("na".into(), |o| format!("{:.2}", o.median)),
+            ),
         ])
     );
     Ok(())

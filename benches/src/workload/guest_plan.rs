@@ -1,7 +1,11 @@
 //! A row of [`Shape`]s as the PVH test guest's command line, and where its
 //! phase changes fall in wall-clock time.
 //!
-//! The guest touches pages at random: hot set i holds the pages of tier i,
+//! The guest touches pages at random: hot set i holds the pages of tier i.
+//! The VM's first zone, `sys`, holds the guest's own memory (image, page
+//! tables, stack, rings, hot-set arrays) and no work pages, so the host
+//! sees in `dram` and `slow` exactly the pages the truth counts; hot set 0
+//! stays empty and the work sets are [`WORK`].
 //! a phase makes the step's pages of each set active and sends each set a
 //! share of the accesses proportional to pages x repeat (integer percent,
 //! summing to 100; the truth is measured, so rounding only moves the
@@ -16,6 +20,11 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tier_testguest::params::{Length, Params, Phase, Report};
 
 use super::{Schedule, Shape, WorkloadError};
+
+/// Zones (= hot sets) of the VM: `sys`, `dram`, `slow`.
+pub const SETS: usize = 3;
+/// Hot set (and tier) index of the dram and the slow work pages.
+pub const WORK: [usize; 2] = [1, 2];
 
 /// Least time between the first RTC second change the host sees and the
 /// row start: the host needs it to adopt the VM into the registry.
@@ -106,6 +115,13 @@ pub fn plan(
         steps.iter().map(|s| s.dram_pages).max().unwrap_or(0),
         steps.iter().map(|s| s.slow_pages).max().unwrap_or(0),
     ];
+    // Per hot set (= per zone): the sys set stays empty.
+    let sets = |sys: u32, work: [u32; 2]| {
+        let mut v = vec![sys; SETS];
+        v[WORK[0]] = work[0];
+        v[WORK[1]] = work[1];
+        v
+    };
     let mut phases = Vec::with_capacity(steps.len());
     for (k, s) in steps.iter().enumerate() {
         let w = weights(s)?;
@@ -119,14 +135,19 @@ pub fn plan(
         } else {
             Length::Seconds(step_secs)
         };
+        let mut weights = vec![0; SETS];
+        (weights[WORK[0]], weights[WORK[1]]) = (w[0], w[1]);
         phases.push(Phase {
-            weights: w.to_vec(),
+            weights,
             len,
-            active: vec![active(s.dram_pages, hot[0]), active(s.slow_pages, hot[1])],
+            active: sets(
+                0,
+                [active(s.dram_pages, hot[0]), active(s.slow_pages, hot[1])],
+            ),
         });
     }
     let params = Params {
-        hot: hot.to_vec(),
+        hot: sets(0, hot),
         phases,
         loop_phases: false,
         accesses: None,
@@ -207,7 +228,7 @@ mod tests {
         let line = p.params.to_cmdline();
         assert_eq!(
             line,
-            "hot=1536,1536 phases=75/25@9s:1536/512,25/75@6s:512/1536,75/25@0:1536/512 \
+            "hot=0,1536,1536 phases=0/75/25@9s:0/1536/512,0/25/75@6s:0/512/1536,0/75/25@0:0/1536/512 \
              loop=0 accesses=0 report=500 poll=2048 seed=3"
         );
         assert_eq!(Params::parse(&line).unwrap(), p.params);
@@ -224,13 +245,13 @@ mod tests {
         ];
         let p = plan(&steps, &sched(1000), 500, 1).unwrap();
         let parsed = Params::parse(&p.params.to_cmdline()).unwrap();
-        assert_eq!(parsed.phases[1].weights, vec![100, 0]);
-        assert_eq!(parsed.phases[1].active, vec![2048, 1]);
+        assert_eq!(parsed.phases[1].weights, vec![0, 100, 0]);
+        assert_eq!(parsed.phases[1].active, vec![0, 2048, 1]);
         // A tier never used in the row has no hot set at all.
         let p = plan(&[Shape::pages(64, 0)], &sched(1000), 500, 1).unwrap();
         assert_eq!(
             p.params.to_cmdline(),
-            "hot=64,0 phases=100/0@0:64/0 loop=0 accesses=0 report=500 poll=2048 seed=1"
+            "hot=0,64,0 phases=0/100/0@0:0/64/0 loop=0 accesses=0 report=500 poll=2048 seed=1"
         );
     }
 

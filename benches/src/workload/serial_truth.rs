@@ -13,6 +13,8 @@ use std::time::{Duration, Instant, SystemTime};
 
 use tier_testguest::serial::Line;
 
+use super::guest_plan::WORK;
+
 /// How often the log is read: bounds how late a line is timestamped.
 pub const POLL: Duration = Duration::from_millis(2);
 
@@ -25,12 +27,11 @@ pub struct Seen {
 }
 
 impl Seen {
-    /// Cumulative accesses [dram, slow] if the line carries them (`acc=`).
+    /// Cumulative accesses [dram, slow] if the line carries them (`acc=`,
+    /// one count per zone; the work zones are [`WORK`]).
     pub fn acc(&self) -> Option<[u64; 2]> {
-        match self.line.list("acc")?.as_slice() {
-            [d, s, ..] => Some([*d, *s]),
-            _ => None,
-        }
+        let acc = self.line.list("acc")?;
+        Some([*acc.get(WORK[0])?, *acc.get(WORK[1])?])
     }
 }
 
@@ -163,13 +164,13 @@ mod tests {
         let t = Instant::now();
         let ms = |n: u64| t + Duration::from_millis(n);
         let lines = vec![
-            seen(ms(0), "tg ready tiers=2 sets=2 phases=1"),
-            seen(ms(10), "tg tick s=0 phase=0 total=500 acc=400,100"),
+            seen(ms(0), "tg ready tiers=3 sets=3 phases=1"),
+            seen(ms(10), "tg tick s=0 phase=0 total=500 acc=0,400,100"),
             seen(
                 ms(40),
-                "tg phase n=1 w=25/75 active=1/1 len=6s at=2000 acc=1600,400",
+                "tg phase n=1 w=25/75 active=1/1 len=6s at=2000 acc=0,1600,400",
             ),
-            seen(ms(60), "tg tick s=1 phase=1 total=2500 acc=1700,800"),
+            seen(ms(60), "tg tick s=1 phase=1 total=2500 acc=0,1700,800"),
         ];
         // Before the first count, and after the last: unknown yet.
         assert_eq!(interpolate(&lines, ms(5)), None);
@@ -185,7 +186,7 @@ mod tests {
         let path = dir.path().join("serial.log");
         let f = Follower::start(path.clone());
         std::thread::sleep(Duration::from_millis(20));
-        std::fs::write(&path, "noise\ntg tick s=0 acc=1,2\ntg tick s=1 acc=3").unwrap();
+        std::fs::write(&path, "noise\ntg tick s=0 acc=9,1,2\ntg tick s=1 acc=9,3").unwrap();
         let before = Instant::now();
         let deadline = before + Duration::from_secs(2);
         while f.lines().is_empty() && Instant::now() < deadline {

@@ -1,7 +1,8 @@
 //! The PVH test guest under the patched cloud-hypervisor as a workload
 //! source: one VM per row (booted by `tier_e2e::vmm`, the e2e's launcher)
-//! with a `dram` and a `slow` zone, its phases fixed at boot and timed in
-//! RTC seconds (`guest_plan`). tierd's own cloud-hypervisor discovery
+//! with a `sys` zone for the guest's own memory and a `dram` and a `slow`
+//! zone for its work pages, its phases fixed at boot and timed in RTC
+//! seconds (`guest_plan`). tierd's own cloud-hypervisor discovery
 //! (`tier_profiler::ch::ChDiscovery`, slow zone overridden to CXL as the
 //! e2e's tierd does) puts it in the registry and refreshes it each
 //! interval, so its guest-reported numbers come from the balloon stats
@@ -22,13 +23,13 @@ use super::guest_plan::{self, GuestPlan};
 use super::serial_truth::Follower;
 use super::{RowStart, Schedule, Shape, Truth, WorkloadError, WorkloadSource};
 
-/// Zone sizes: room for 4096-page hot sets plus the guest's own data.
+/// Work zone sizes [dram, slow]: room for 4096-page hot sets.
 pub const ZONE_MIB: [u64; 2] = [32, 32];
+/// The first zone, where the guest is loaded and keeps its own memory
+/// (image, page tables, stack, rings, bitmaps, hot-set arrays).
+pub const SYS_MIB: u64 = 8;
 /// Accesses between two `tg tick` lines (about 30 lines a second here).
 pub const REPORT_EVERY: u64 = 500;
-/// Pages of each zone the workload cannot have: the first MiB and the
-/// image (dram), the guest's bitmaps, rings and hot-set arrays (generous).
-const RESERVED: [u32; 2] = [512, 64];
 const READY_TIMEOUT: Duration = Duration::from_secs(20);
 const ADOPT_TIMEOUT: Duration = Duration::from_secs(5);
 const TRUTH_TIMEOUT: Duration = Duration::from_secs(3);
@@ -85,7 +86,12 @@ impl TestGuestSource {
             .enable_all()
             .build()
             .map_err(|e| WorkloadError::Guest(format!("tokio runtime: {e}")))?;
-        let overrides = HashMap::from([("slow".to_string(), TierKind::Cxl)]);
+        // The guest's own memory is DRAM; its own tier keeps it out of
+        // the `dram` tier, whose pages are then exactly the work pages.
+        let overrides = HashMap::from([
+            ("sys".to_string(), TierKind::Dram),
+            ("slow".to_string(), TierKind::Cxl),
+        ]);
         let discovery = ChDiscovery::new(
             ChConfig {
                 api_dir: Some(dir.path().join("api")),
@@ -137,7 +143,11 @@ impl TestGuestSource {
         let name = format!("row{}", st.rows);
         let spec = VmSpec {
             name: name.clone(),
-            zones: vec![("dram".into(), ZONE_MIB[0]), ("slow".into(), ZONE_MIB[1])],
+            zones: vec![
+                ("sys".into(), SYS_MIB),
+                ("dram".into(), ZONE_MIB[0]),
+                ("slow".into(), ZONE_MIB[1]),
+            ],
             cmdline: plan.params.to_cmdline(),
         };
         let gerr = |e: anyhow::Error| WorkloadError::Guest(format!("{name}: {e:#}"));
@@ -223,9 +233,10 @@ fn signed_secs(a: SystemTime, b: SystemTime) -> f64 {
 impl WorkloadSource for TestGuestSource {
     fn describe(&self) -> String {
         format!(
-            "PVH test guest ({}) under {} (1 vCPU, zones dram {} MiB + slow {} MiB, shared=on,prefault=on, one NUMA node each, --balloon tiers=on,stats=on), one VM per workload, phases in RTC seconds",
+            "PVH test guest ({}) under {} (1 vCPU, zones sys {} MiB (the guest's own memory, its own tier, not scored) + dram {} MiB + slow {} MiB, shared=on,prefault=on, one NUMA node each, --balloon tiers=on,stats=on), one VM per workload, phases in RTC seconds",
             self.guest.display(),
             self.ch_bin.display(),
+            SYS_MIB,
             ZONE_MIB[0],
             ZONE_MIB[1]
         )
@@ -239,11 +250,8 @@ impl WorkloadSource for TestGuestSource {
     }
 
     fn capacity(&self) -> [u32; 2] {
-        let pages = |mib: u64| u32::try_from(mib * 256).unwrap_or(u32::MAX);
-        [
-            pages(ZONE_MIB[0]) - RESERVED[0],
-            pages(ZONE_MIB[1]) - RESERVED[1],
-        ]
+        // The guest allocates nothing of its own in the work zones.
+        ZONE_MIB.map(|mib| u32::try_from(mib * 256).unwrap_or(u32::MAX))
     }
 
     fn begin_row(
@@ -352,9 +360,8 @@ impl WorkloadSource for TestGuestSource {
     }
 
     fn overhead_pages(&self) -> [u32; 2] {
-        // About: the loop's code, its data and stack, the hot-set page and
-        // tier arrays, the balloon poll's code; all in dram.
-        [8, 0]
+        // All of it is in the sys zone.
+        [0, 0]
     }
 
     fn check(&self) -> Result<(), WorkloadError> {

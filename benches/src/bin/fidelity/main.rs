@@ -206,6 +206,8 @@ fn main() -> anyhow::Result<()> {
             ("p95_err_pp", f(h.all.map(|e| e.p95))),
             ("mean_err_pp", f(h.all.map(|e| e.mean))),
             ("max_err_pp", f(h.all.map(|e| e.max))),
+            ("p95_err_pp_steady", f(h.steady.map(|e| e.p95))),
+            ("max_err_pp_change", f(h.change.map(|e| e.max))),
             ("p95_err_pp_footprint", f(h.footprint.map(|e| e.p95))),
             ("lag_max", h.lag_max.map_or("na".into(), |l| l.to_string())),
             ("changes_missed_or_unsettled", h.lag_bad.to_string()),

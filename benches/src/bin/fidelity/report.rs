@@ -145,6 +145,10 @@ fn fmt_stats(s: Option<ErrorStats>) -> String {
 /// Headline numbers of the host backend for the RESULT line.
 pub struct Headline {
     pub all: Option<ErrorStats>,
+    /// Intervals that hold no phase change.
+    pub steady: Option<ErrorStats>,
+    /// The intervals that hold a phase change.
+    pub change: Option<ErrorStats>,
     pub footprint: Option<ErrorStats>,
     pub lag_max: Option<usize>,
     pub lag_bad: usize,
@@ -193,6 +197,8 @@ pub fn print_tables(
         if s.scan_ns.is_some() {
             headline = Some(Headline {
                 all: e,
+                steady: ErrorStats::of(&errors(records, truth, s, |r| !r.change)),
+                change: ErrorStats::of(&errors(records, truth, s, |r| r.change)),
                 footprint: ErrorStats::of(&errors(records, truth, s, |r| {
                     matrix[r.workload].kind == Kind::Footprint
                 })),
@@ -200,6 +206,23 @@ pub fn print_tables(
                 lag_bad: bad,
             });
         }
+    }
+    // The same errors split: an interval that holds a change mixes two
+    // phases, and a pass spanning the change sees pages of both.
+    println!(
+        "by interval: steady = holds no phase change; change = holds one (the truth is a mix of two phases)"
+    );
+    println!(
+        "{:<16} {:>5} {:>8} {:>8} {:>8}  | {:>6} {:>8} {:>8}",
+        "source", "n", "mean_pp", "p95_pp", "max_pp", "change", "mean_pp", "max_pp"
+    );
+    for s in others {
+        let steady = ErrorStats::of(&errors(records, truth, s, |r| !r.change));
+        let change = ErrorStats::of(&errors(records, truth, s, |r| r.change));
+        let ch = change.map_or(format!("{:>6} {:>8} {:>8}", 0, "-", "-"), |c| {
+            format!("{:>6} {:>8.2} {:>8.2}", c.n, c.mean, c.max)
+        });
+        println!("{:<16} {}  | {ch}", s.name, fmt_stats(steady));
     }
     println!(
         "lag: intervals from the one holding the change (at 40 % of it) until the source stays within 2 pp of its own new level; 'missed': it moved by less than half the truth's step"

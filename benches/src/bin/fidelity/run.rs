@@ -246,14 +246,19 @@ fn readings(u: &StatsUpdate, vm_id: &str) -> (Option<[u64; 2]>, Option<Host>) {
     let Some(s) = u.stats.iter().find(|s| s.vm_id == vm_id) else {
         return (None, None);
     };
-    let tier = |name: &str| s.tiers.iter().find(|t| t.tier == name);
-    let guest = match s.guest_reported_accesses.as_slice() {
-        [d, w] => Some([*d, *w]),
-        _ => None,
+    // Scored over the `dram` and `slow` tiers only: a source may give the
+    // guest's own memory a tier of its own, which the truth does not count.
+    let index = |name: &str| s.tiers.iter().position(|t| t.tier == name);
+    let (Some(di), Some(wi)) = (index("dram"), index("slow")) else {
+        return (None, None);
     };
-    let host = match (tier("dram"), tier("slow"), u.health.first()) {
-        (Some(d), Some(w), Some(h)) if d.passes > 0 || w.passes > 0 => Some(Host {
-            ratio: s.has_accesses.then_some(s.dram_hit_ratio),
+    let g = &s.guest_reported_accesses;
+    let guest = (g.len() == s.tiers.len()).then(|| [g[di], g[wi]]);
+    let (d, w) = (&s.tiers[di], &s.tiers[wi]);
+    let est = d.estimated_accesses + w.estimated_accesses;
+    let host = match u.health.first() {
+        Some(h) if d.passes > 0 || w.passes > 0 => Some(Host {
+            ratio: (est > 0.0).then(|| d.estimated_accesses / est),
             young: [d.young_pages, w.young_pages],
             estimated: [d.estimated_accesses, w.estimated_accesses],
             passes: d.passes.max(w.passes),
