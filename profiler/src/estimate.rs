@@ -116,8 +116,8 @@ pub fn fit_vm(tiers: &[&[(f64, f64)]]) -> Vec<Estimate> {
         .collect()
 }
 
-/// A tier's own pages-per-pass rate and its standard error (binomial young
-/// counts, delta method through the long/short ratio).
+/// A tier's own touch rate per page (per second) and its standard error
+/// (binomial young counts, delta method through the long/short ratio).
 #[derive(Debug, Clone, Copy, PartialEq)]
 struct Rate {
     r: f64,
