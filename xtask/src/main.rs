@@ -372,7 +372,7 @@ mod tests {
 
     #[test]
     fn unknown_bench_lists_the_known_ones() {
-        let err = bench("no-such-bench").unwrap_err().to_string();
+        let err = bench("no-such-bench", &[]).unwrap_err().to_string();
         assert!(err.contains("no bench named \"no-such-bench\""), "{err}");
     }
 
