@@ -12,7 +12,6 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly on purpose
 
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use libtest_mimic::{Arguments, Completion, Trial};
@@ -20,21 +19,6 @@ use tier_benches::fidelity::ratio;
 use tier_benches::workload::{Schedule, Shape, TestGuestSource, WorkloadSource};
 use tier_profiler::aggregate::Aggregator;
 use tier_profiler::registry::Registry;
-
-fn ch_bin() -> Result<PathBuf, String> {
-    let bin = std::env::var_os("TIERD_CH_BIN")
-        .map(PathBuf::from)
-        .ok_or("TIERD_CH_BIN is not set (path of the patched cloud-hypervisor)")?;
-    if !bin.is_file() {
-        return Err(format!("TIERD_CH_BIN={} is not a file", bin.display()));
-    }
-    std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open("/dev/kvm")
-        .map_err(|e| format!("/dev/kvm: {e}"))?;
-    Ok(bin)
-}
 
 fn sleep_until(t: Instant) {
     let now = Instant::now();
@@ -155,7 +139,7 @@ fn main() {
     let args = Arguments::from_args();
     let trials = vec![Trial::ignorable_test(
         "live_testguest_row_truth_stats_and_phase_alignment",
-        || match ch_bin() {
+        || match tier_testguest::live_vmm() {
             Err(reason) => Ok(Completion::ignored_with(reason)),
             Ok(bin) => {
                 one_row(&bin);

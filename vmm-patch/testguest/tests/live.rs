@@ -27,21 +27,6 @@ const PAGE: u64 = 4096;
 /// Generous: guest code is emulated here, and other work shares the 2 cores.
 const WAIT: Duration = Duration::from_secs(90);
 
-fn ch_bin() -> Result<PathBuf, String> {
-    let bin = std::env::var_os("TIERD_CH_BIN")
-        .map(PathBuf::from)
-        .ok_or("TIERD_CH_BIN is not set (path of the patched cloud-hypervisor)")?;
-    if !bin.is_file() {
-        return Err(format!("TIERD_CH_BIN={} is not a file", bin.display()));
-    }
-    std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open("/dev/kvm")
-        .map_err(|e| format!("/dev/kvm: {e}"))?;
-    Ok(bin)
-}
-
 /// A cloud-hypervisor process running the test guest; killed by PID on drop.
 struct Vm {
     child: Child,
@@ -551,7 +536,7 @@ fn ch_source_constants(src: &Path) {
 }
 
 fn vm_trial(name: &'static str, f: fn(&Path)) -> Trial {
-    Trial::ignorable_test(name, move || match ch_bin() {
+    Trial::ignorable_test(name, move || match tier_testguest::live_vmm() {
         Err(reason) => Ok(Completion::ignored_with(reason)),
         Ok(bin) => {
             f(&bin);
