@@ -99,7 +99,7 @@ impl Default for Config {
             socket_mode: "0660".into(),
             socket_group: None,
             interval_ms: 1000,
-            passes_per_interval: 4,
+            passes_per_interval: 5,
             backend: "auto".into(),
             ept_sample_stride: 1,
             pmu: "auto".into(),
@@ -265,15 +265,16 @@ impl Config {
             std::time::Duration::from_millis(self.interval_ms),
             self.passes_per_interval,
         );
-        if shortest < std::time::Duration::from_millis(5) {
+        if shortest < crate::estimate::MIN_PASS {
             return Err(invalid(
                 "passes_per_interval",
                 format!(
-                    "{} passes in {} ms leave {:.1} ms for the shortest (short and long passes alternate, 1:{}); at least 5 ms",
+                    "{} passes in {} ms leave {:.1} ms for the shortest (short and long passes alternate, 1:{}); at least {} ms",
                     self.passes_per_interval,
                     self.interval_ms,
                     shortest.as_secs_f64() * 1e3,
-                    crate::estimate::LONG_OVER_SHORT
+                    crate::estimate::LONG_OVER_SHORT,
+                    crate::estimate::MIN_PASS.as_millis()
                 ),
             ));
         }

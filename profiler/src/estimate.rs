@@ -28,17 +28,41 @@ pub const CAP: f64 = 3.0;
 /// equal: rate and active pages cannot be told apart.
 const MIN_SPREAD: f64 = 1.5;
 
+/// A lead pass is this fraction of a short pass (see [`pass_ends`]).
+pub const LEAD_SPLIT: u32 = 5;
+
+/// Shortest pass tierd schedules: shorter ones are dominated by the walk
+/// itself and its scheduling jitter.
+pub const MIN_PASS: Duration = Duration::from_millis(5);
+
 /// End of each pass within an interval, as an offset from its start; the
 /// last is `interval`. Passes alternate short and long
-/// ([`LONG_OVER_SHORT`]), starting short; one pass takes the interval.
+/// ([`LONG_OVER_SHORT`]), starting short; one pass takes the interval. With
+/// an odd count of three or more the first short pass is split 1:4 into a
+/// lead pass ([`LEAD_SPLIT`]) and the rest: at 1000 ms and 5 passes, 25,
+/// 100, 375, 125 and 375 ms. The lead pass reads tiers whose pages are
+/// touched too often for the short passes to tell their rate (more than
+/// `CAP` per short pass) at the cost of one more walk. Where it would be
+/// shorter than [`MIN_PASS`] the odd count alternates plainly instead.
 pub fn pass_ends(interval: Duration, passes: u32) -> Vec<Duration> {
     let passes = passes.max(1);
     if passes == 1 {
         return vec![interval];
     }
-    let units: Vec<u32> = (0..passes)
-        .map(|i| if i % 2 == 0 { 1 } else { LONG_OVER_SHORT })
-        .collect();
+    let (short, long) = (LEAD_SPLIT, LEAD_SPLIT * LONG_OVER_SHORT);
+    let mut units: Vec<u32> = Vec::with_capacity(passes as usize);
+    // Units of an odd schedule with a lead pass: (n - 1) / 2 short (the
+    // lead pair is one) and as many long; the lead is one unit of them.
+    let lead_units = passes / 2 * (short + long);
+    let lead = passes % 2 == 1 && interval / lead_units >= MIN_PASS;
+    if lead {
+        units.extend([1, short - 1]);
+    }
+    while units.len() < passes as usize {
+        // Long after each short; the lead pair counts as one short.
+        let next_long = (units.len() % 2 == 1) != lead;
+        units.push(if next_long { long } else { short });
+    }
     let total: u32 = units.iter().sum();
     let mut acc = 0u32;
     units
@@ -86,45 +110,41 @@ pub struct Estimate {
     pub saturation: Option<f64>,
 }
 
-/// Fits `young = a (1 - e^(-r t))` to `(pass seconds, young pages)`: `r`
-/// from the ratio of the mean young counts of long and short passes (exact
-/// for two pass lengths), `a` by least squares for that `r`.
+/// Fits `young = a (1 - e^(-r t))` to `(pass seconds, young pages)`:
+/// weighted least squares over every pass (binomial variances), `r` by a
+/// golden-section search on `log r`, `a` in closed form for each `r`.
 pub fn fit(passes: &[(f64, f64)]) -> Estimate {
     match rate(passes) {
-        Some(r) => at_rate(passes, r.r),
+        Some(r) => at_rate(passes, r),
         None => plain(passes),
     }
 }
 
-/// [`fit`] for every tier of one VM, with one more step: a tier whose own
-/// rate is within [`POOL_Z`] standard errors of the rate of all the VM's
-/// tiers together takes the pooled rate. Tiers touched alike then weigh by
-/// their young pages, as the plain sum does, instead of by two noisy rates;
-/// tiers whose rates really differ keep their own. Tiers whose passes
-/// differ in number or length are fitted alone.
+/// [`fit`] for every tier of one VM, with one more step: a tier that the
+/// rate of all the VM's tiers together fits about as well as its own (its
+/// weighted squared residuals grow by at most [`POOL_Z`]²) takes the pooled
+/// rate. Tiers touched alike then weigh by their young pages, as the plain
+/// sum does, instead of by two noisy rates; tiers whose rates really differ
+/// keep their own. Tiers whose passes differ in number or length are
+/// fitted alone.
 pub fn fit_vm(tiers: &[&[(f64, f64)]]) -> Vec<Estimate> {
     let pooled = pool(tiers).and_then(|p| rate(&p));
     tiers
         .iter()
         .map(|passes| match (rate(passes), pooled) {
-            (Some(own), Some(all)) if (own.r - all.r).abs() <= POOL_Z * own.se => {
-                at_rate(passes, all.r)
+            (Some(own), Some(all))
+                if chi2(passes, all).0 - chi2(passes, own).0 <= POOL_Z * POOL_Z =>
+            {
+                at_rate(passes, all)
             }
-            (Some(own), _) => at_rate(passes, own.r),
+            (Some(own), _) => at_rate(passes, own),
             (None, _) => plain(passes),
         })
         .collect()
 }
 
-/// A tier's own touch rate per page (per second) and its standard error
-/// (binomial young counts, delta method through the long/short ratio).
-#[derive(Debug, Clone, Copy, PartialEq)]
-struct Rate {
-    r: f64,
-    se: f64,
-}
-
-/// Standard errors within which a tier's rate is taken as the VM's.
+/// Standard errors within which a tier's rate is taken as the VM's (as a
+/// likelihood-ratio test: `POOL_Z`² of weighted squared residuals).
 pub const POOL_Z: f64 = 3.0;
 
 fn plain(passes: &[(f64, f64)]) -> Estimate {
@@ -155,88 +175,95 @@ fn pool(tiers: &[&[(f64, f64)]]) -> Option<Vec<(f64, f64)>> {
     Some(sum)
 }
 
-/// The rate of `passes`; `None` when they cannot tell rate from pages
+/// Expected young share of a pass of `t` seconds at rate `r`; with `r = 0`
+/// the linear model's `t` (young = (a r) t).
+fn shape(r: f64, t: f64) -> f64 {
+    if r > 0.0 { -(-r * t).exp_m1() } else { t }
+}
+
+/// Weighted squared residuals of the best `young = s shape(r, t)` and that
+/// `s` (active pages; `a r` for `r = 0`). Binomial variance `s g (1 - p)`,
+/// at least one page, with the weights re-estimated twice from `s`.
+fn chi2(passes: &[(f64, f64)], r: f64) -> (f64, f64) {
+    // (young, shape, 1 - p) per pass: one exp per pass and rate.
+    let pts: Vec<(f64, f64, f64)> = passes
+        .iter()
+        .map(|&(t, y)| {
+            let g = shape(r, t);
+            (y, g, if r > 0.0 { 1.0 - g } else { 1.0 })
+        })
+        .collect();
+    let var = |s: f64, g: f64, q: f64| (s * g * q).max(1.0);
+    let solve = |s0: Option<f64>| {
+        let (gy, gg) = pts.iter().fold((0.0, 0.0), |(gy, gg), &(y, g, q)| {
+            let w = s0.map_or(1.0, |s| 1.0 / var(s, g, q));
+            (gy + w * g * y, gg + w * g * g)
+        });
+        if gg > 0.0 { (gy / gg).max(0.0) } else { 0.0 }
+    };
+    let mut s = solve(None);
+    for _ in 0..2 {
+        s = solve(Some(s));
+    }
+    let c = pts
+        .iter()
+        .map(|&(y, g, q)| (y - s * g).powi(2) / var(s, g, q))
+        .sum();
+    (c, s)
+}
+
+/// The touch rate per page (per second) that fits `passes` best, within
+/// `[0, CAP / t_min]`; `None` when they cannot tell rate from pages
 /// (nothing young, or passes of one length).
-fn rate(passes: &[(f64, f64)]) -> Option<Rate> {
+fn rate(passes: &[(f64, f64)]) -> Option<f64> {
     let young: f64 = passes.iter().map(|p| p.1).sum();
     let t_min = passes.iter().map(|p| p.0).fold(f64::INFINITY, f64::min);
     let t_max = passes.iter().map(|p| p.0).fold(0.0, f64::max);
     if young <= 0.0 || t_min.is_nan() || t_min <= 0.0 || t_max / t_min < MIN_SPREAD {
         return None;
     }
-    // Short and long passes, split at the geometric middle of the lengths;
-    // the ratio of their mean young counts fixes the rate.
-    let mid = (t_min * t_max).sqrt();
-    let mean = |short: bool| {
-        let (mut t, mut y, mut n) = (0.0, 0.0, 0.0);
-        for &(pt, py) in passes.iter().filter(|p| (p.0 < mid) == short) {
-            (t, y, n) = (t + pt, y + py, n + 1.0);
+    // From a hundredth of a touch per longest pass to the cap; 24 golden
+    // steps narrow the ~9 e-folds to 1e-4 of one.
+    let f = |lr: f64| chi2(passes, lr.exp()).0;
+    let (mut lo, mut hi) = ((0.01 / t_max).ln(), (CAP / t_min).ln());
+    let g = (5f64.sqrt() - 1.0) / 2.0;
+    let (mut c, mut d) = (hi - g * (hi - lo), lo + g * (hi - lo));
+    let (mut fc, mut fd) = (f(c), f(d));
+    for _ in 0..24 {
+        if fc < fd {
+            (hi, d, fd) = (d, c, fc);
+            c = hi - g * (hi - lo);
+            fc = f(c);
+        } else {
+            (lo, c, fc) = (c, d, fd);
+            d = lo + g * (hi - lo);
+            fd = f(d);
         }
-        (t / n, y / n, n)
-    };
-    let ((ts, ys, ns), (tl, yl, nl)) = (mean(true), mean(false));
-    let k = tl / ts;
-    // With x = e^(-r ts): yl / ys = (1 - x^k) / (1 - x), rising from 1
-    // (saturated, x = 0) to k (linear, x -> 1).
-    let q_of = |x: f64| (1.0 - x.powf(k)) / (1.0 - x);
-    let x_cap = (-CAP).exp();
-    let r = if ys <= 0.0 || yl >= k * ys {
-        0.0
-    } else if yl <= ys * q_of(x_cap) {
-        CAP / ts
-    } else {
-        let q = yl / ys;
-        let (mut lo, mut hi) = (x_cap, 1.0);
-        for _ in 0..40 {
-            let x = (lo + hi) / 2.0;
-            if q_of(x) < q {
-                lo = x;
-            } else {
-                hi = x;
-            }
-        }
-        -((lo + hi) / 2.0).ln() / ts
-    };
-    // Binomial counts: var(mean y) = y (1 - p) / n with p = 1 - e^(-r t).
-    let var = |y: f64, t: f64, n: f64| y.max(1.0) * (-r * t).exp() / n;
-    let q = yl / ys.max(1.0);
-    let var_q =
-        q * q * (var(yl, tl, nl) / yl.max(1.0).powi(2) + var(ys, ts, ns) / ys.max(1.0).powi(2));
-    let x = (-r * ts).exp();
-    let dq_dx = if x > 1.0 - 1e-6 {
-        k * (k - 1.0) / 2.0
-    } else {
-        (1.0 - x.powf(k) - k * x.powf(k - 1.0) * (1.0 - x)) / (1.0 - x).powi(2)
-    };
-    let dq_dr = (dq_dx * ts * x).abs();
-    let se = if dq_dr > 0.0 {
-        var_q.sqrt() / dq_dr
-    } else {
-        f64::INFINITY
-    };
-    Some(Rate { r, se })
+    }
+    // The ends of the range are candidates too: linear (r = 0) and the cap.
+    let best = (lo + hi) / 2.0;
+    [
+        (0.0, chi2(passes, 0.0).0),
+        (CAP / t_min, f((CAP / t_min).ln())),
+    ]
+    .into_iter()
+    .fold((best.exp(), f(best)), |b, x| if x.1 < b.1 { x } else { b })
+    .0
+    .into()
 }
 
-/// `a r T` for rate `r`, `a` by least squares; saturation at the shortest
-/// pass.
+/// `a r T` for rate `r` (`a` by weighted least squares), saturation at the
+/// shortest pass.
 fn at_rate(passes: &[(f64, f64)], r: f64) -> Estimate {
     let total_t: f64 = passes.iter().map(|p| p.0).sum();
     let t_min = passes.iter().map(|p| p.0).fold(f64::INFINITY, f64::min);
-    let accesses = if r > 0.0 {
-        let (fy, ff) = passes.iter().fold((0.0, 0.0), |(fy, ff), &(t, y)| {
-            let f = -(-r * t).exp_m1();
-            (fy + f * y, ff + f * f)
-        });
-        fy / ff * r * total_t
-    } else {
-        // Linear regime: young = (a r) t, least squares through 0.
-        let (yt, tt) = passes
-            .iter()
-            .fold((0.0, 0.0), |(yt, tt), &(t, y)| (yt + y * t, tt + t * t));
-        yt / tt * total_t
-    };
+    let (_, s) = chi2(passes, r);
     Estimate {
-        accesses,
+        accesses: if r > 0.0 {
+            s * r * total_t
+        } else {
+            s * total_t
+        },
         saturation: Some(-(-r * t_min).exp_m1()),
     }
 }
@@ -259,8 +286,22 @@ mod tests {
         assert_eq!(pass_ends(i, 1), vec![i]);
         assert_eq!(pass_ends(i, 0), vec![i]);
         let odd = pass_ends(i, 3);
-        assert_eq!((odd.len(), odd[2]), (3, i));
-        assert!(odd.windows(2).all(|w| w[0] < w[1]));
+        assert_eq!(odd, [50, 250, 1000].map(Duration::from_millis).to_vec());
+        assert_eq!(
+            pass_lengths(i, 5),
+            [25, 100, 375, 125, 375].map(Duration::from_millis).to_vec()
+        );
+        assert_eq!(shortest_pass(i, 5), Duration::from_millis(25));
+        // No room for a lead pass of 5 ms: odd counts alternate plainly.
+        let tight = Duration::from_millis(100);
+        let ms: Vec<u128> = pass_lengths(tight, 5)
+            .iter()
+            .map(|d| (d.as_micros() + 500) / 1000)
+            .collect();
+        assert_eq!(ms, [11, 33, 11, 33, 11]);
+        assert_eq!(pass_lengths(Duration::from_millis(200), 5)[0], MIN_PASS);
+        assert_eq!(pass_lengths(i, 7).len(), 7);
+        assert!(pass_ends(i, 7).windows(2).all(|w| w[0] < w[1]));
         assert_eq!(
             pass_lengths(i, 4),
             [125, 375, 125, 375].map(Duration::from_millis).to_vec()
@@ -304,6 +345,24 @@ mod tests {
     }
 
     #[test]
+    fn the_lead_pass_reads_tiers_too_hot_for_the_short_passes() {
+        // 128 + 128 pages touched 140 and 35 times per second per page:
+        // both saturate 125 ms passes; a 25 ms lead pass tells them apart.
+        let share = |n: u32| {
+            let ts: Vec<f64> = pass_lengths(Duration::from_secs(1), n)
+                .iter()
+                .map(Duration::as_secs_f64)
+                .collect();
+            let e = fit_vm(&[&expected(128.0, 140.0, &ts), &expected(128.0, 35.0, &ts)]);
+            e[0].accesses / (e[0].accesses + e[1].accesses)
+        };
+        // The cap (3 per 25 ms, 120/s) holds the hot tier a little low.
+        let (four, five) = (share(4), share(5));
+        assert!((four - 0.5).abs() < 0.02, "{four}");
+        assert!((five - 0.8).abs() < 0.03, "{five}");
+    }
+
+    #[test]
     fn tiers_touched_alike_share_the_pooled_rate() {
         // Same rate and pages; one binomial standard error (16 pages) more
         // in one tier's short passes, the kind of noise one interval has.
@@ -337,7 +396,10 @@ mod tests {
         let a = fit(&TS.map(|t| (t, 300.0)));
         let b = fit(&TS.map(|t| (t, 100.0)));
         assert!(a.saturation.unwrap_or(0.0) > 0.94, "{a:?}");
-        assert!((a.accesses / (a.accesses + b.accesses) - 0.75).abs() < 1e-6);
+        // Within 0.2 pp: the one-page variance floor weighs the saturated
+        // long passes of the smaller tier a little differently.
+        let share = a.accesses / (a.accesses + b.accesses);
+        assert!((share - 0.75).abs() < 2e-3, "{a:?} {b:?}");
     }
 
     #[test]
