@@ -223,6 +223,10 @@ impl Aggregator {
                         let (accesses, saturation) = fitted.get(i).copied().unwrap_or_default();
                         sample.estimated_accesses = accesses * scale;
                         sample.saturation = saturation;
+                        if r.fitted() {
+                            (sample.pass_seconds, sample.pass_young_pages) =
+                                r.timed.iter().map(|&(t, y)| (t, y as u64)).unzip();
+                        }
                         sample.passes = r.passes;
                         sample.source = backend;
                     }

@@ -201,6 +201,16 @@ fn unequal_passes_flag_saturated_tiers() {
     for t in [dram, slow] {
         let sat = t.saturation.expect("unequal passes give a saturation");
         assert!(sat > 0.9, "{t:?}");
+        // The passes the fit worked from travel with the sample.
+        assert_eq!(t.pass_seconds.len(), 4, "{t:?}");
+        assert_eq!(t.pass_young_pages.len(), 4, "{t:?}");
+        let lens: f64 = t.pass_seconds.iter().sum();
+        assert!((lens - 0.4).abs() < 0.05, "{t:?}");
+        assert!(
+            t.pass_young_pages.iter().all(|&y| y <= t.sampled_pages),
+            "{t:?}"
+        );
+        assert_eq!(t.pass_young_pages.iter().max(), Some(&t.young_pages));
     }
     // Code + parameter page + 40 work pages vs 120.
     let pages = 42.0 / 162.0;

@@ -86,6 +86,8 @@ fn stats_update_roundtrip_with_optional_and_departures() {
                     samples: 2,
                 }],
                 saturation: Some(0.42),
+                pass_seconds: vec![0.025, 0.1, 0.375],
+                pass_young_pages: vec![40, 120, 300],
             }],
             dram_hit_ratio: 0.75,
             dram_hit_error: 0.01,

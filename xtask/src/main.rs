@@ -160,6 +160,10 @@ const BENCHES: &[(&str, &str)] = &[
         "DRAM-hit ratio of each source (guest-reported, host backends) vs the guest's exact counts: error, lag, CSV + SVG",
     ),
     (
+        "refit",
+        "re-fits a recorded fidelity run's per-pass counts with this build's estimate (CSV arg), no VM",
+    ),
+    (
         "overhead",
         "guest throughput with vs without each sampler, BPF run time per program, hostpte CPU per GiB",
     ),

@@ -41,12 +41,12 @@ pub fn sources(records: &[Record], host_name: Option<&str>) -> (Source, Source, 
         name: n.to_string(),
         ratios: records
             .iter()
-            .map(|r| r.host.and_then(|h| h.ratio))
+            .map(|r| r.host.as_ref().and_then(|h| h.ratio))
             .collect(),
         scan_ns: Some(
             records
                 .iter()
-                .map(|r| r.host.map_or(0, |h| h.scan_ns))
+                .map(|r| r.host.as_ref().map_or(0, |h| h.scan_ns))
                 .collect(),
         ),
     });
@@ -343,7 +343,7 @@ pub fn write_intervals_csv(
         let _ = write!(out, ",{0}_ratio,{0}_err_pp", s.name);
     }
     out.push_str(
-        ",host_young_dram,host_young_slow,host_est_dram,host_est_slow,host_passes,host_scan_ms\n",
+        ",host_young_dram,host_young_slow,host_est_dram,host_est_slow,host_passes,host_scan_ms,host_pass_s,host_pass_young_dram,host_pass_young_slow,host_pass_young_other\n",
     );
     let f = |x: Option<f64>| x.map_or(String::new(), |x| format!("{x:.5}"));
     for (i, r) in records.iter().enumerate() {
@@ -372,20 +372,36 @@ pub fn write_intervals_csv(
                 f(error_pp(s.ratios[i], truth.ratios[i]))
             );
         }
-        match r.host {
+        // Per-pass lists, `;`-separated, for re-fitting offline.
+        let join = |v: &[String]| v.join(";");
+        match &r.host {
             Some(h) => {
+                let secs: Vec<String> = h.pass_seconds.iter().map(|t| format!("{t:.6}")).collect();
+                let young = |i: usize| -> Vec<String> {
+                    h.pass_young[i].iter().map(u64::to_string).collect()
+                };
+                // Other tiers `|`-separated, each tier's passes `;`-separated.
+                let other: Vec<String> = h
+                    .pass_young_other
+                    .iter()
+                    .map(|t| t.iter().map(u64::to_string).collect::<Vec<_>>().join(";"))
+                    .collect();
                 let _ = writeln!(
                     out,
-                    ",{},{},{:.1},{:.1},{},{:.3}",
+                    ",{},{},{:.1},{:.1},{},{:.3},{},{},{},{}",
                     h.young[0],
                     h.young[1],
                     h.estimated[0],
                     h.estimated[1],
                     h.passes,
-                    h.scan_ns as f64 / 1e6
+                    h.scan_ns as f64 / 1e6,
+                    join(&secs),
+                    join(&young(0)),
+                    join(&young(1)),
+                    other.join("|")
                 );
             }
-            None => out.push_str(",,,,,,\n"),
+            None => out.push_str(",,,,,,,,,,\n"),
         }
     }
     std::fs::write(path, out).with_context(|| format!("writing {}", path.display()))

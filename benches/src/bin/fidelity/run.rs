@@ -14,7 +14,7 @@ use tier_proto::v1::StatsUpdate;
 use crate::matrix::{CHANGE_AT, INTERVALS, Workload};
 
 /// What a host backend reported for one interval.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Default)]
 pub struct Host {
     pub ratio: Option<f64>,
     /// Most pages young in one pass [dram, slow].
@@ -24,6 +24,13 @@ pub struct Host {
     pub passes: u32,
     /// Time spent in the sampler over the interval's passes.
     pub scan_ns: u64,
+    /// What the fit worked from: seconds of each pass, and the young pages
+    /// of each pass [dram, slow] (empty where it did not run).
+    pub pass_seconds: Vec<f64>,
+    pub pass_young: [Vec<u64>; 2],
+    /// The same for the VM's other tiers (the test guest's `sys`): the fit
+    /// pools them with dram and slow, so a re-fit needs them too.
+    pub pass_young_other: Vec<Vec<u64>>,
 }
 
 /// One interval.
@@ -263,6 +270,15 @@ fn readings(u: &StatsUpdate, vm_id: &str) -> (Option<[u64; 2]>, Option<Host>) {
             estimated: [d.estimated_accesses, w.estimated_accesses],
             passes: d.passes.max(w.passes),
             scan_ns: h.scan_cost_ns,
+            pass_seconds: d.pass_seconds.clone(),
+            pass_young: [d.pass_young_pages.clone(), w.pass_young_pages.clone()],
+            pass_young_other: s
+                .tiers
+                .iter()
+                .enumerate()
+                .filter(|(i, _)| *i != di && *i != wi)
+                .map(|(_, t)| t.pass_young_pages.clone())
+                .collect(),
         }),
         _ => None,
     };

@@ -1,0 +1,305 @@
+//! Re-fits a recorded fidelity run: reads the per-pass young counts that
+//! `cargo xtask bench fidelity` writes to its intervals CSV, runs this
+//! build's `estimate::fit_vm` on them and scores the result against the
+//! recorded truth, next to what the run itself reported. A change to the
+//! estimate is then judged on real passes in a second, without a VM; only a
+//! new schedule of passes needs a new run. Usage: `refit [CSV]` (default:
+//! the last test-guest run's hostpte intervals).
+
+use std::path::PathBuf;
+
+use anyhow::{Context, bail};
+use tier_benches::fidelity::{ErrorStats, error_pp, ratio};
+use tier_benches::result_line;
+use tier_profiler::estimate::fit_vm;
+
+const DEFAULT: &str = "target/bench/fidelity/test-guest/intervals-hostpte.csv";
+
+/// One scored interval of the CSV.
+#[derive(Debug, Clone, PartialEq)]
+struct Interval {
+    index: String,
+    workload: String,
+    change: bool,
+    truth: f64,
+    /// The ratio the run reported.
+    recorded: f64,
+    /// (seconds, young) per pass, [dram, slow].
+    passes: [Vec<(f64, f64)>; 2],
+    /// The VM's other tiers, pooled with these by the fit.
+    other: Vec<Vec<(f64, f64)>>,
+}
+
+/// Splits one CSV line; fields may be double-quoted (workload names hold
+/// commas).
+fn fields(line: &str) -> Vec<String> {
+    let (mut out, mut cur, mut quoted) = (Vec::new(), String::new(), false);
+    for c in line.chars() {
+        match c {
+            '"' => quoted = !quoted,
+            ',' if !quoted => out.push(std::mem::take(&mut cur)),
+            _ => cur.push(c),
+        }
+    }
+    out.push(cur);
+    out
+}
+
+fn list(s: &str, what: &str) -> anyhow::Result<Vec<f64>> {
+    s.split(';')
+        .map(|x| x.parse::<f64>().with_context(|| format!("{what}: {x:?}")))
+        .collect()
+}
+
+/// The scored intervals (not warm-up, with truth and per-pass counts).
+fn parse(csv: &str) -> anyhow::Result<Vec<Interval>> {
+    let mut lines = csv.lines();
+    let head = fields(lines.next().context("empty CSV")?);
+    let names = [
+        "interval",
+        "workload",
+        "warmup",
+        "change",
+        "truth_ratio",
+        "hostpte_ratio",
+        "host_pass_s",
+        "host_pass_young_dram",
+        "host_pass_young_slow",
+    ];
+    let at: Vec<Option<usize>> = names
+        .iter()
+        .map(|n| head.iter().position(|h| h == n))
+        .collect();
+    let missing: Vec<&str> = names
+        .iter()
+        .zip(&at)
+        .filter(|(_, a)| a.is_none())
+        .map(|(n, _)| *n)
+        .collect();
+    if !missing.is_empty() {
+        bail!(
+            "no column {}: not a fidelity intervals CSV, or one written before per-pass counts were recorded",
+            missing.join(", ")
+        );
+    }
+    let c: Vec<usize> = at.into_iter().flatten().collect();
+    // Written from the third run of 2026-11-21 on; older CSVs re-fit
+    // without the VM's other tiers in the pool.
+    let other = head.iter().position(|h| h == "host_pass_young_other");
+    let [
+        interval,
+        workload,
+        warmup,
+        change,
+        truth,
+        recorded,
+        secs,
+        dram,
+        slow,
+    ] = c[..]
+    else {
+        bail!("column lookup");
+    };
+    let mut out = Vec::new();
+    for (n, line) in lines.enumerate() {
+        let f = fields(line);
+        if f.len() != head.len() {
+            bail!(
+                "line {}: {} fields, the header has {}",
+                n + 2,
+                f.len(),
+                head.len()
+            );
+        }
+        if f[warmup] == "true" || f[truth].is_empty() || f[secs].is_empty() {
+            continue;
+        }
+        let at = || format!("line {}", n + 2);
+        let t = list(&f[secs], "host_pass_s").with_context(at)?;
+        let zip = |s: &str, what: &str| -> anyhow::Result<Vec<(f64, f64)>> {
+            let y = list(s, what).with_context(at)?;
+            if y.len() != t.len() {
+                bail!("{}: {} passes, {} pass lengths", at(), y.len(), t.len());
+            }
+            Ok(t.iter().copied().zip(y).collect())
+        };
+        out.push(Interval {
+            index: f[interval].clone(),
+            workload: f[workload].clone(),
+            change: f[change] == "true",
+            truth: f[truth].parse().with_context(at)?,
+            recorded: f[recorded].parse().unwrap_or(f64::NAN),
+            passes: [zip(&f[dram], &head[dram])?, zip(&f[slow], &head[slow])?],
+            other: match other.map(|o| f[o].as_str()) {
+                None | Some("") => Vec::new(),
+                Some(o) => o
+                    .split('|')
+                    .filter(|t| !t.is_empty())
+                    .map(|t| zip(t, "host_pass_young_other"))
+                    .collect::<anyhow::Result<_>>()?,
+            },
+        })
+    }
+    if out.is_empty() {
+        bail!("no scored interval with per-pass counts");
+    }
+    Ok(out)
+}
+
+/// This build's ratio for one interval.
+fn refit(i: &Interval) -> Option<f64> {
+    let mut tiers: Vec<&[(f64, f64)]> = vec![&i.passes[0], &i.passes[1]];
+    tiers.extend(i.other.iter().map(Vec::as_slice));
+    let e = fit_vm(&tiers);
+    ratio(e[0].accesses, e[1].accesses)
+}
+
+fn stats(errs: &[f64]) -> String {
+    ErrorStats::of(errs).map_or("-".into(), |s| {
+        format!("{:>5} {:>8.2} {:>8.2} {:>8.2}", s.n, s.mean, s.p95, s.max)
+    })
+}
+
+fn main() -> anyhow::Result<()> {
+    let path = PathBuf::from(std::env::args().nth(1).unwrap_or_else(|| DEFAULT.into()));
+    let csv = std::fs::read_to_string(&path).with_context(|| {
+        format!(
+            "reading {} (run `cargo xtask bench fidelity` first)",
+            path.display()
+        )
+    })?;
+    let all = parse(&csv).with_context(|| path.display().to_string())?;
+    let err = |i: &Interval, r: Option<f64>| error_pp(r, Some(i.truth)).unwrap_or(f64::NAN);
+    let rows: Vec<(&Interval, f64, f64)> = all
+        .iter()
+        .map(|i| (i, err(i, Some(i.recorded)), err(i, refit(i))))
+        .collect();
+    println!(
+        "refit: {} ({} scored intervals): DRAM-hit ratio error against the truth, pp",
+        path.display(),
+        rows.len()
+    );
+    println!(
+        "{:<24} {:>5} {:>8} {:>8} {:>8}",
+        "intervals / source", "n", "mean_pp", "p95_pp", "max_pp"
+    );
+    let pick = |f: &dyn Fn(&Interval) -> bool, k: usize| -> Vec<f64> {
+        rows.iter()
+            .filter(|r| f(r.0))
+            .map(|r| if k == 0 { r.1 } else { r.2 })
+            .collect()
+    };
+    for (name, f) in [
+        ("all", &(|_: &Interval| true) as &dyn Fn(&Interval) -> bool),
+        ("steady", &|i: &Interval| !i.change),
+        ("change", &|i: &Interval| i.change),
+    ] {
+        println!("{:<24} {}", format!("{name} recorded"), stats(&pick(f, 0)));
+        println!("{:<24} {}", format!("{name} refit"), stats(&pick(f, 1)));
+    }
+    let mut worst: Vec<&(&Interval, f64, f64)> = rows.iter().collect();
+    worst.sort_by(|a, b| b.2.total_cmp(&a.2));
+    println!(
+        "largest refit errors (interval, workload, change, recorded pp, refit pp, passes s: dram young / slow young)"
+    );
+    for (i, rec, new) in worst.iter().take(8) {
+        let show = |k: usize| {
+            i.passes[k]
+                .iter()
+                .map(|p| format!("{:.0}", p.1))
+                .collect::<Vec<_>>()
+                .join(" ")
+        };
+        let secs: Vec<String> = i.passes[0].iter().map(|p| format!("{:.3}", p.0)).collect();
+        println!(
+            "  #{:<4} w{:<3} {:<6} {rec:>6.2} {new:>6.2}  [{}]: {} / {}",
+            i.index,
+            i.workload,
+            i.change,
+            secs.join(" "),
+            show(0),
+            show(1)
+        );
+    }
+    let s = |k: usize| ErrorStats::of(&pick(&|_| true, k));
+    let steady = ErrorStats::of(&pick(&|i| !i.change, 1));
+    let (Some(rec), Some(new)) = (s(0), s(1)) else {
+        bail!("an interval has no ratio (nothing young in either tier)");
+    };
+    println!(
+        "{}",
+        result_line(&[
+            ("p95_err_pp", format!("{:.2}", new.p95)),
+            ("mean_err_pp", format!("{:.2}", new.mean)),
+            ("max_err_pp", format!("{:.2}", new.max)),
+            (
+                "p95_err_pp_steady",
+                steady.map_or("-".into(), |s| format!("{:.2}", s.p95))
+            ),
+            ("p95_err_pp_recorded", format!("{:.2}", rec.p95)),
+        ])
+    );
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Young pages of `a` pages touched `r` times per second in passes `ts`.
+    fn young(a: f64, r: f64, ts: &[f64]) -> String {
+        ts.iter()
+            .map(|&t| format!("{:.0}", a * -(-r * t).exp_m1()))
+            .collect::<Vec<_>>()
+            .join(";")
+    }
+
+    const HEAD: &str = "interval,workload,workload_name,warmup,change,truth_ratio,hostpte_ratio,host_pass_s,host_pass_young_dram,host_pass_young_slow";
+
+    #[test]
+    fn refits_recorded_passes_and_skips_warmup() {
+        let ts = [0.025, 0.1, 0.375, 0.125, 0.375];
+        let s = ts.map(|t| t.to_string()).join(";");
+        let csv = format!(
+            "{HEAD}\n0,1,\"a, b\",true,false,0.5,0.5,{s},1;2;3;4;5,1;2;3;4;5\n\
+             1,10,\"1024+1024 pages, dram 4x\",false,false,0.8,0.5,{s},{},{}\n",
+            young(1024.0, 7.3, &ts),
+            young(1024.0, 1.825, &ts)
+        );
+        let got = parse(&csv).expect("parses");
+        assert_eq!(got.len(), 1, "the warm-up interval is not scored");
+        assert_eq!(got[0].workload, "10");
+        assert_eq!(got[0].passes[0].len(), 5);
+        let r = refit(&got[0]).expect("a ratio");
+        assert!((r - 0.8).abs() < 0.005, "{r}");
+        // The VM's other tiers are read and pooled, not scored.
+        let with_other = format!(
+            "{HEAD},host_pass_young_other\n1,10,x,false,false,0.8,0.5,{s},{},{},{}|{}\n",
+            young(1024.0, 7.3, &ts),
+            young(1024.0, 1.825, &ts),
+            young(64.0, 30.0, &ts),
+            young(32.0, 30.0, &ts),
+        );
+        let got = parse(&with_other).expect("parses");
+        assert_eq!(got[0].other.len(), 2);
+        let r = refit(&got[0]).expect("a ratio");
+        assert!((r - 0.8).abs() < 0.005, "{r}");
+    }
+
+    #[test]
+    fn bad_csv_says_what_is_wrong() {
+        let e = parse("interval,workload\n1,2\n").expect_err("no per-pass columns");
+        assert!(format!("{e:#}").contains("host_pass_s"), "{e:#}");
+        let e = parse(&format!(
+            "{HEAD}\n1,10,x,false,false,0.8,0.5,0.1;0.3,1;2;3,1;2\n"
+        ))
+        .expect_err("passes do not line up");
+        assert!(
+            format!("{e:#}").contains("3 passes, 2 pass lengths"),
+            "{e:#}"
+        );
+        let e = parse(&format!("{HEAD}\n1,10,x,false\n")).expect_err("short line");
+        assert!(format!("{e:#}").contains("line 2"), "{e:#}");
+        assert!(parse(HEAD).is_err(), "no interval at all");
+    }
+}
