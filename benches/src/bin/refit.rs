@@ -13,8 +13,6 @@ use tier_benches::fidelity::{ErrorStats, error_pp, ratio};
 use tier_benches::result_line;
 use tier_profiler::estimate::fit_vm;
 
-const DEFAULT: &str = "target/bench/fidelity/test-guest/intervals-hostpte.csv";
-
 /// One scored interval of the CSV.
 #[derive(Debug, Clone, PartialEq)]
 struct Interval {
@@ -22,8 +20,8 @@ struct Interval {
     workload: String,
     change: bool,
     truth: f64,
-    /// The ratio the run reported.
-    recorded: f64,
+    /// The ratio the run reported; `None` when it said nothing.
+    recorded: Option<f64>,
     /// (seconds, young) per pass, [dram, slow].
     passes: [Vec<(f64, f64)>; 2],
     /// The VM's other tiers, pooled with these by the fit.
@@ -128,7 +126,7 @@ fn parse(csv: &str) -> anyhow::Result<Vec<Interval>> {
             workload: f[workload].clone(),
             change: f[change] == "true",
             truth: f[truth].parse().with_context(at)?,
-            recorded: f[recorded].parse().unwrap_or(f64::NAN),
+            recorded: f[recorded].parse().ok(),
             passes: [zip(&f[dram], &head[dram])?, zip(&f[slow], &head[slow])?],
             other: match other.map(|o| f[o].as_str()) {
                 None | Some("") => Vec::new(),
@@ -161,7 +159,13 @@ fn stats(errs: &[f64]) -> String {
 }
 
 fn main() -> anyhow::Result<()> {
-    let path = PathBuf::from(std::env::args().nth(1).unwrap_or_else(|| DEFAULT.into()));
+    // By default the file the fidelity bench writes (same folder rules).
+    let path = match std::env::args_os().nth(1) {
+        Some(p) => PathBuf::from(p),
+        None => tier_benches::sys::out_dir("fidelity/test-guest")
+            .context("the fidelity results folder")?
+            .join("intervals-hostpte.csv"),
+    };
     let csv = std::fs::read_to_string(&path).with_context(|| {
         format!(
             "reading {} (run `cargo xtask bench fidelity` first)",
@@ -169,10 +173,11 @@ fn main() -> anyhow::Result<()> {
         )
     })?;
     let all = parse(&csv).with_context(|| path.display().to_string())?;
-    let err = |i: &Interval, r: Option<f64>| error_pp(r, Some(i.truth)).unwrap_or(f64::NAN);
+    // As the fidelity bench scores: saying nothing counts 100 pp.
+    let err = |i: &Interval, r: Option<f64>| error_pp(r, Some(i.truth)).unwrap_or(100.0);
     let rows: Vec<(&Interval, f64, f64)> = all
         .iter()
-        .map(|i| (i, err(i, Some(i.recorded)), err(i, refit(i))))
+        .map(|i| (i, err(i, i.recorded), err(i, refit(i))))
         .collect();
     println!(
         "refit: {} ({} scored intervals): DRAM-hit ratio error against the truth, pp",
@@ -224,7 +229,7 @@ fn main() -> anyhow::Result<()> {
     let s = |k: usize| ErrorStats::of(&pick(&|_| true, k));
     let steady = ErrorStats::of(&pick(&|i| !i.change, 1));
     let (Some(rec), Some(new)) = (s(0), s(1)) else {
-        bail!("an interval has no ratio (nothing young in either tier)");
+        bail!("no scored interval");
     };
     println!(
         "{}",
