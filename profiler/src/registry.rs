@@ -28,6 +28,29 @@ pub trait TrackedVm: Send + Sync {
     }
 }
 
+/// A VM shared with its owner (a bench or test that also drives it): the
+/// registry sees the VM itself.
+impl<T: TrackedVm + ?Sized> TrackedVm for std::sync::Arc<T> {
+    fn vm(&self) -> &Vm {
+        (**self).vm()
+    }
+    fn alive(&self) -> bool {
+        (**self).alive()
+    }
+    fn resident_bytes(&self) -> Vec<u64> {
+        (**self).resident_bytes()
+    }
+    fn guest_reported_accesses(&self) -> Option<Vec<u64>> {
+        (**self).guest_reported_accesses()
+    }
+    fn synthetic_readings(&self) -> Option<Vec<crate::sampler::TierReading>> {
+        (**self).synthetic_readings()
+    }
+    fn balloon_bytes(&self) -> Option<Vec<(u64, u64)>> {
+        (**self).balloon_bytes()
+    }
+}
+
 /// All tracked VMs, sorted by id.
 #[derive(Default)]
 pub struct Registry {
@@ -165,5 +188,22 @@ mod tests {
         assert!(r.reap().is_empty());
         let ids: Vec<&str> = r.iter().map(|v| v.vm().id.as_str()).collect();
         assert_eq!(ids, ["ch:7:30", "kvm:9:30"]);
+    }
+
+    #[test]
+    fn a_shared_vm_is_tracked_as_itself() {
+        let vm = std::sync::Arc::new(Fake(
+            Vm {
+                id: "demo:1".into(),
+                ..Default::default()
+            },
+            false,
+        ));
+        let mut r = Registry::default();
+        r.insert(Box::new(std::sync::Arc::clone(&vm)));
+        assert!(r.contains("demo:1"));
+        // Its owner still holds it; the registry sees it die and drops it.
+        assert_eq!(r.reap(), vec!["demo:1"]);
+        assert_eq!(std::sync::Arc::strong_count(&vm), 1);
     }
 }

@@ -91,24 +91,6 @@ fn a_vanished_process_is_reported_as_gone() {
     );
 }
 
-/// Lets the test keep a handle on a VM the registry owns.
-struct SharedVm(std::sync::Arc<DemoTracked>);
-
-impl TrackedVm for SharedVm {
-    fn vm(&self) -> &tier_proto::v1::Vm {
-        self.0.vm()
-    }
-    fn alive(&self) -> bool {
-        self.0.alive()
-    }
-    fn resident_bytes(&self) -> Vec<u64> {
-        self.0.resident_bytes()
-    }
-    fn guest_reported_accesses(&self) -> Option<Vec<u64>> {
-        self.0.guest_reported_accesses()
-    }
-}
-
 /// Several passes per interval weigh a set touched in every pass above a
 /// larger set touched in one: the page count alone would say otherwise.
 #[test]
@@ -135,7 +117,7 @@ fn passes_weigh_pages_by_how_often_they_are_young() {
     };
     let vm = std::sync::Arc::new(DemoTracked::new(DemoVm::start(cfg).unwrap(), TierKind::Cxl));
     let mut reg = Registry::default();
-    reg.insert(Box::new(SharedVm(vm.clone())));
+    reg.insert(Box::new(vm.clone()));
     let mut sampler = HostPte::new();
     let mut agg = Aggregator::default();
     let wait = || std::thread::sleep(Duration::from_millis(100));
@@ -182,7 +164,7 @@ fn unequal_passes_flag_saturated_tiers() {
     };
     let vm = std::sync::Arc::new(DemoTracked::new(DemoVm::start(cfg).unwrap(), TierKind::Cxl));
     let mut reg = Registry::default();
-    reg.insert(Box::new(SharedVm(vm.clone())));
+    reg.insert(Box::new(vm.clone()));
     let mut sampler = HostPte::new();
     let mut agg = Aggregator::default();
     agg.pass(&mut reg, Some(&mut sampler)); // arms

@@ -7,7 +7,7 @@ use std::time::Instant;
 use tier_profiler::demo_vm::tracked::DemoTracked;
 use tier_profiler::demo_vm::{DRAM_WORK_GPA, DemoVm, DemoVmConfig, DemoVmError, PAGE_SIZE, Phase};
 use tier_profiler::registry::{Registry, TrackedVm};
-use tier_proto::v1::{TierKind, Vm};
+use tier_proto::v1::TierKind;
 
 use super::{RowStart, Schedule, Shape, Truth, WorkloadError, WorkloadSource};
 
@@ -91,7 +91,7 @@ impl DemoSource {
 
     /// The VM as tierd's registry tracks it.
     pub fn tracked(&self) -> Box<dyn TrackedVm> {
-        Box::new(Shared(Arc::clone(&self.vm)))
+        Box::new(Arc::clone(&self.vm))
     }
 }
 
@@ -198,23 +198,5 @@ impl WorkloadSource for DemoSource {
         }
         let why = self.demo().last_error().unwrap_or_else(|| "stopped".into());
         Err(DemoVmError::NotRunning(why).into())
-    }
-}
-
-/// Lets the registry own an entry while the source keeps the VM.
-struct Shared(Arc<DemoTracked>);
-
-impl TrackedVm for Shared {
-    fn vm(&self) -> &Vm {
-        self.0.vm()
-    }
-    fn alive(&self) -> bool {
-        self.0.alive()
-    }
-    fn resident_bytes(&self) -> Vec<u64> {
-        self.0.resident_bytes()
-    }
-    fn guest_reported_accesses(&self) -> Option<Vec<u64>> {
-        self.0.guest_reported_accesses()
     }
 }
