@@ -68,6 +68,30 @@ fn rate(pages: u32, d: u32, s: u32) -> Shape {
     }
 }
 
+/// The phase rows both matrices share, at a source's sizes: skew by pages
+/// (`unit` x 3 | `unit` and back), the slow tier of `idle` + `idle` pages
+/// going idle and back, dram rate 1x -> 4x -> 1x on `pages` + `pages`.
+fn phases(unit: u32, idle: u32, pages: u32) -> [Workload; 3] {
+    let three = |a: Shape, b: Shape| vec![a, b, a];
+    [
+        Workload {
+            name: "skew steps 75% -> 25% -> 75%".into(),
+            kind: Kind::Phases,
+            steps: three(Shape::pages(3 * unit, unit), Shape::pages(unit, 3 * unit)),
+        },
+        Workload {
+            name: "slow tier idles and returns".into(),
+            kind: Kind::Phases,
+            steps: three(Shape::pages(idle, idle), Shape::pages(idle, 0)),
+        },
+        Workload {
+            name: "rate steps 1x -> 4x -> 1x in dram".into(),
+            kind: Kind::Phases,
+            steps: three(rate(pages, 1, 1), rate(pages, 4, 1)),
+        },
+    ]
+}
+
 /// The matrix for the demo VM, which touches every page of a round in
 /// order: repeat counts are exact per round.
 pub fn demo() -> Vec<Workload> {
@@ -93,29 +117,7 @@ pub fn demo() -> Vec<Workload> {
             slow_repeat: 1,
         }],
     });
-    m.push(Workload {
-        name: "skew steps 75% -> 25% -> 75%".into(),
-        kind: Kind::Phases,
-        steps: vec![
-            Shape::pages(192, 64),
-            Shape::pages(64, 192),
-            Shape::pages(192, 64),
-        ],
-    });
-    m.push(Workload {
-        name: "slow tier idles and returns".into(),
-        kind: Kind::Phases,
-        steps: vec![
-            Shape::pages(256, 256),
-            Shape::pages(256, 0),
-            Shape::pages(256, 256),
-        ],
-    });
-    m.push(Workload {
-        name: "rate steps 1x -> 4x -> 1x in dram".into(),
-        kind: Kind::Phases,
-        steps: vec![r128(1, 1), r128(4, 1), r128(1, 1)],
-    });
+    m.extend(phases(64, 256, 128));
     m
 }
 
@@ -139,29 +141,7 @@ pub fn testguest() -> Vec<Workload> {
             steps: vec![shape],
         });
     }
-    m.push(Workload {
-        name: "skew steps 75% -> 25% -> 75%".into(),
-        kind: Kind::Phases,
-        steps: vec![
-            Shape::pages(1536, 512),
-            Shape::pages(512, 1536),
-            Shape::pages(1536, 512),
-        ],
-    });
-    m.push(Workload {
-        name: "slow tier idles and returns".into(),
-        kind: Kind::Phases,
-        steps: vec![
-            Shape::pages(2048, 2048),
-            Shape::pages(2048, 0),
-            Shape::pages(2048, 2048),
-        ],
-    });
-    m.push(Workload {
-        name: "rate steps 1x -> 4x -> 1x in dram".into(),
-        kind: Kind::Phases,
-        steps: vec![rate(1024, 1, 1), rate(1024, 4, 1), rate(1024, 1, 1)],
-    });
+    m.extend(phases(512, 2048, 1024));
     m
 }
 

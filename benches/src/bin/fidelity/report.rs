@@ -82,6 +82,15 @@ pub struct Change {
 }
 
 /// Lag of a source at every phase change, `None` for too-short phases.
+/// The lags of one workload's changes, in order (`-`: no lag to tell).
+fn workload_lags(changes: &[(Change, Option<Lag>)], w: usize) -> Vec<String> {
+    changes
+        .iter()
+        .filter(|(c, _)| c.workload == w)
+        .map(|(_, g)| g.map_or("-".into(), |g| g.to_string()))
+        .collect()
+}
+
 pub fn lags(records: &[Record], truth: &Source, s: &Source) -> Vec<(Change, Option<Lag>)> {
     let mut out = Vec::new();
     let idx = |w: usize, step: usize| -> Vec<usize> {
@@ -299,11 +308,7 @@ fn print_workloads(
         let m = |src: &Source| mean(ix.iter().filter_map(|&i| src.ratios[i]));
         let pv = mean(ix.iter().filter_map(|&i| pages_view(&records[i], overhead)));
         let e = ErrorStats::of(&errors(records, truth, s, |r| r.workload == w));
-        let lag: Vec<String> = changes
-            .iter()
-            .filter(|(c, _)| c.workload == w)
-            .map(|(_, g)| g.map_or("-".into(), |g| g.to_string()))
-            .collect();
+        let lag = workload_lags(&changes, w);
         let pct = |x: Option<f64>| x.map_or("-".into(), |x| format!("{:.1}", x * 100.0));
         println!(
             "{:<3} {:<40} {:<9} {:>6} {:>6} {:>8} {}  {:<10} {}",
@@ -420,11 +425,7 @@ pub fn write_summary_csv(
         let l = lags(records, truth, s);
         for (w, work) in matrix.iter().enumerate() {
             let e = ErrorStats::of(&errors(records, truth, s, |r| r.workload == w));
-            let lag: Vec<String> = l
-                .iter()
-                .filter(|(c, _)| c.workload == w)
-                .map(|(_, g)| g.map_or("-".into(), |g| g.to_string()))
-                .collect();
+            let lag = workload_lags(&l, w);
             let (n, a, b, c) = e.map_or((0, String::new(), String::new(), String::new()), |e| {
                 (
                     e.n,
