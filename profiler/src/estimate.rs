@@ -114,10 +114,7 @@ pub struct Estimate {
 /// weighted least squares over every pass (binomial variances), `r` by a
 /// golden-section search on `log r`, `a` in closed form for each `r`.
 pub fn fit(passes: &[(f64, f64)]) -> Estimate {
-    match rate(passes) {
-        Some(r) => at_rate(passes, r),
-        None => plain(passes),
-    }
+    rate(passes).map_or_else(|| plain(passes), |f| f.estimate(passes))
 }
 
 /// [`fit`] for every tier of one VM, with one more step: a tier that the
@@ -128,17 +125,17 @@ pub fn fit(passes: &[(f64, f64)]) -> Estimate {
 /// keep their own. Tiers whose passes differ in number or length are
 /// fitted alone.
 pub fn fit_vm(tiers: &[&[(f64, f64)]]) -> Vec<Estimate> {
-    let pooled = pool(tiers).and_then(|p| rate(&p));
+    let pooled = pool(tiers).and_then(|p| rate(&p)).map(|f| f.r);
     tiers
         .iter()
-        .map(|passes| match (rate(passes), pooled) {
-            (Some(own), Some(all))
-                if chi2(passes, all).0 - chi2(passes, own).0 <= POOL_Z * POOL_Z =>
-            {
-                at_rate(passes, all)
+        .map(|passes| {
+            let Some(own) = rate(passes) else {
+                return plain(passes);
+            };
+            match pooled.map(|r| Fit::at(passes, r)) {
+                Some(all) if all.chi2 - own.chi2 <= POOL_Z * POOL_Z => all.estimate(passes),
+                _ => own.estimate(passes),
             }
-            (Some(own), _) => at_rate(passes, own),
-            (None, _) => plain(passes),
         })
         .collect()
 }
@@ -212,10 +209,40 @@ fn chi2(passes: &[(f64, f64)], r: f64) -> (f64, f64) {
     (c, s)
 }
 
+/// One tier's passes fitted at one rate: the rate, its weighted squared
+/// residuals and the fitted scale `s` (see [`chi2`]).
+#[derive(Debug, Clone, Copy)]
+struct Fit {
+    r: f64,
+    chi2: f64,
+    s: f64,
+}
+
+impl Fit {
+    fn at(passes: &[(f64, f64)], r: f64) -> Fit {
+        let (chi2, s) = chi2(passes, r);
+        Fit { r, chi2, s }
+    }
+
+    /// `a r T` (`s T` when linear), saturation at the shortest pass.
+    fn estimate(&self, passes: &[(f64, f64)]) -> Estimate {
+        let total_t: f64 = passes.iter().map(|p| p.0).sum();
+        let t_min = passes.iter().map(|p| p.0).fold(f64::INFINITY, f64::min);
+        Estimate {
+            accesses: if self.r > 0.0 {
+                self.s * self.r * total_t
+            } else {
+                self.s * total_t
+            },
+            saturation: Some(-(-self.r * t_min).exp_m1()),
+        }
+    }
+}
+
 /// The touch rate per page (per second) that fits `passes` best, within
-/// `[0, CAP / t_min]`; `None` when they cannot tell rate from pages
-/// (nothing young, or passes of one length).
-fn rate(passes: &[(f64, f64)]) -> Option<f64> {
+/// `[0, CAP / t_min]`, with its fit; `None` when they cannot tell rate
+/// from pages (nothing young, or passes of one length).
+fn rate(passes: &[(f64, f64)]) -> Option<Fit> {
     let young: f64 = passes.iter().map(|p| p.1).sum();
     let t_min = passes.iter().map(|p| p.0).fold(f64::INFINITY, f64::min);
     let t_max = passes.iter().map(|p| p.0).fold(0.0, f64::max);
@@ -242,30 +269,13 @@ fn rate(passes: &[(f64, f64)]) -> Option<f64> {
     }
     // The ends of the range are candidates too: linear (r = 0) and the cap.
     let best = (lo + hi) / 2.0;
-    [
-        (0.0, chi2(passes, 0.0).0),
-        (CAP / t_min, f((CAP / t_min).ln())),
-    ]
-    .into_iter()
-    .fold((best.exp(), f(best)), |b, x| if x.1 < b.1 { x } else { b })
-    .0
-    .into()
-}
-
-/// `a r T` for rate `r` (`a` by weighted least squares), saturation at the
-/// shortest pass.
-fn at_rate(passes: &[(f64, f64)], r: f64) -> Estimate {
-    let total_t: f64 = passes.iter().map(|p| p.0).sum();
-    let t_min = passes.iter().map(|p| p.0).fold(f64::INFINITY, f64::min);
-    let (_, s) = chi2(passes, r);
-    Estimate {
-        accesses: if r > 0.0 {
-            s * r * total_t
-        } else {
-            s * total_t
-        },
-        saturation: Some(-(-r * t_min).exp_m1()),
-    }
+    [0.0, CAP / t_min]
+        .into_iter()
+        .map(|r| Fit::at(passes, r))
+        .fold(Fit::at(passes, best.exp()), |b, x| {
+            if x.chi2 < b.chi2 { x } else { b }
+        })
+        .into()
 }
 
 #[cfg(test)]
