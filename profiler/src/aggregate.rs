@@ -48,10 +48,14 @@ struct PassSum {
     young_max: u64,
     young_sum: u64,
     passes: u32,
-    /// (pass seconds, young pages) of each pass; emptied when a pass's
-    /// length is unknown (the aggregator's first).
+    /// (seconds watched, young pages) of each pass: the sampler's exposure
+    /// where it knows it, else the time since the previous pass; not used
+    /// when a pass has neither (the aggregator's first).
     timed: Vec<(f64, f64)>,
     untimed: bool,
+    /// Seconds between pass starts over the timed passes: the time the
+    /// estimate stands for, walks included.
+    span: f64,
 }
 
 impl PassSum {
@@ -64,9 +68,24 @@ impl PassSum {
         self.young_max = self.young_max.max(r.young_pages);
         self.young_sum += r.young_pages;
         self.passes += 1;
-        match secs {
-            Some(t) => self.timed.push((t, r.young_pages as f64)),
+        let watched = r.exposure.map(|d| d.as_secs_f64()).or(secs);
+        match watched {
+            Some(t) => {
+                self.timed.push((t, r.young_pages as f64));
+                self.span += secs.unwrap_or(t);
+            }
             None => self.untimed = true,
+        }
+    }
+
+    /// Span over seconds watched: scales an estimate of the watched time
+    /// up to the interval (the rate holds through the walks).
+    fn unwatched_scale(&self) -> f64 {
+        let watched: f64 = self.timed.iter().map(|p| p.0).sum();
+        if watched > 0.0 && self.span > watched {
+            self.span / watched
+        } else {
+            1.0
         }
     }
 
@@ -86,6 +105,9 @@ fn estimates(sums: &[PassSum]) -> Vec<(f64, Option<f64>)> {
     let mut fitted = fit_vm(&timed).into_iter();
     sums.iter()
         .map(|s| match s.fitted().then(|| fitted.next()).flatten() {
+            // A fitted rate holds through the walks; a plain sum counts
+            // what was seen.
+            Some(e) if e.saturation.is_some() => (e.accesses * s.unwatched_scale(), e.saturation),
             Some(e) => (e.accesses, e.saturation),
             None => (s.young_sum as f64, None),
         })
@@ -375,5 +397,107 @@ mod tests {
         let (r, has) = hit_ratio(&[s(300.0), s(100.0)], &[true, false]);
         assert!(has && (r - 0.75).abs() < 1e-12);
         assert_eq!(hit_ratio(&[s(0.0), s(0.0)], &[true, false]), (0.0, false));
+    }
+
+    /// A VM whose passes read a script of readings (no sampler): tests the
+    /// aggregator's arithmetic only.
+    struct ScriptedVm(tier_proto::v1::Vm, std::sync::Mutex<Vec<Vec<TierReading>>>);
+
+    impl crate::registry::TrackedVm for ScriptedVm {
+        fn vm(&self) -> &tier_proto::v1::Vm {
+            &self.0
+        }
+        fn alive(&self) -> bool {
+            true
+        }
+        fn resident_bytes(&self) -> Vec<u64> {
+            Vec::new()
+        }
+        fn guest_reported_accesses(&self) -> Option<Vec<u64>> {
+            None
+        }
+        fn synthetic_readings(&self) -> Option<Vec<TierReading>> {
+            self.1.lock().ok()?.pop()
+        }
+    }
+
+    #[test]
+    fn passes_are_timed_by_the_sampler_exposure_and_scaled_to_the_interval() {
+        use std::time::Duration;
+        use tier_proto::v1::{Tier, TierKind, Vm};
+        let tier = |name: &str, kind: TierKind| Tier {
+            name: name.into(),
+            kind: kind.into(),
+            size_bytes: 4096 * PAGE,
+            ..Default::default()
+        };
+        let ms = Duration::from_millis;
+        let ends = [25, 125, 500, 625, 1000].map(ms);
+        // Each pass watched 7 ms less than its length (the walk); pages
+        // young as a rate of 40 (dram) and 10 (slow) touches/s over 1024
+        // pages would make them.
+        let mut lengths = vec![ends[0]];
+        lengths.extend(ends.windows(2).map(|w| w[1] - w[0]));
+        let watched: Vec<Duration> = lengths.iter().map(|l| *l - ms(7)).collect();
+        let young =
+            |r: f64, t: Duration| (1024.0 * -(-r * t.as_secs_f64()).exp_m1()).round() as u64;
+        let mut script: Vec<Vec<TierReading>> = watched
+            .iter()
+            .map(|&w| {
+                [40.0, 10.0]
+                    .map(|r| TierReading {
+                        sampled_pages: 4096,
+                        young_pages: young(r, w),
+                        exposure: Some(w),
+                    })
+                    .to_vec()
+            })
+            .collect();
+        // Popped from the end: the arming reading first.
+        script.reverse();
+        script.push(vec![TierReading::default(); 2]);
+        let vm = Vm {
+            id: "vm".into(),
+            tiers: vec![tier("dram", TierKind::Dram), tier("slow", TierKind::Cxl)],
+            ..Default::default()
+        };
+        let mut reg = Registry::default();
+        reg.insert(Box::new(ScriptedVm(vm, std::sync::Mutex::new(script))));
+        let mut agg = Aggregator::default();
+        let t0 = Instant::now();
+        agg.tick_at(&mut reg, None, 1_000_000_000, t0);
+        for e in &ends[..4] {
+            agg.pass_at(&mut reg, None, t0 + *e);
+        }
+        let u = agg.tick_at(&mut reg, None, 1_000_000_000, t0 + ends[4]);
+        let tiers = &u.stats[0].tiers;
+        let secs: Vec<f64> = watched.iter().map(|w| w.as_secs_f64()).collect();
+        assert_eq!(tiers[0].pass_seconds, secs);
+        // The fit sees the watched seconds; its accesses stand for the
+        // whole second, walks included.
+        let passes: Vec<Vec<(f64, f64)>> = tiers
+            .iter()
+            .map(|t| {
+                secs.iter()
+                    .zip(&t.pass_young_pages)
+                    .map(|(&s, &y)| (s, y as f64))
+                    .collect()
+            })
+            .collect();
+        let fits = fit_vm(&[&passes[0], &passes[1]]);
+        let scale = 1.0 / secs.iter().sum::<f64>();
+        for (t, f) in tiers.iter().zip(&fits) {
+            let want = f.accesses * scale;
+            assert!(
+                (t.estimated_accesses / want - 1.0).abs() < 1e-9,
+                "{t:?} {want}"
+            );
+        }
+        // 1024 pages at 40/s and 10/s: 40960 and 10240 touches per second.
+        let (d, s) = (tiers[0].estimated_accesses, tiers[1].estimated_accesses);
+        assert!(
+            (d / 40960.0 - 1.0).abs() < 0.05 && (s / 10240.0 - 1.0).abs() < 0.05,
+            "{d} {s}"
+        );
     }
 }

@@ -122,8 +122,8 @@ pub fn fit(passes: &[(f64, f64)]) -> Estimate {
 /// weighted squared residuals grow by at most [`POOL_Z`]²) takes the pooled
 /// rate. Tiers touched alike then weigh by their young pages, as the plain
 /// sum does, instead of by two noisy rates; tiers whose rates really differ
-/// keep their own. Tiers whose passes differ in number or length are
-/// fitted alone.
+/// keep their own. Tiers whose passes differ in number or length (beyond
+/// [`POOL_SLACK`]) are fitted alone.
 pub fn fit_vm(tiers: &[&[(f64, f64)]]) -> Vec<Estimate> {
     let pooled = pool(tiers).and_then(|p| rate(&p)).map(|f| f.r);
     tiers
@@ -151,7 +151,13 @@ fn plain(passes: &[(f64, f64)]) -> Estimate {
     }
 }
 
-/// The passes of all tiers summed pass by pass, when they line up.
+/// Passes of two tiers line up when their lengths differ by at most this
+/// share of the shorter: one walk reads a VM's tiers a millisecond or two
+/// apart, so their passes differ by that much and no more.
+pub const POOL_SLACK: f64 = 0.25;
+
+/// The passes of all tiers summed pass by pass, at the tiers' mean length,
+/// when they line up.
 fn pool(tiers: &[&[(f64, f64)]]) -> Option<Vec<(f64, f64)>> {
     let (first, rest) = tiers.split_first()?;
     if rest.is_empty() {
@@ -162,12 +168,17 @@ fn pool(tiers: &[&[(f64, f64)]]) -> Option<Vec<(f64, f64)>> {
         if t.len() != sum.len() {
             return None;
         }
-        for (s, p) in sum.iter_mut().zip(t.iter()) {
-            if (s.0 - p.0).abs() > 1e-9 {
+        for ((s, p), f) in sum.iter_mut().zip(t.iter()).zip(first.iter()) {
+            if (f.0 - p.0).abs() > POOL_SLACK * f.0.min(p.0) {
                 return None;
             }
+            s.0 += p.0;
             s.1 += p.1;
         }
+    }
+    let n = tiers.len() as f64;
+    for s in &mut sum {
+        s.0 /= n;
     }
     Some(sum)
 }
@@ -386,6 +397,15 @@ mod tests {
         let pooled = share(&fit_vm(&[&a, &b]));
         assert!((alone - 0.5).abs() > 0.005, "{alone}");
         assert!((pooled - 0.5).abs() < 0.004, "{pooled}");
+        // Read 2 ms later in the same walks: still pooled.
+        let later: Vec<f64> = TS.iter().map(|t| t - 0.002).collect();
+        let mut c = expected(2048.0, 5.0, &later);
+        for p in c.iter_mut().step_by(2) {
+            p.1 += 16.0;
+        }
+        let apart = share(&fit_vm(&[&a, &c]));
+        assert!((apart - 0.5).abs() < 0.004, "{apart}");
+        assert_ne!(fit_vm(&[&a, &c])[1], fit(&c));
     }
 
     #[test]
@@ -396,6 +416,8 @@ mod tests {
         // Passes that do not line up are not pooled.
         let other = expected(1024.0, 11.7, &[0.2, 0.6, 0.2]);
         assert_eq!(fit_vm(&[&hot, &other]), vec![fit(&hot), fit(&other)]);
+        let longer = expected(1024.0, 11.7, &TS.map(|t| t * (1.0 + POOL_SLACK) + 1e-3));
+        assert_eq!(fit_vm(&[&hot, &longer]), vec![fit(&hot), fit(&longer)]);
         assert_eq!(fit_vm(&[&hot]), vec![fit(&hot)]);
         assert!(fit_vm(&[]).is_empty());
     }

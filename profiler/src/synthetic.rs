@@ -97,6 +97,7 @@ impl TrackedVm for SyntheticVm {
                 .map(|_| TierReading {
                     sampled_pages: pages,
                     young_pages: self.next() % pages,
+                    exposure: None,
                 })
                 .collect(),
         )

@@ -84,6 +84,10 @@ fn parse(csv: &str) -> anyhow::Result<Vec<Interval>> {
     // Written from the third run of 2026-11-21 on; older CSVs re-fit
     // without the VM's other tiers in the pool.
     let other = head.iter().position(|h| h == "host_pass_young_other");
+    // Each tier's own pass seconds, written since passes are timed per
+    // tier; before, every tier had host_pass_s.
+    let col = |name: &str| head.iter().position(|h| h == name);
+    let (secs_slow, secs_other) = (col("host_pass_s_slow"), col("host_pass_s_other"));
     let [
         interval,
         workload,
@@ -114,26 +118,37 @@ fn parse(csv: &str) -> anyhow::Result<Vec<Interval>> {
         }
         let at = || format!("line {}", n + 2);
         let t = list(&f[secs], "host_pass_s").with_context(at)?;
-        let zip = |s: &str, what: &str| -> anyhow::Result<Vec<(f64, f64)>> {
-            let y = list(s, what).with_context(at)?;
-            if y.len() != t.len() {
-                bail!("{}: {} passes, {} pass lengths", at(), y.len(), t.len());
+        // One tier's passes: its seconds if recorded, else dram's.
+        let zip = |y: &str, what: &str, s: Option<&str>| -> anyhow::Result<Vec<(f64, f64)>> {
+            let y = list(y, what).with_context(at)?;
+            let s = match s.filter(|s| !s.is_empty()) {
+                Some(s) => list(s, "pass seconds").with_context(at)?,
+                None => t.clone(),
+            };
+            if y.len() != s.len() {
+                bail!("{}: {} passes, {} pass lengths", at(), y.len(), s.len());
             }
-            Ok(t.iter().copied().zip(y).collect())
+            Ok(s.into_iter().zip(y).collect())
         };
+        let cell = |c: Option<usize>| c.map(|c| f[c].as_str()).filter(|v| !v.is_empty());
+        let other_secs: Vec<&str> = cell(secs_other).map_or(Vec::new(), |v| v.split('|').collect());
         out.push(Interval {
             index: f[interval].clone(),
             workload: f[workload].clone(),
             change: f[change] == "true",
             truth: f[truth].parse().with_context(at)?,
             recorded: f[recorded].parse().ok(),
-            passes: [zip(&f[dram], &head[dram])?, zip(&f[slow], &head[slow])?],
-            other: match other.map(|o| f[o].as_str()) {
-                None | Some("") => Vec::new(),
+            passes: [
+                zip(&f[dram], &head[dram], None)?,
+                zip(&f[slow], &head[slow], cell(secs_slow))?,
+            ],
+            other: match cell(other) {
+                None => Vec::new(),
                 Some(o) => o
                     .split('|')
-                    .filter(|t| !t.is_empty())
-                    .map(|t| zip(t, "host_pass_young_other"))
+                    .enumerate()
+                    .filter(|(_, t)| !t.is_empty())
+                    .map(|(k, t)| zip(t, "host_pass_young_other", other_secs.get(k).copied()))
                     .collect::<anyhow::Result<_>>()?,
             },
         })
@@ -287,6 +302,24 @@ mod tests {
         );
         let got = parse(&with_other).expect("parses");
         assert_eq!(got[0].other.len(), 2);
+        let r = refit(&got[0]).expect("a ratio");
+        assert!((r - 0.8).abs() < 0.005, "{r}");
+        // Tiers timed apart: each tier's passes take its own seconds.
+        let later = ts.map(|t| t - 0.002);
+        let l = later.map(|t| t.to_string()).join(";");
+        let timed = format!(
+            "{HEAD},host_pass_young_other,host_pass_s_slow,host_pass_s_other
+             1,10,x,false,false,0.8,0.5,{s},{},{},{},{l},{l}
+",
+            young(1024.0, 7.3, &ts),
+            young(1024.0, 1.825, &later),
+            young(64.0, 30.0, &later),
+        );
+        let got = parse(&timed).expect("parses");
+        let secs = |p: &[(f64, f64)]| p.iter().map(|p| p.0).collect::<Vec<_>>();
+        assert_eq!(secs(&got[0].passes[0]), ts.to_vec());
+        assert_eq!(secs(&got[0].passes[1]), later.to_vec());
+        assert_eq!(secs(&got[0].other[0]), later.to_vec());
         let r = refit(&got[0]).expect("a ratio");
         assert!((r - 0.8).abs() < 0.005, "{r}");
     }

@@ -111,6 +111,7 @@ impl EptAgeing {
                 } else {
                     counts.tiers.get(i).map_or(0, |c| c.young_pages).min(n)
                 },
+                exposure: None,
             })
             .collect())
     }

@@ -9,13 +9,18 @@ pub mod pmu;
 
 use tier_proto::v1::{Backend, Vm};
 
-/// Young pages of one tier over one interval.
+/// Young pages of one tier over one pass.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct TierReading {
     /// Pages examined.
     pub sampled_pages: u64,
     /// Pages found accessed.
     pub young_pages: u64,
+    /// How long the pages could turn young: from the re-arm that began the
+    /// pass to the walk that read this tier, where the backend knows both.
+    /// `None`: the time between the starts of two passes stands in, which
+    /// counts the sampler's own walk as time the guest was watched.
+    pub exposure: Option<std::time::Duration>,
 }
 
 /// A source of per-tier young-page counts.

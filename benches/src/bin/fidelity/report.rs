@@ -8,7 +8,7 @@ use tier_benches::fidelity::{ErrorStats, Lag, detect_lag, error_pp, ratio};
 use tier_benches::plot::{Panel, Series, grid};
 
 use crate::matrix::{Kind, Workload};
-use crate::run::Record;
+use crate::run::{Record, TierPasses};
 
 /// One source's DRAM-hit ratio per interval.
 pub struct Source {
@@ -348,7 +348,7 @@ pub fn write_intervals_csv(
         let _ = write!(out, ",{0}_ratio,{0}_err_pp", s.name);
     }
     out.push_str(
-        ",host_young_dram,host_young_slow,host_est_dram,host_est_slow,host_passes,host_scan_ms,host_pass_s,host_pass_young_dram,host_pass_young_slow,host_pass_young_other\n",
+        ",host_young_dram,host_young_slow,host_est_dram,host_est_slow,host_passes,host_scan_ms,host_pass_s,host_pass_young_dram,host_pass_young_slow,host_pass_young_other,host_pass_s_slow,host_pass_s_other\n",
     );
     let f = |x: Option<f64>| x.map_or(String::new(), |x| format!("{x:.5}"));
     for (i, r) in records.iter().enumerate() {
@@ -377,36 +377,40 @@ pub fn write_intervals_csv(
                 f(error_pp(s.ratios[i], truth.ratios[i]))
             );
         }
-        // Per-pass lists, `;`-separated, for re-fitting offline.
-        let join = |v: &[String]| v.join(";");
+        // Per-pass lists, `;`-separated, for re-fitting offline; other
+        // tiers `|`-separated. host_pass_s is dram's seconds.
+        let secs = |t: &TierPasses| -> String {
+            let v: Vec<String> = t.seconds.iter().map(|t| format!("{t:.6}")).collect();
+            v.join(";")
+        };
+        let young = |t: &TierPasses| -> String {
+            let v: Vec<String> = t.young.iter().map(u64::to_string).collect();
+            v.join(";")
+        };
         match &r.host {
             Some(h) => {
-                let secs: Vec<String> = h.pass_seconds.iter().map(|t| format!("{t:.6}")).collect();
-                let young = |i: usize| -> Vec<String> {
-                    h.pass_young[i].iter().map(u64::to_string).collect()
+                let other = |f: &dyn Fn(&TierPasses) -> String| -> String {
+                    h.passes_other.iter().map(f).collect::<Vec<_>>().join("|")
                 };
-                // Other tiers `|`-separated, each tier's passes `;`-separated.
-                let other: Vec<String> = h
-                    .pass_young_other
-                    .iter()
-                    .map(|t| t.iter().map(u64::to_string).collect::<Vec<_>>().join(";"))
-                    .collect();
+                let [d, w] = &h.passes_fit;
                 let _ = writeln!(
                     out,
-                    ",{},{},{:.1},{:.1},{},{:.3},{},{},{},{}",
+                    ",{},{},{:.1},{:.1},{},{:.3},{},{},{},{},{},{}",
                     h.young[0],
                     h.young[1],
                     h.estimated[0],
                     h.estimated[1],
                     h.passes,
                     h.scan_ns as f64 / 1e6,
-                    join(&secs),
-                    join(&young(0)),
-                    join(&young(1)),
-                    other.join("|")
+                    secs(d),
+                    young(d),
+                    young(w),
+                    other(&young),
+                    secs(w),
+                    other(&secs),
                 );
             }
-            None => out.push_str(",,,,,,,,,,\n"),
+            None => out.push_str(",,,,,,,,,,,,\n"),
         }
     }
     std::fs::write(path, out).with_context(|| format!("writing {}", path.display()))

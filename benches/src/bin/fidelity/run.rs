@@ -24,13 +24,28 @@ pub struct Host {
     pub passes: u32,
     /// Time spent in the sampler over the interval's passes.
     pub scan_ns: u64,
-    /// What the fit worked from: seconds of each pass, and the young pages
-    /// of each pass [dram, slow] (empty where it did not run).
-    pub pass_seconds: Vec<f64>,
-    pub pass_young: [Vec<u64>; 2],
+    /// What the fit worked from, [dram, slow]: the seconds each pass
+    /// watched the tier and its young pages (empty where it did not run).
+    pub passes_fit: [TierPasses; 2],
     /// The same for the VM's other tiers (the test guest's `sys`): the fit
     /// pools them with dram and slow, so a re-fit needs them too.
-    pub pass_young_other: Vec<Vec<u64>>,
+    pub passes_other: Vec<TierPasses>,
+}
+
+/// One tier's passes as the fit saw them.
+#[derive(Debug, Clone, Default)]
+pub struct TierPasses {
+    pub seconds: Vec<f64>,
+    pub young: Vec<u64>,
+}
+
+impl TierPasses {
+    fn of(t: &tier_proto::v1::TierSample) -> TierPasses {
+        TierPasses {
+            seconds: t.pass_seconds.clone(),
+            young: t.pass_young_pages.clone(),
+        }
+    }
 }
 
 /// One interval.
@@ -270,14 +285,13 @@ fn readings(u: &StatsUpdate, vm_id: &str) -> (Option<[u64; 2]>, Option<Host>) {
             estimated: [d.estimated_accesses, w.estimated_accesses],
             passes: d.passes.max(w.passes),
             scan_ns: h.scan_cost_ns,
-            pass_seconds: d.pass_seconds.clone(),
-            pass_young: [d.pass_young_pages.clone(), w.pass_young_pages.clone()],
-            pass_young_other: s
+            passes_fit: [TierPasses::of(d), TierPasses::of(w)],
+            passes_other: s
                 .tiers
                 .iter()
                 .enumerate()
                 .filter(|(i, _)| *i != di && *i != wi)
-                .map(|(_, t)| t.pass_young_pages.clone())
+                .map(|(_, t)| TierPasses::of(t))
                 .collect(),
         }),
         _ => None,
