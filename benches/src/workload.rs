@@ -10,7 +10,8 @@
 
 mod demo;
 pub mod guest_plan;
-pub mod serial_truth;
+pub mod guest_truth;
+pub mod serial;
 pub mod testguest;
 
 use std::time::{Duration, Instant};

@@ -1,7 +1,7 @@
 //! The fidelity bench's test-guest source under the real patched
 //! cloud-hypervisor: one short row of two steps through tierd's registry
-//! and aggregator (no host sampler), checking that the serial truth
-//! advances in both tiers, that the guest-reported numbers (balloon stats
+//! and aggregator (no host sampler), checking that the truth read from
+//! guest memory advances in both tiers, that the guest-reported numbers (balloon stats
 //! queue, read by tierd's cloud-hypervisor discovery) agree with it, and
 //! that the guest's phase change lands at the wall-clock second the
 //! schedule gave it.
@@ -126,7 +126,7 @@ fn one_row(bin: &std::path::Path) {
         );
     }
     // The guest switched at the wall-clock second the schedule gave it,
-    // seen by the host within a few polls of the serial log.
+    // seen by the host within a few of its RTC polls.
     assert_eq!(offsets.len(), 1);
     assert!(
         (-0.005..0.3).contains(&offsets[0]),

@@ -81,12 +81,17 @@ fn whole_secs(d: Duration) -> Option<u64> {
     (d.subsec_nanos() == 0).then_some(d.as_secs())
 }
 
-/// The guest's command line for `steps` under `schedule`; `report`:
-/// accesses between two `tg tick` lines.
+/// Accesses between two RTC (and balloon) polls of the guest: at the
+/// fidelity rate a phase starts within 50 ms of its RTC second.
+pub const POLL: u32 = 500;
+
+/// The guest's command line for `steps` under `schedule`, its accesses
+/// paced to `rate` per second. It prints nothing while it runs (no tick
+/// lines, `quiet=1`): the host reads its counts from memory.
 pub fn plan(
     steps: &[Shape],
     schedule: &Schedule,
-    report: u64,
+    rate: u64,
     seed: u64,
 ) -> Result<GuestPlan, WorkloadError> {
     if steps.is_empty() || steps.len() > tier_testguest::params::MAX_PHASES {
@@ -151,9 +156,11 @@ pub fn plan(
         phases,
         loop_phases: false,
         accesses: None,
-        report: Report::Accesses(report),
-        poll: 2048,
+        report: Report::Off,
+        poll: POLL,
         seed: seed.max(1),
+        rate: Some(rate),
+        quiet: true,
     };
     params.check()?;
     Ok(GuestPlan {
@@ -179,10 +186,10 @@ pub fn floor_second(t: SystemTime) -> SystemTime {
     UNIX_EPOCH + Duration::from_secs(secs)
 }
 
-/// B1 from the first `tg tick` line that shows `s` >= 1 RTC second changes,
-/// seen at `seen`: the guest prints it within a loop iteration (a few
-/// hundred accesses) of the change, so the change is the whole second at
-/// or before `seen`, less the seconds it counted after the first.
+/// B1 from the first read of the guest's truth block that shows `s` >= 1
+/// RTC second changes, at `seen`: the guest counts a change within a poll
+/// of it, so the change is the whole second at or before `seen`, less the
+/// seconds it counted after the first.
 pub fn first_change(seen: SystemTime, s: u64) -> SystemTime {
     floor_second(seen) - Duration::from_secs(s.saturating_sub(1))
 }
@@ -224,12 +231,12 @@ mod tests {
             Shape::pages(512, 1536),
             Shape::pages(1536, 512),
         ];
-        let p = plan(&steps, &sched(1000), 500, 3).unwrap();
+        let p = plan(&steps, &sched(1000), 10_000, 3).unwrap();
         let line = p.params.to_cmdline();
         assert_eq!(
             line,
             "hot=0,1536,1536 phases=0/75/25@9s:0/1536/512,0/25/75@6s:0/512/1536,0/75/25@0:0/1536/512 \
-             loop=0 accesses=0 report=500 poll=2048 seed=3"
+             loop=0 accesses=0 report=0 poll=500 seed=3 rate=10000 quiet=1"
         );
         assert_eq!(Params::parse(&line).unwrap(), p.params);
         assert_eq!((p.first_secs, p.step_secs), (9, 6));
@@ -243,29 +250,29 @@ mod tests {
             Shape::pages(2048, 0),
             Shape::pages(2048, 2048),
         ];
-        let p = plan(&steps, &sched(1000), 500, 1).unwrap();
+        let p = plan(&steps, &sched(1000), 10_000, 1).unwrap();
         let parsed = Params::parse(&p.params.to_cmdline()).unwrap();
         assert_eq!(parsed.phases[1].weights, vec![0, 100, 0]);
         assert_eq!(parsed.phases[1].active, vec![0, 2048, 1]);
         // A tier never used in the row has no hot set at all.
-        let p = plan(&[Shape::pages(64, 0)], &sched(1000), 500, 1).unwrap();
+        let p = plan(&[Shape::pages(64, 0)], &sched(1000), 10_000, 1).unwrap();
         assert_eq!(
             p.params.to_cmdline(),
-            "hot=0,64,0 phases=0/100/0@0:0/64/0 loop=0 accesses=0 report=500 poll=2048 seed=1"
+            "hot=0,64,0 phases=0/100/0@0:0/64/0 loop=0 accesses=0 report=0 poll=500 seed=1 rate=10000 quiet=1"
         );
     }
 
     #[test]
     fn steps_must_be_whole_seconds_only_when_a_middle_phase_needs_it() {
         let three = [Shape::pages(8, 8); 3];
-        let e = plan(&three, &sched(250), 500, 1).unwrap_err();
+        let e = plan(&three, &sched(250), 10_000, 1).unwrap_err();
         assert!(e.to_string().contains("not whole seconds"), "{e}");
-        let p = plan(&three[..2], &sched(250), 500, 1).unwrap();
+        let p = plan(&three[..2], &sched(250), 10_000, 1).unwrap();
         // change_offset(1) = 7.4 * 250 ms = 1.85 s: phase 0 lasts 4 RTC
         // changes, the row starts 1.15 s after B1.
         assert_eq!(p.first_secs, 4);
         assert_eq!(p.start_after_b1, Duration::from_millis(1150));
-        let p = plan(&three, &sched(500), 500, 1).unwrap();
+        let p = plan(&three, &sched(500), 10_000, 1).unwrap();
         assert_eq!((p.first_secs, p.step_secs), (5, 3));
         assert!(p.start_after_b1 >= SETUP_MARGIN);
     }
@@ -274,7 +281,7 @@ mod tests {
     fn change_times_line_up_with_the_schedule() {
         let s = sched(1000);
         let steps = [Shape::pages(8, 8); 3];
-        let p = plan(&steps, &s, 500, 1).unwrap();
+        let p = plan(&steps, &s, 10_000, 1).unwrap();
         let b1 = UNIX_EPOCH + Duration::from_secs(1_000_000);
         let t0 = b1 + p.start_after_b1;
         for step in 1..3 {
@@ -285,7 +292,7 @@ mod tests {
         assert_eq!(
             first_change(seen, 3),
             b1 - Duration::from_secs(2),
-            "a later first tick counts back"
+            "a later first read counts back"
         );
     }
 }

@@ -1,7 +1,8 @@
-//! The test guest's exact per-tier counts from its serial log, timestamped
-//! on the host as the lines arrive: a thread reads the file cloud-hypervisor
-//! writes every [`POLL`], and the truth at an instant is interpolated
-//! between the last line before it and the first line after it.
+//! The test guest's serial lines, timestamped on the host as they arrive:
+//! a thread reads the file cloud-hypervisor writes every [`POLL`]. Used for
+//! the `tg ready` line and for errors; the counts come from guest memory
+//! (`guest_truth`), as a line costs the guest about a millisecond of exits
+//! per character.
 
 use std::fs::File;
 use std::io::Read;
@@ -13,8 +14,6 @@ use std::time::{Duration, Instant, SystemTime};
 
 use tier_testguest::serial::Line;
 
-use super::guest_plan::WORK;
-
 /// How often the log is read: bounds how late a line is timestamped.
 pub const POLL: Duration = Duration::from_millis(2);
 
@@ -24,40 +23,6 @@ pub struct Seen {
     pub at: Instant,
     pub wall: SystemTime,
     pub line: Line,
-}
-
-impl Seen {
-    /// Cumulative accesses [dram, slow] if the line carries them (`acc=`,
-    /// one count per zone; the work zones are [`WORK`]).
-    pub fn acc(&self) -> Option<[u64; 2]> {
-        let acc = self.line.list("acc")?;
-        Some([*acc.get(WORK[0])?, *acc.get(WORK[1])?])
-    }
-}
-
-/// Counts [dram, slow] at `at`, linear between the last line with counts
-/// at or before `at` and the first one after it; `None` until a line after
-/// `at` has arrived (or none came before it).
-pub fn interpolate(lines: &[Seen], at: Instant) -> Option<[u64; 2]> {
-    let points: Vec<(Instant, [u64; 2])> = lines
-        .iter()
-        .filter_map(|s| Some((s.at, s.acc()?)))
-        .collect();
-    let after = points.iter().position(|(t, _)| *t > at)?;
-    let (t1, a1) = points[after];
-    let (t0, a0) = *points[..after].last()?;
-    let span = (t1 - t0).as_secs_f64();
-    let f = if span > 0.0 {
-        (at - t0).as_secs_f64() / span
-    } else {
-        1.0
-    };
-    let mut out = [0u64; 2];
-    for i in 0..2 {
-        let step = a1[i].saturating_sub(a0[i]) as f64;
-        out[i] = a0[i] + (step * f).round() as u64;
-    }
-    Some(out)
 }
 
 /// Follows one serial log until dropped.
@@ -94,12 +59,6 @@ impl Follower {
     pub fn find(&self, pred: impl Fn(&Seen) -> bool) -> Option<Seen> {
         let l = self.lines.lock().ok()?;
         l.iter().find(|s| pred(s)).cloned()
-    }
-
-    /// Counts at `at` once known (see [`interpolate`]).
-    pub fn truth_at(&self, at: Instant) -> Option<[u64; 2]> {
-        let l = self.lines.lock().ok()?;
-        interpolate(&l, at)
     }
 }
 
@@ -151,35 +110,6 @@ fn follow(path: &std::path::Path, lines: &Mutex<Vec<Seen>>, stop: &AtomicBool) {
 mod tests {
     use super::*;
 
-    fn seen(at: Instant, text: &str) -> Seen {
-        Seen {
-            at,
-            wall: SystemTime::now(),
-            line: Line::parse(text).unwrap(),
-        }
-    }
-
-    #[test]
-    fn truth_is_interpolated_between_the_lines_around_an_instant() {
-        let t = Instant::now();
-        let ms = |n: u64| t + Duration::from_millis(n);
-        let lines = vec![
-            seen(ms(0), "tg ready tiers=3 sets=3 phases=1"),
-            seen(ms(10), "tg tick s=0 phase=0 total=500 acc=0,400,100"),
-            seen(
-                ms(40),
-                "tg phase n=1 w=25/75 active=1/1 len=6s at=2000 acc=0,1600,400",
-            ),
-            seen(ms(60), "tg tick s=1 phase=1 total=2500 acc=0,1700,800"),
-        ];
-        // Before the first count, and after the last: unknown yet.
-        assert_eq!(interpolate(&lines, ms(5)), None);
-        assert_eq!(interpolate(&lines, ms(60)), None);
-        assert_eq!(interpolate(&lines, ms(10)), Some([400, 100]));
-        assert_eq!(interpolate(&lines, ms(25)), Some([1000, 250]));
-        assert_eq!(interpolate(&lines, ms(50)), Some([1650, 600]));
-    }
-
     #[test]
     fn the_follower_timestamps_complete_lines_as_they_arrive() {
         let dir = tempfile::tempdir().unwrap();
@@ -194,7 +124,7 @@ mod tests {
         }
         let lines = f.lines();
         assert_eq!(lines.len(), 1, "the unfinished line waits");
-        assert_eq!(lines[0].acc(), Some([1, 2]));
+        assert_eq!(lines[0].line.list("acc"), Some(vec![9, 1, 2]));
         assert!(lines[0].at >= before - POLL * 10);
         let mut file = std::fs::OpenOptions::new()
             .append(true)
@@ -204,7 +134,7 @@ mod tests {
         while f.lines().len() < 2 && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(5));
         }
-        assert_eq!(f.lines()[1].acc(), Some([3, 4]));
+        assert_eq!(f.lines()[1].line.list("acc"), Some(vec![9, 3, 4]));
         assert!(f.find(|s| s.line.u64("s") == Some(1)).is_some());
     }
 }

@@ -67,6 +67,19 @@ static inline void mb(void)
 	__asm__ volatile("mfence" ::: "memory");
 }
 
+static inline uint64_t rdtsc(void)
+{
+	uint32_t lo, hi;
+
+	__asm__ volatile("rdtsc" : "=a"(lo), "=d"(hi));
+	return (uint64_t)hi << 32 | lo;
+}
+
+static inline void cpuid(uint32_t leaf, uint32_t *a, uint32_t *b, uint32_t *c, uint32_t *d)
+{
+	__asm__ volatile("cpuid" : "=a"(*a), "=b"(*b), "=c"(*c), "=d"(*d) : "a"(leaf), "c"(0));
+}
+
 static inline void cpu_relax(void)
 {
 	__asm__ volatile("pause" ::: "memory");

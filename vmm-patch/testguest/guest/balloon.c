@@ -129,7 +129,7 @@ static void post_stats(void)
 	size_t n, len;
 
 	for (unsigned i = 0; i < nzones; i++) {
-		ts[i].accesses = wl.acc[i];
+		ts[i].accesses = wl.t.acc[i];
 		ts[i].free_bytes = tier_bytes(zones[i].free);
 		ts[i].total_bytes = tier_bytes(zones[i].total);
 	}

@@ -232,7 +232,7 @@ static int parse_one(struct tg_params *p, const char *tok, const char *te)
 		return 0;
 	}
 	if (!key_is(tok, eq, "loop") && !key_is(tok, eq, "accesses") && !key_is(tok, eq, "poll") &&
-	    !key_is(tok, eq, "seed")) {
+	    !key_is(tok, eq, "seed") && !key_is(tok, eq, "rate") && !key_is(tok, eq, "quiet")) {
 		err(p, "unknown key", tok, (size_t)(eq - tok));
 		return -1;
 	}
@@ -242,6 +242,12 @@ static int parse_one(struct tg_params *p, const char *tok, const char *te)
 		if (x > 1)
 			goto bad;
 		p->loop = (uint8_t)x;
+	} else if (key_is(tok, eq, "quiet")) {
+		if (x > 1)
+			goto bad;
+		p->quiet = (uint8_t)x;
+	} else if (key_is(tok, eq, "rate")) {
+		p->rate = x;
 	} else if (key_is(tok, eq, "accesses")) {
 		p->accesses = x;
 	} else if (key_is(tok, eq, "poll")) {

@@ -12,6 +12,11 @@
  *   report=N|Ns            progress line every N accesses or N seconds (0 = off)
  *   poll=N                 accesses between two balloon polls
  *   seed=N                 PRNG seed
+ *   rate=N                 accesses per second, paced on the TSC (0 = as fast
+ *                          as it runs); missed slots are dropped, not caught up
+ *   quiet=0|1              no `tg phase` lines (the host reads the phase from
+ *                          the truth block instead; serial output stalls the
+ *                          guest for about a millisecond per character)
  *
  * Pure parsing, no guest dependencies: tested on the host by the crate.
  */
@@ -44,10 +49,13 @@ struct tg_params {
 	uint8_t report_seconds;
 	uint32_t poll;
 	uint64_t seed;
+	uint64_t rate;
+	uint8_t quiet;
 	char err[TG_ERR_LEN]; /* why tg_params_parse failed */
 };
 
-/* Defaults: hot=256,256 phases=80/20@100k,20/80@100k loop=1 report=1s poll=2048 seed=1. */
+/* Defaults: hot=256,256 phases=80/20@100k,20/80@100k loop=1 report=1s poll=2048 seed=1
+ * rate=0 quiet=0. */
 void tg_params_default(struct tg_params *p);
 /* Parse `cmdline` over the defaults. Returns 0, or -1 with p->err set. */
 int tg_params_parse(const char *cmdline, struct tg_params *p);

@@ -42,7 +42,7 @@ static void print_state(void)
 	uint64_t v[VIRTIO_BALLOON_TIERS_MAX];
 	uint32_t res[VIRTIO_BALLOON_TIERS_MAX];
 
-	print_list("acc", wl.acc, nzones);
+	print_list("acc", wl.t.acc, nzones);
 	for (unsigned i = 0; i < nzones; i++)
 		v[i] = zones[i].ballooned;
 	print_list("bal", v, nzones);
@@ -56,15 +56,31 @@ static void print_state(void)
 	con_printf(" stats=%lu\n", balloon_stats_updates());
 }
 
+/* TSC kHz from the hypervisor's timing leaf (cloud-hypervisor fills it from
+ * KVM), 0 when there is none. */
+static uint32_t tsc_khz(void)
+{
+	uint32_t a, b, c, d;
+
+	cpuid(0x40000000, &a, &b, &c, &d);
+	if (a < 0x40000010)
+		return 0;
+	cpuid(0x40000010, &a, &b, &c, &d);
+	return a;
+}
+
 static void start_phase(unsigned n)
 {
 	const struct tg_phase *ph = &params.phase[n];
 
 	wl_set_phase(ph);
+	wl.t.phase = n;
+	if (params.quiet)
+		return;
 	con_printf("tg phase n=%u", n);
 	print_weights(ph, params.nsets);
-	con_printf(" len=%lu%s at=%lu", ph->len, ph->seconds ? "s" : "", wl.total);
-	print_list("acc", wl.acc, nzones);
+	con_printf(" len=%lu%s at=%lu", ph->len, ph->seconds ? "s" : "", wl.t.total);
+	print_list("acc", wl.t.acc, nzones);
 	con_puts("\n");
 }
 
@@ -101,8 +117,16 @@ void tg_main(uint32_t start_info)
 		if (params.hot[j] && j >= nzones)
 			die("cmdline: hot set %u wants tier %u, the VM has %u tier(s)", j, j, nzones);
 	wl_init(&params);
+	if (params.rate) {
+		uint32_t khz = tsc_khz();
+
+		if (!khz)
+			die("cmdline: rate= needs the TSC frequency (CPUID 0x40000010), none here");
+		wl_pace(params.rate, khz);
+	}
 	balloon_start();
-	con_printf("tg ready tiers=%u sets=%u phases=%u\n", nzones, params.nsets, params.nphases);
+	con_printf("tg ready tiers=%u sets=%u phases=%u truth=0x%lx\n", nzones, params.nsets,
+		   params.nphases, (uint64_t)&wl.t);
 
 	start_phase(0);
 	phase_left = params.phase[0].len;
@@ -128,12 +152,12 @@ void tg_main(uint32_t start_info)
 				phase_left -= n;
 			if (!params.report_seconds && params.report && !(report_left -= n)) {
 				report_left = params.report;
-				con_printf("tg tick s=%u phase=%u total=%lu", seconds, phase, wl.total);
+				con_printf("tg tick s=%u phase=%u total=%lu", seconds, phase, wl.t.total);
 				print_state();
 			}
 			if (params.accesses && !(budget_left -= n)) {
 				done = 1;
-				con_printf("tg done total=%lu", wl.total);
+				con_printf("tg done total=%lu", wl.t.total);
 				print_state();
 			}
 		}
@@ -143,10 +167,11 @@ void tg_main(uint32_t start_info)
 		if (now != sec) {
 			sec = now;
 			seconds++;
+			wl.t.seconds = seconds;
 			if (by_sec)
 				phase_left--;
 			if (params.report_seconds && params.report && seconds % params.report == 0) {
-				con_printf("tg tick s=%u phase=%u total=%lu", seconds, phase, wl.total);
+				con_printf("tg tick s=%u phase=%u total=%lu", seconds, phase, wl.t.total);
 				print_state();
 			}
 		}
@@ -158,8 +183,10 @@ void tg_main(uint32_t start_info)
 			phase = 0;
 		} else {
 			stay = 1; /* keep the last phase's weights for good */
-			con_printf("tg phase n=%u stays at=%lu", phase, wl.total);
-			print_list("acc", wl.acc, nzones);
+			if (params.quiet)
+				continue;
+			con_printf("tg phase n=%u stays at=%lu", phase, wl.t.total);
+			print_list("acc", wl.t.acc, nzones);
 			con_puts("\n");
 			continue;
 		}

@@ -21,6 +21,19 @@ struct tg_tier_cfg {
 	uint32_t span_pages;
 };
 
+/*
+ * The workload's exact counts, kept where the host can read them from guest
+ * memory at any instant (its guest-physical address is `truth=` on the
+ * `tg ready` line), so that no serial line is needed in the access loop.
+ * Each field is written by the guest with one aligned 8-byte store.
+ */
+struct tg_truth {
+	uint64_t acc[VIRTIO_BALLOON_TIERS_MAX]; /* accesses per zone */
+	uint64_t total;
+	uint64_t seconds; /* RTC second changes since the workload started */
+	uint64_t phase;	  /* the phase running */
+};
+
 struct tg_balloon_cfg {
 	uint32_t num_pages;
 	uint32_t actual;

@@ -62,6 +62,27 @@ void wl_set_phase(const struct tg_phase *ph)
 	}
 }
 
+void wl_pace(uint64_t rate, uint32_t tsc_khz)
+{
+	wl.tsc_step = rate && tsc_khz ? (uint64_t)tsc_khz * 1000 / rate : 0;
+	wl.tsc_slack = tsc_khz; /* 1 ms */
+	wl.tsc_next = rdtsc();
+}
+
+/* Waits for the next access slot. A guest held up (host faults, exits)
+ * drops the slots it missed instead of bursting through them, so accesses
+ * stay spread evenly over time. */
+static void pace(void)
+{
+	uint64_t now;
+
+	while ((now = rdtsc()) < wl.tsc_next)
+		cpu_relax();
+	if (now - wl.tsc_next > wl.tsc_slack)
+		wl.tsc_next = now;
+	wl.tsc_next += wl.tsc_step;
+}
+
 void wl_run(uint64_t n)
 {
 	uint64_t x = wl.x;
@@ -70,6 +91,9 @@ void wl_run(uint64_t n)
 		uint64_t r, hi, addr;
 		unsigned j = 0;
 		uint32_t k;
+
+		if (wl.tsc_step)
+			pace();
 
 		x ^= x >> 12;
 		x ^= x << 25;
@@ -81,10 +105,10 @@ void wl_run(uint64_t n)
 		k = (uint32_t)(((r & 0xffffffffULL) * wl.active[j]) >> 32);
 		addr = (uint64_t)wl.pfn[j][k] << PAGE_SHIFT | ((r >> 20) & 0xff8);
 		*(volatile uint64_t *)addr += 1;
-		wl.acc[wl.where[j][k]]++;
+		wl.t.acc[wl.where[j][k]]++;
 	}
 	wl.x = x;
-	wl.total += n;
+	wl.t.total += n;
 }
 
 static void move_page(unsigned j, uint32_t k, unsigned to)

@@ -11,6 +11,7 @@
 #include <stdint.h>
 
 #include "cmdline.h"
+#include "proto.h"
 
 struct workload {
 	unsigned nsets;
@@ -19,9 +20,10 @@ struct workload {
 	uint32_t *pfn[TG_MAX_SETS];
 	uint8_t *where[TG_MAX_SETS];	 /* zone of pfn[i][k] */
 	uint64_t thr[TG_MAX_SETS];	 /* cumulative weight thresholds, units of 2^-32 */
-	uint64_t acc[TG_MAX_SETS];	 /* accesses per zone */
-	uint64_t total;
+	struct tg_truth t;		 /* accesses per zone, total, clock (proto.h) */
 	uint64_t x;			 /* xorshift state */
+	uint64_t tsc_step, tsc_next;	 /* pacing (rate=): TSC cycles per access, next slot */
+	uint64_t tsc_slack;		 /* lateness after which missed slots are dropped */
 	uint64_t evicted, promoted;	 /* pages moved between zones for the balloon */
 };
 
@@ -32,8 +34,10 @@ uint64_t wl_mem_need(const struct tg_params *p);
 /* Allocate the hot sets (set i in zone i, else the nearest zone with room). */
 void wl_init(const struct tg_params *p);
 void wl_set_phase(const struct tg_phase *ph);
-/* `n` accesses. */
+/* `n` accesses, paced to `rate` per second when wl_pace set one. */
 void wl_run(uint64_t n);
+/* Pace accesses to `rate` per second on a TSC of `tsc_khz` (0: unpaced). */
+void wl_pace(uint64_t rate, uint32_t tsc_khz);
 /* Move up to `need` workload pages out of zone `z`; returns how many moved. */
 uint32_t wl_evict(unsigned z, uint32_t need);
 /* Move up to `max` pages of set `z` that live elsewhere back into zone `z`

@@ -27,6 +27,12 @@ size_t tg_abi_layout(unsigned which)
 		return offsetof(struct tg_params, seed);
 	case 7:
 		return offsetof(struct tg_balloon_cfg, tier);
+	case 8:
+		return sizeof(struct tg_truth);
+	case 9:
+		return offsetof(struct tg_truth, seconds);
+	case 10:
+		return offsetof(struct tg_truth, phase);
 	default:
 		return 0;
 	}

@@ -12,6 +12,7 @@
 //! - [`params`]: the guest's command line, parsed and checked by the guest's
 //!   own C parser (compiled for the host), and built from Rust;
 //! - [`serial`]: the guest's `tg ...` serial lines as key/value records;
+//! - [`truth`]: the exact counts the guest keeps in its memory;
 //! - [`wire`]: the guest's config-space, queue-order and stats code, compiled
 //!   for the host (what the SPEC agreement tests check).
 
@@ -19,6 +20,7 @@ use std::path::{Path, PathBuf};
 
 pub mod params;
 pub mod serial;
+pub mod truth;
 pub mod wire;
 
 /// Path of the guest ELF that `build.rs` produced (in this build's `OUT_DIR`).

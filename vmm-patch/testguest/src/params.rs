@@ -35,6 +35,8 @@ struct CParams {
     report_seconds: u8,
     poll: u32,
     seed: u64,
+    rate: u64,
+    quiet: u8,
     err: [c_char; ERR_LEN],
 }
 
@@ -86,6 +88,10 @@ pub struct Params {
     /// Accesses between two balloon polls.
     pub poll: u32,
     pub seed: u64,
+    /// Accesses per second, paced on the TSC; `None`: as fast as it runs.
+    pub rate: Option<u64>,
+    /// No `tg phase` lines (read the phase from the truth block instead).
+    pub quiet: bool,
 }
 
 #[derive(Debug, Error, PartialEq, Eq)]
@@ -161,6 +167,8 @@ impl Params {
             },
             poll: c.poll,
             seed: c.seed,
+            rate: (c.rate != 0).then_some(c.rate),
+            quiet: c.quiet != 0,
         }
     }
 
@@ -196,11 +204,13 @@ impl Params {
         };
         let _ = write!(
             s,
-            " loop={} accesses={} report={report} poll={} seed={}",
+            " loop={} accesses={} report={report} poll={} seed={} rate={} quiet={}",
             u8::from(self.loop_phases),
             self.accesses.unwrap_or(0),
             self.poll,
-            self.seed
+            self.seed,
+            self.rate.unwrap_or(0),
+            u8::from(self.quiet)
         );
         s
     }
@@ -228,7 +238,7 @@ mod tests {
         let p = Params::default();
         assert_eq!(
             p.to_cmdline(),
-            "hot=256,256 phases=80/20@100000,20/80@100000 loop=1 accesses=0 report=1s poll=2048 seed=1"
+            "hot=256,256 phases=80/20@100000,20/80@100000 loop=1 accesses=0 report=1s poll=2048 seed=1 rate=0 quiet=0"
         );
         assert_eq!(Params::parse("").unwrap(), p);
     }
@@ -236,7 +246,7 @@ mod tests {
     #[test]
     fn parses_every_key() {
         let p = Params::parse(
-            " hot=0x10,32,8 phases=50/25/25@2k,0/100@3s:0/4/0,100@0 loop=0 accesses=1m report=500 poll=64 seed=7\n",
+            " hot=0x10,32,8 phases=50/25/25@2k,0/100@3s:0/4/0,100@0 loop=0 accesses=1m report=500 poll=64 seed=7 rate=10k quiet=1\n",
         )
         .unwrap();
         assert_eq!(p.hot, vec![16, 32, 8]);
@@ -264,6 +274,7 @@ mod tests {
         assert_eq!(p.accesses, Some(1_000_000));
         assert_eq!(p.report, Report::Accesses(500));
         assert_eq!((p.poll, p.seed), (64, 7));
+        assert_eq!((p.rate, p.quiet), (Some(10_000), true));
         // Round trip through the builder.
         assert_eq!(Params::parse(&p.to_cmdline()).unwrap(), p);
         assert_eq!(
@@ -313,6 +324,8 @@ mod tests {
                 "phase active pages want A0/A1/... of up to 8 sets: '50/50@1s:1/x'",
             ),
             ("loop=2", "bad value: 'loop=2'"),
+            ("quiet=2", "bad value: 'quiet=2'"),
+            ("rate=fast", "bad value: 'rate=fast'"),
             ("poll=0", "bad value: 'poll=0'"),
             ("accesses=-1", "bad value: 'accesses=-1'"),
             (

@@ -100,8 +100,8 @@ fn main() -> anyhow::Result<()> {
             ),
             "test-guest",
             format!(
-                "exact per-tier access counts from the guest's serial `acc=` lines (one every {} accesses), timestamped on the host as they arrive and interpolated at each interval end",
-                tier_benches::workload::testguest::REPORT_EVERY
+                "exact per-tier access counts the guest keeps in its memory, read through /proc/PID/mem of the VMM at each interval end; the guest paces its accesses to {} per second and prints nothing while it runs",
+                tier_benches::workload::testguest::RATE
             ),
         ),
         None => (

@@ -1,0 +1,73 @@
+//! The guest's exact counts in its own memory (`struct tg_truth`,
+//! `guest/proto.h`): the host reads them at any instant from the address
+//! the `tg ready` line gives (`truth=`), instead of from serial lines that
+//! cost the guest about a millisecond of exits per character.
+
+use crate::params::MAX_SETS;
+
+/// One read of the truth block.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Truth {
+    /// Accesses per zone.
+    pub acc: [u64; MAX_SETS],
+    pub total: u64,
+    /// RTC second changes since the workload started.
+    pub seconds: u64,
+    /// The phase running.
+    pub phase: u64,
+}
+
+impl Truth {
+    /// Bytes of the block.
+    pub const SIZE: usize = (MAX_SETS + 3) * 8;
+
+    /// Decodes the block as the guest lays it out (little-endian u64s);
+    /// `None` if `b` is shorter than [`Truth::SIZE`].
+    pub fn from_bytes(b: &[u8]) -> Option<Truth> {
+        let mut words = b
+            .get(..Self::SIZE)?
+            .chunks_exact(8)
+            .map(|c| c.try_into().map(u64::from_le_bytes));
+        let mut next = || words.next().and_then(Result::ok);
+        let mut acc = [0u64; MAX_SETS];
+        for a in &mut acc {
+            *a = next()?;
+        }
+        Some(Truth {
+            acc,
+            total: next()?,
+            seconds: next()?,
+            phase: next()?,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn layout_matches_the_c_struct() {
+        assert_eq!(crate::c_layout(8), Truth::SIZE);
+        assert_eq!(crate::c_layout(9), (MAX_SETS + 1) * 8);
+        assert_eq!(crate::c_layout(10), (MAX_SETS + 2) * 8);
+    }
+
+    #[test]
+    fn decodes_each_field_and_rejects_a_short_read() {
+        let words: Vec<u64> = (1..=(MAX_SETS as u64 + 3)).collect();
+        let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
+        let t = Truth::from_bytes(&bytes).expect("full block");
+        assert_eq!(t.acc[0], 1);
+        assert_eq!(t.acc[MAX_SETS - 1], MAX_SETS as u64);
+        assert_eq!(
+            (t.total, t.seconds, t.phase),
+            (
+                MAX_SETS as u64 + 1,
+                MAX_SETS as u64 + 2,
+                MAX_SETS as u64 + 3
+            )
+        );
+        assert_eq!(Truth::from_bytes(&bytes[..Truth::SIZE - 1]), None);
+    }
+}
