@@ -219,12 +219,13 @@ fn main() -> anyhow::Result<()> {
 }
 
 /// Where the guest's own phase changes were seen against the instants the
-/// schedule gave them (test guest: `tg phase` lines on the host clock).
+/// schedule gave them (test guest: its truth block's phase, watched every
+/// millisecond on the host clock).
 fn print_alignment(offsets_s: &[f64]) {
     let ms: Vec<f64> = offsets_s.iter().map(|s| s * 1e3).collect();
     if let Some(s) = Summary::of(&ms) {
         println!(
-            "phase changes seen by the host after their scheduled instant (`tg phase` line arrival - wall-clock second): n {} min {:.1} ms median {:.1} ms max {:.1} ms",
+            "phase changes seen by the host after their scheduled instant (first host read of the guest's new phase - wall-clock second): n {} min {:.1} ms median {:.1} ms max {:.1} ms",
             ms.len(),
             s.min,
             s.median,
