@@ -119,11 +119,8 @@ pub fn parse_smaps_field(text: &str, field: &str) -> Vec<Vma> {
 /// overlaps contributes in proportion to the overlap (smaps has no finer
 /// grain); guest-memory mappings are whole VMAs in practice.
 pub fn bytes_in(vmas: &[Vma], start: u64, len: u64) -> u64 {
-    let end = start.saturating_add(len);
-    vmas.iter()
-        .filter(|v| v.start < end && v.end > start)
-        .map(|v| {
-            let overlap = v.end.min(end) - v.start.max(start);
+    overlaps(vmas, start, len)
+        .map(|(v, overlap)| {
             let size = v.end - v.start;
             if overlap == size {
                 v.bytes
@@ -132,6 +129,15 @@ pub fn bytes_in(vmas: &[Vma], start: u64, len: u64) -> u64 {
             }
         })
         .sum()
+}
+
+/// The VMAs that overlap `[start, start+len)`, each with the bytes of the
+/// overlap.
+fn overlaps(vmas: &[Vma], start: u64, len: u64) -> impl Iterator<Item = (&Vma, u64)> {
+    let end = start.saturating_add(len);
+    vmas.iter()
+        .filter(move |v| v.start < end && v.end > start)
+        .map(move |v| (v, v.end.min(end) - v.start.max(start)))
 }
 
 /// A file read in chunks, with the instant each chunk was read.
@@ -199,9 +205,7 @@ fn read_and_rearm(pid: u32) -> Result<Walk, SampleError> {
 fn walked_at(walk: &Walk, ranges: &[(u64, u64)]) -> Option<Instant> {
     let mut points = Vec::new();
     for &(start, len) in ranges {
-        let end = start.saturating_add(len);
-        for v in walk.vmas.iter().filter(|v| v.start < end && v.end > start) {
-            let overlap = v.end.min(end) - v.start.max(start);
+        for (v, overlap) in overlaps(&walk.vmas, start, len) {
             points.push((walk.smaps.at(v.offset)?, u128::from(overlap)));
         }
     }
