@@ -19,6 +19,7 @@ struct workload {
 	uint32_t active[TG_MAX_SETS];	 /* pages of set i the phase touches: its first ones */
 	uint32_t *pfn[TG_MAX_SETS];
 	uint8_t *where[TG_MAX_SETS];	 /* zone of pfn[i][k] */
+	uint32_t away[TG_MAX_SETS];	 /* pages of set i not in zone i */
 	uint64_t thr[TG_MAX_SETS];	 /* cumulative weight thresholds, units of 2^-32 */
 	struct tg_truth t;		 /* accesses per zone, total, clock (proto.h) */
 	uint64_t x;			 /* xorshift state */
