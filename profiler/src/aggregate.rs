@@ -15,7 +15,7 @@ use std::time::Instant;
 
 use tier_proto::v1::{SamplerHealth, StatsUpdate, TierSample, VmStats};
 
-use crate::estimate::fit_vm;
+use crate::estimate::VmWindows;
 pub use crate::estimate::pass_ends;
 use crate::registry::Registry;
 use crate::sampler::{Sampler, TierReading};
@@ -34,6 +34,9 @@ pub struct Aggregator {
     last_guest: HashMap<String, Vec<u64>>,
     /// Per VM and tier, what this interval's passes found so far.
     passes: HashMap<String, Vec<PassSum>>,
+    /// Per VM, the passes of earlier intervals its tiers' rates are
+    /// fitted to (docs/estimate.md).
+    windows: HashMap<String, VmWindows>,
     /// Sampler health summed over this interval's passes.
     health: Option<SamplerHealth>,
     /// When the last pass re-armed the sampler: the next pass covers the
@@ -95,16 +98,18 @@ impl PassSum {
 }
 
 /// Page touches over the interval and saturation of each tier of one VM
-/// (`estimate::fit_vm` over its timed tiers; the plain sum otherwise).
-fn estimates(sums: &[PassSum]) -> Vec<(f64, Option<f64>)> {
+/// (`estimate::VmWindows::fit` over its timed tiers; the plain sum
+/// otherwise).
+fn estimates(sums: &[PassSum], windows: &mut VmWindows) -> Vec<(f64, Option<f64>)> {
+    // Untimed tiers go in empty: they keep no window.
     let timed: Vec<&[(f64, f64)]> = sums
         .iter()
-        .filter(|s| s.fitted())
-        .map(|s| s.timed.as_slice())
+        .map(|s| if s.fitted() { s.timed.as_slice() } else { &[] })
         .collect();
-    let mut fitted = fit_vm(&timed).into_iter();
+    let fitted = windows.fit(&timed);
     sums.iter()
-        .map(|s| match s.fitted().then(|| fitted.next()).flatten() {
+        .zip(fitted)
+        .map(|(s, e)| match s.fitted().then_some(e) {
             // A fitted rate holds through the walks; a plain sum counts
             // what was seen.
             Some(e) if e.saturation.is_some() => (e.accesses * s.unwatched_scale(), e.saturation),
@@ -200,6 +205,7 @@ impl Aggregator {
         departed.extend(registry.reap());
         for id in &departed {
             self.last_guest.remove(id);
+            self.windows.remove(id);
         }
         self.pass_over(registry, sampler, &departed, now);
         let health: Vec<SamplerHealth> = self.health.take().into_iter().collect();
@@ -220,7 +226,14 @@ impl Aggregator {
                 let before = self.last_guest.insert(vm.id.clone(), now.clone());
                 delta(&now, before.as_deref())
             });
-            let fitted = reading.as_deref().map(estimates).unwrap_or_default();
+            // A VM without passes this interval starts its windows over.
+            let fitted = match reading.as_deref() {
+                Some(r) => estimates(r, self.windows.entry(vm.id.clone()).or_default()),
+                None => {
+                    self.windows.remove(&vm.id);
+                    Vec::new()
+                }
+            };
             let tiers = vm
                 .tiers
                 .iter()
@@ -484,7 +497,7 @@ mod tests {
                     .collect()
             })
             .collect();
-        let fits = fit_vm(&[&passes[0], &passes[1]]);
+        let fits = crate::estimate::fit_vm(&[&passes[0], &passes[1]]);
         let scale = 1.0 / secs.iter().sum::<f64>();
         for (t, f) in tiers.iter().zip(&fits) {
             let want = f.accesses * scale;
@@ -499,5 +512,11 @@ mod tests {
             (d / 40960.0 - 1.0).abs() < 0.05 && (s / 10240.0 - 1.0).abs() < 0.05,
             "{d} {s}"
         );
+        // The VM's rate windows carry over to its next interval; an
+        // interval without passes (the script is used up) drops them.
+        assert!(agg.windows.contains_key("vm"));
+        let u = agg.tick_at(&mut reg, None, 1_000_000_000, t0 + ends[4] * 2);
+        assert_eq!(u.stats[0].tiers[0].passes, 0);
+        assert!(!agg.windows.contains_key("vm"), "{:?}", agg.windows);
     }
 }

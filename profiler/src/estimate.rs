@@ -17,6 +17,9 @@
 
 use std::time::Duration;
 
+mod window;
+pub use window::{VmWindows, WINDOW};
+
 /// Long passes are this many times as long as short ones.
 pub const LONG_OVER_SHORT: u32 = 3;
 
@@ -117,27 +120,11 @@ pub fn fit(passes: &[(f64, f64)]) -> Estimate {
     rate(passes).map_or_else(|| plain(passes), |f| f.estimate(passes))
 }
 
-/// [`fit`] for every tier of one VM, with one more step: a tier that the
-/// rate of all the VM's tiers together fits about as well as its own (its
-/// weighted squared residuals grow by at most [`POOL_Z`]²) takes the pooled
-/// rate. Tiers touched alike then weigh by their young pages, as the plain
-/// sum does, instead of by two noisy rates; tiers whose rates really differ
-/// keep their own. Tiers whose passes differ in number or length (beyond
-/// [`POOL_SLACK`]) are fitted alone.
+/// [`fit`] for every tier of one VM, with one more step: tiers that the
+/// rate of all the VM's tiers together fits about as well as their own
+/// take the pooled rate ([`VmWindows`] with no earlier interval; see there).
 pub fn fit_vm(tiers: &[&[(f64, f64)]]) -> Vec<Estimate> {
-    let pooled = pool(tiers).and_then(|p| rate(&p)).map(|f| f.r);
-    tiers
-        .iter()
-        .map(|passes| {
-            let Some(own) = rate(passes) else {
-                return plain(passes);
-            };
-            match pooled.map(|r| Fit::at(passes, r)) {
-                Some(all) if all.chi2 - own.chi2 <= POOL_Z * POOL_Z => all.estimate(passes),
-                _ => own.estimate(passes),
-            }
-        })
-        .collect()
+    VmWindows::default().fit(tiers)
 }
 
 /// Standard errors within which a tier's rate is taken as the VM's (as a
@@ -254,15 +241,23 @@ impl Fit {
 /// `[0, CAP / t_min]`, with its fit; `None` when they cannot tell rate
 /// from pages (nothing young, or passes of one length).
 fn rate(passes: &[(f64, f64)]) -> Option<Fit> {
-    let young: f64 = passes.iter().map(|p| p.1).sum();
-    let t_min = passes.iter().map(|p| p.0).fold(f64::INFINITY, f64::min);
-    let t_max = passes.iter().map(|p| p.0).fold(0.0, f64::max);
+    rate_over(&[passes]).map(|r| Fit::at(passes, r))
+}
+
+/// The one rate that fits every set of passes best, each set with its own
+/// active pages (one interval's passes per set).
+fn rate_over(sets: &[&[(f64, f64)]]) -> Option<f64> {
+    let all = || sets.iter().flat_map(|s| s.iter());
+    let young: f64 = all().map(|p| p.1).sum();
+    let t_min = all().map(|p| p.0).fold(f64::INFINITY, f64::min);
+    let t_max = all().map(|p| p.0).fold(0.0, f64::max);
     if young <= 0.0 || t_min.is_nan() || t_min <= 0.0 || t_max / t_min < MIN_SPREAD {
         return None;
     }
+    let chi2_at = |r: f64| sets.iter().map(|s| chi2(s, r).0).sum::<f64>();
     // From a hundredth of a touch per longest pass to the cap; 24 golden
     // steps narrow the ~9 e-folds to 1e-4 of one.
-    let f = |lr: f64| chi2(passes, lr.exp()).0;
+    let f = |lr: f64| chi2_at(lr.exp());
     let (mut lo, mut hi) = ((0.01 / t_max).ln(), (CAP / t_min).ln());
     let g = (5f64.sqrt() - 1.0) / 2.0;
     let (mut c, mut d) = (hi - g * (hi - lo), lo + g * (hi - lo));
@@ -279,21 +274,21 @@ fn rate(passes: &[(f64, f64)]) -> Option<Fit> {
         }
     }
     // The ends of the range are candidates too: linear (r = 0) and the cap.
-    let best = (lo + hi) / 2.0;
-    [0.0, CAP / t_min]
+    let best = ((lo + hi) / 2.0).exp();
+    let start = (best, chi2_at(best));
+    let (r, _) = [0.0, CAP / t_min]
         .into_iter()
-        .map(|r| Fit::at(passes, r))
-        .fold(Fit::at(passes, best.exp()), |b, x| {
-            if x.chi2 < b.chi2 { x } else { b }
-        })
-        .into()
+        .map(|r| (r, chi2_at(r)))
+        .fold(start, |b, x| if x.1 < b.1 { x } else { b });
+    Some(r)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn expected(a: f64, r: f64, ts: &[f64]) -> Vec<(f64, f64)> {
+    /// Young pages of `a` pages touched `r` times per second in passes `ts`.
+    pub(super) fn expected(a: f64, r: f64, ts: &[f64]) -> Vec<(f64, f64)> {
         ts.iter().map(|&t| (t, a * -(-r * t).exp_m1())).collect()
     }
 

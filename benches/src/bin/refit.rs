@@ -1,6 +1,8 @@
 //! Re-fits a recorded fidelity run: reads the per-pass young counts that
-//! `cargo xtask bench fidelity` writes to its intervals CSV, runs this
-//! build's `estimate::fit_vm` on them and scores the result against the
+//! `cargo xtask bench fidelity` writes to its intervals CSV, replays them in
+//! order through this build's estimate (`estimate::VmWindows`, one per
+//! workload, warm-up intervals included as tierd would see them) and
+//! scores the result against the
 //! recorded truth, next to what the run itself reported. A change to the
 //! estimate is then judged on real passes in a second, without a VM; only a
 //! new schedule of passes needs a new run. Usage: `refit [CSV]` (default:
@@ -11,13 +13,15 @@ use std::path::PathBuf;
 use anyhow::{Context, bail};
 use tier_benches::fidelity::{ErrorStats, error_pp, ratio};
 use tier_benches::result_line;
-use tier_profiler::estimate::fit_vm;
+use tier_profiler::estimate::{VmWindows, WINDOW};
 
 /// One scored interval of the CSV.
 #[derive(Debug, Clone, PartialEq)]
 struct Interval {
     index: String,
     workload: String,
+    /// Not scored; its passes still go into the rate windows.
+    warmup: bool,
     change: bool,
     truth: f64,
     /// The ratio the run reported; `None` when it said nothing.
@@ -49,7 +53,7 @@ fn list(s: &str, what: &str) -> anyhow::Result<Vec<f64>> {
         .collect()
 }
 
-/// The scored intervals (not warm-up, with truth and per-pass counts).
+/// The intervals with truth and per-pass counts, warm-up ones included.
 fn parse(csv: &str) -> anyhow::Result<Vec<Interval>> {
     let mut lines = csv.lines();
     let head = fields(lines.next().context("empty CSV")?);
@@ -113,7 +117,7 @@ fn parse(csv: &str) -> anyhow::Result<Vec<Interval>> {
                 head.len()
             );
         }
-        if f[warmup] == "true" || f[truth].is_empty() || f[secs].is_empty() {
+        if f[truth].is_empty() || f[secs].is_empty() {
             continue;
         }
         let at = || format!("line {}", n + 2);
@@ -135,6 +139,7 @@ fn parse(csv: &str) -> anyhow::Result<Vec<Interval>> {
         out.push(Interval {
             index: f[interval].clone(),
             workload: f[workload].clone(),
+            warmup: f[warmup] == "true",
             change: f[change] == "true",
             truth: f[truth].parse().with_context(at)?,
             recorded: f[recorded].parse().ok(),
@@ -153,18 +158,35 @@ fn parse(csv: &str) -> anyhow::Result<Vec<Interval>> {
             },
         })
     }
-    if out.is_empty() {
+    if !out.iter().any(|i| !i.warmup) {
         bail!("no scored interval with per-pass counts");
     }
     Ok(out)
 }
 
-/// This build's ratio for one interval.
-fn refit(i: &Interval) -> Option<f64> {
+/// This build's ratio for one interval, fitted with `w`, the windows of
+/// its workload's earlier intervals.
+fn refit(i: &Interval, w: &mut VmWindows) -> Option<f64> {
     let mut tiers: Vec<&[(f64, f64)]> = vec![&i.passes[0], &i.passes[1]];
     tiers.extend(i.other.iter().map(Vec::as_slice));
-    let e = fit_vm(&tiers);
+    let e = w.fit(&tiers);
     ratio(e[0].accesses, e[1].accesses)
+}
+
+/// This build's ratio for every interval, in order, each workload (one VM
+/// of the run) with windows of its own, of `len` intervals.
+fn refit_all(all: &[Interval], len: usize) -> Vec<Option<f64>> {
+    let mut w = VmWindows::new(len);
+    let mut last: Option<&str> = None;
+    all.iter()
+        .map(|i| {
+            if last != Some(i.workload.as_str()) {
+                w = VmWindows::new(len);
+                last = Some(&i.workload);
+            }
+            refit(i, &mut w)
+        })
+        .collect()
 }
 
 fn stats(errs: &[f64]) -> String {
@@ -190,9 +212,11 @@ fn main() -> anyhow::Result<()> {
     let all = parse(&csv).with_context(|| path.display().to_string())?;
     // As the fidelity bench scores: saying nothing counts 100 pp.
     let err = |i: &Interval, r: Option<f64>| error_pp(r, Some(i.truth)).unwrap_or(100.0);
-    let rows: Vec<(&Interval, f64, f64)> = all
+    let rows: Vec<(&Interval, f64, f64, f64)> = all
         .iter()
-        .map(|i| (i, err(i, i.recorded), err(i, refit(i))))
+        .zip(refit_all(&all, WINDOW).into_iter().zip(refit_all(&all, 1)))
+        .filter(|(i, _)| !i.warmup)
+        .map(|(i, (r, alone))| (i, err(i, i.recorded), err(i, r), err(i, alone)))
         .collect();
     println!(
         "refit: {} ({} scored intervals): DRAM-hit ratio error against the truth, pp",
@@ -206,7 +230,7 @@ fn main() -> anyhow::Result<()> {
     let pick = |f: &dyn Fn(&Interval) -> bool, k: usize| -> Vec<f64> {
         rows.iter()
             .filter(|r| f(r.0))
-            .map(|r| if k == 0 { r.1 } else { r.2 })
+            .map(|r| [r.1, r.2, r.3][k])
             .collect()
     };
     for (name, f) in [
@@ -216,13 +240,18 @@ fn main() -> anyhow::Result<()> {
     ] {
         println!("{:<24} {}", format!("{name} recorded"), stats(&pick(f, 0)));
         println!("{:<24} {}", format!("{name} refit"), stats(&pick(f, 1)));
+        println!(
+            "{:<24} {}",
+            format!("{name} 1 interval"),
+            stats(&pick(f, 2))
+        );
     }
-    let mut worst: Vec<&(&Interval, f64, f64)> = rows.iter().collect();
+    let mut worst: Vec<&(&Interval, f64, f64, f64)> = rows.iter().collect();
     worst.sort_by(|a, b| b.2.total_cmp(&a.2));
     println!(
         "largest refit errors (interval, workload, change, recorded pp, refit pp, passes s: dram young / slow young)"
     );
-    for (i, rec, new) in worst.iter().take(8) {
+    for (i, rec, new, _) in worst.iter().take(8) {
         let show = |k: usize| {
             i.passes[k]
                 .iter()
@@ -257,6 +286,10 @@ fn main() -> anyhow::Result<()> {
                 steady.map_or("-".into(), |s| format!("{:.2}", s.p95))
             ),
             ("p95_err_pp_recorded", format!("{:.2}", rec.p95)),
+            (
+                "p95_err_pp_one_interval",
+                s(2).map_or("-".into(), |s| format!("{:.2}", s.p95)),
+            ),
         ])
     );
     Ok(())
@@ -286,11 +319,22 @@ mod tests {
             young(1024.0, 7.3, &ts),
             young(1024.0, 1.825, &ts)
         );
-        let got = parse(&csv).expect("parses");
-        assert_eq!(got.len(), 1, "the warm-up interval is not scored");
+        let all = parse(&csv).expect("parses");
+        assert_eq!(all.len(), 2);
+        assert!(
+            all[0].warmup && !all[1].warmup,
+            "the warm-up is kept, marked"
+        );
+        let got = &all[1..];
         assert_eq!(got[0].workload, "10");
         assert_eq!(got[0].passes[0].len(), 5);
-        let r = refit(&got[0]).expect("a ratio");
+        // Each workload starts with windows of its own: the warm-up of
+        // workload 1 does not reach workload 10.
+        let fitted = refit_all(&all, WINDOW);
+        let r = fitted[1].expect("a ratio");
+        assert!((r - 0.8).abs() < 0.005, "{r}");
+        assert_eq!(fitted[1], refit(&got[0], &mut VmWindows::default()));
+        let r = refit(&got[0], &mut VmWindows::default()).expect("a ratio");
         assert!((r - 0.8).abs() < 0.005, "{r}");
         // The VM's other tiers are read and pooled, not scored.
         let with_other = format!(
@@ -302,7 +346,7 @@ mod tests {
         );
         let got = parse(&with_other).expect("parses");
         assert_eq!(got[0].other.len(), 2);
-        let r = refit(&got[0]).expect("a ratio");
+        let r = refit(&got[0], &mut VmWindows::default()).expect("a ratio");
         assert!((r - 0.8).abs() < 0.005, "{r}");
         // Tiers timed apart: each tier's passes take its own seconds.
         let later = ts.map(|t| t - 0.002);
@@ -320,7 +364,7 @@ mod tests {
         assert_eq!(secs(&got[0].passes[0]), ts.to_vec());
         assert_eq!(secs(&got[0].passes[1]), later.to_vec());
         assert_eq!(secs(&got[0].other[0]), later.to_vec());
-        let r = refit(&got[0]).expect("a ratio");
+        let r = refit(&got[0], &mut VmWindows::default()).expect("a ratio");
         assert!((r - 0.8).abs() < 0.005, "{r}");
     }
 
