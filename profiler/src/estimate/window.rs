@@ -56,8 +56,10 @@ pub struct VmWindows {
     /// Intervals per window ([`WINDOW`]; 1: each interval alone).
     len: usize,
     tiers: Vec<Window>,
-    /// Keyed by the pooled tiers (bit i: tier i); only the sets tried in
-    /// the last interval are kept.
+    /// Keyed by the pooled tiers (bit i: tier i); only the groups that
+    /// pooled in the last interval are kept, so a group that forms anew
+    /// starts from this interval's passes (its members' own windows still
+    /// decide whether it holds).
     pools: Vec<(u64, Window)>,
 }
 
