@@ -117,9 +117,11 @@ impl VmWindows {
         tiers
             .iter()
             .enumerate()
-            .map(|(i, p)| match pooled[i].or(rates[i]) {
-                Some(r) => Fit::at(p, r).estimate(p),
-                None => plain(p),
+            .map(|(i, p)| match (pooled[i].or(rates[i]), &own[i]) {
+                // This interval's own rate: its fit is at hand.
+                (Some(r), Some(f)) if r.to_bits() == f.r.to_bits() => f.estimate(p),
+                (Some(r), _) => Fit::at(p, r).estimate(p),
+                (None, _) => plain(p),
             })
             .collect()
     }
@@ -137,15 +139,21 @@ impl VmWindows {
             .enumerate()
             .filter(|(_, r)| r.is_some())
             .fold(0u64, |m, (i, _)| if i < 64 { m | 1 << i } else { m });
-        let (group, left_out) = self.shrink(tiers, rates, all);
-        let second = self.shrink(tiers, rates, left_out).0;
+        // Each tier's window at its own rate: the pooling test's base, the
+        // same in every round.
+        let base: Vec<f64> = self
+            .tiers
+            .iter()
+            .zip(rates)
+            .map(|(w, r)| r.map_or(0.0, |r| w.chi2(r)))
+            .collect();
+        let (group, left_out) = self.shrink(tiers, &base, all);
+        let second = self.shrink(tiers, &base, left_out).0;
         let mut out = vec![None; tiers.len()];
         let mut kept = Vec::new();
         for (m, rp, w) in group.into_iter().chain(second) {
-            for (i, slot) in out.iter_mut().enumerate().take(64) {
-                if m & 1 << i != 0 {
-                    *slot = Some(rp);
-                }
+            for i in bits(m) {
+                out[i] = Some(rp);
             }
             kept.push((m, w));
         }
@@ -155,19 +163,17 @@ impl VmWindows {
 
     /// Pools `members`, leaving out the one that agrees least while any
     /// does not, until all agree (the group, its rate and window) or fewer
-    /// than two remain; also the tiers left out.
+    /// than two remain; also the tiers left out. `base`: each tier's window
+    /// residuals at its own rate.
     fn shrink(
         &self,
         tiers: &[&[(f64, f64)]],
-        rates: &[Option<f64>],
+        base: &[f64],
         mut members: u64,
     ) -> (Option<(u64, f64, Window)>, u64) {
         let mut left_out = 0u64;
         while members.count_ones() >= 2 {
-            let set: Vec<&[(f64, f64)]> = (0..tiers.len().min(64))
-                .filter(|&i| members & 1 << i != 0)
-                .map(|i| tiers[i])
-                .collect();
+            let set: Vec<&[(f64, f64)]> = bits(members).map(|i| tiers[i]).collect();
             let Some(passes) = pool(&set) else { break };
             let Some(fit) = rate(&passes) else { break };
             let mut w = self
@@ -177,12 +183,8 @@ impl VmWindows {
                 .map_or_else(Window::default, |(_, w)| w.clone());
             let rp = w.take(&passes, &fit, self.len);
             // The member whose window fits the pooled rate worst.
-            let worst = (0..tiers.len().min(64))
-                .filter(|&i| members & 1 << i != 0)
-                .map(|i| {
-                    let (t, r) = (&self.tiers[i], rates[i].unwrap_or(rp));
-                    (i, t.chi2(rp) - t.chi2(r))
-                })
+            let worst = bits(members)
+                .map(|i| (i, self.tiers[i].chi2(rp) - base[i]))
                 .max_by(|a, b| a.1.total_cmp(&b.1));
             match worst {
                 Some((i, grew)) if grew > POOL_Z * POOL_Z => {
@@ -194,6 +196,11 @@ impl VmWindows {
         }
         (None, left_out)
     }
+}
+
+/// The tiers in bit set `m`.
+fn bits(m: u64) -> impl Iterator<Item = usize> {
+    (0..64).filter(move |&i| m & 1 << i != 0)
 }
 
 #[cfg(test)]
