@@ -130,7 +130,14 @@ static __always_inline void pmu_account(__u32 tid, __u64 cookie, bool has_ds, __
 	pmu_add(&pmu_counts, s * PMU_MAX_TIERS + tier, period);
 }
 
-extern void *bpf_cast_to_kern_ctx(void *) __ksym;
+/*
+ * Weak: the kfunc came in 6.2 (Debian 12's 6.1 lacks it), and libbpf fails
+ * a whole object on an unresolved strong extern. Where it is absent the
+ * bpf_ksym_exists() branch is dead code the verifier drops, and a data_src
+ * sample counts in its cookie's tier (tierd refuses data_src entries for
+ * guest-only counting anyway: docs/pmu.md).
+ */
+extern void *bpf_cast_to_kern_ctx(void *) __ksym __weak;
 
 SEC("perf_event")
 int pmu_sample(struct bpf_perf_event_data *ctx)
@@ -140,7 +147,7 @@ int pmu_sample(struct bpf_perf_event_data *ctx)
 	bool has_ds = false;
 	__u64 ds = 0;
 
-	if (cookie & PMU_COOKIE_DATA_SRC) {
+	if ((cookie & PMU_COOKIE_DATA_SRC) && bpf_ksym_exists(bpf_cast_to_kern_ctx)) {
 		struct bpf_perf_event_data_kern *kctx = bpf_cast_to_kern_ctx(ctx);
 		struct perf_sample_data *data = BPF_CORE_READ(kctx, data);
 

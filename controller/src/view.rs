@@ -40,6 +40,15 @@ pub struct TierRow {
     /// 0.95 `accesses_per_s` counts pages, not touches. None when the passes
     /// cannot tell.
     pub rate_saturation: Option<f64>,
+    /// Accesses per second the pmu source counted for the tier (scaled for
+    /// multiplexing); None without the source or when not measured.
+    pub pmu_events_per_s: Option<f64>,
+    /// Why the pmu source does not measure the tier; None when it does or
+    /// does not run.
+    pub pmu_not_measured: Option<String>,
+    /// Share of their enabled time the tier's PMU counters ran (below 1:
+    /// multiplexed, counts scaled).
+    pub pmu_running_ratio: Option<f64>,
 }
 
 /// DRAM share of guest-reported accesses, if the guest reported any.
@@ -67,6 +76,7 @@ pub fn rows(update: &StatsUpdate) -> Vec<TierRow> {
         let guest_hit_ratio = stats.and_then(|s| guest_hit(vm, &s.guest_reported_accesses));
         for (i, tier) in vm.tiers.iter().enumerate() {
             let sample = stats.and_then(|s| s.tiers.iter().find(|t| t.tier == tier.name));
+            let pmu = sample.and_then(pmu_source);
             let guest = stats
                 .and_then(|s| s.guest_reported_accesses.get(i))
                 .filter(|_| secs > 0.0)
@@ -95,10 +105,26 @@ pub fn rows(update: &StatsUpdate) -> Vec<TierRow> {
                 dram_hit_error: stats.filter(|s| s.has_accesses).map(|s| s.dram_hit_error),
                 dram_hit_target: stats.and_then(|s| s.dram_hit_target),
                 rate_saturation: sample.and_then(|s| s.saturation),
+                pmu_events_per_s: pmu
+                    .filter(|p| p.not_measured.is_empty() && secs > 0.0)
+                    .map(|p| p.events as f64 / secs),
+                pmu_not_measured: pmu
+                    .filter(|p| !p.not_measured.is_empty())
+                    .map(|p| p.not_measured.clone()),
+                pmu_running_ratio: pmu
+                    .filter(|p| p.not_measured.is_empty())
+                    .map(|p| p.running_ratio),
             });
         }
     }
     out
+}
+
+/// The pmu source's count of a tier, if it ran for the VM.
+pub fn pmu_source(s: &tier_proto::v1::TierSample) -> Option<&tier_proto::v1::SourceCount> {
+    s.sources
+        .iter()
+        .find(|c| c.source() == tier_proto::v1::Backend::Pmu)
 }
 
 /// Bytes as a short binary size: 16.0M, 512K, 3.5G.
@@ -212,13 +238,13 @@ pub fn table(rows: &[TierRow]) -> String {
 /// CSV with a header row; numbers unformatted.
 pub fn csv(rows: &[TierRow]) -> String {
     let mut out = String::from(
-        "vm_id,vm_name,vcpus,tier,kind,size_bytes,resident_bytes,balloon_target_bytes,balloon_actual_bytes,young_pages,sampled_pages,source,guest_accesses_per_s,dram_hit_ratio,guest_hit_ratio,accesses_per_s,dram_hit_error,dram_hit_target,rate_saturation\n",
+        "vm_id,vm_name,vcpus,tier,kind,size_bytes,resident_bytes,balloon_target_bytes,balloon_actual_bytes,young_pages,sampled_pages,source,guest_accesses_per_s,dram_hit_ratio,guest_hit_ratio,accesses_per_s,dram_hit_error,dram_hit_target,rate_saturation,pmu_events_per_s,pmu_not_measured,pmu_running_ratio\n",
     );
     let opt = |v: Option<f64>| v.map(|x| format!("{x}")).unwrap_or_default();
     for r in rows {
         let _ = writeln!(
             out,
-            "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}",
+            "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}",
             csv_field(&r.vm_id),
             csv_field(&r.vm_name),
             r.vcpus,
@@ -238,6 +264,9 @@ pub fn csv(rows: &[TierRow]) -> String {
             opt(r.dram_hit_error),
             opt(r.dram_hit_target),
             opt(r.rate_saturation),
+            opt(r.pmu_events_per_s),
+            csv_field(r.pmu_not_measured.as_deref().unwrap_or_default()),
+            opt(r.pmu_running_ratio),
         );
     }
     out

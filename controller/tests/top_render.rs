@@ -236,6 +236,45 @@ fn detail_pane_help_and_disconnect() {
     assert!(t.contains("vm-0000"), "rows stay: {t}");
 }
 
+/// The pmu source's column in the detail pane: a rate where it counts
+/// (`*` when multiplexed and scaled), `n/m` and the reason where it cannot
+/// measure a tier, never a 0.
+#[test]
+fn detail_pane_shows_pmu_counts_and_what_is_not_measured() {
+    let mut app = synthetic::app(2, 5);
+    app.resize(170, 40);
+    key(&mut app, KeyCode::Char('1'));
+    key(&mut app, KeyCode::End); // vm-0001: pmu, multiplexed
+    key(&mut app, KeyCode::Enter);
+    let b = draw(&app, 170, 40);
+    let l = lines(&b);
+    let head = l
+        .iter()
+        .position(|x| x.contains("PMU/s"))
+        .expect("PMU/s column");
+    let row = |y: usize| l[y].trim_start_matches('│').trim_start().to_string();
+    let (dram, cxl) = (row(head + 1), row(head + 2));
+    assert!(
+        dram.trim_start().starts_with("dram") && dram.contains("M*"),
+        "{dram}"
+    );
+    assert!(
+        cxl.trim_start().starts_with("cxl") && cxl.contains("n/m"),
+        "{cxl}"
+    );
+    let t = text(&b);
+    for want in [
+        "cxl: pmu not measured: no event on GenuineIntel family 0x6 model 0x8f counts cxl memory",
+        "* PMU counters multiplexed: counts scaled by enabled/running time",
+    ] {
+        assert!(t.contains(want), "{want:?} missing:\n{t}");
+    }
+    // vm-0000 has no pmu source: a dash, no notes.
+    key(&mut app, KeyCode::Home);
+    let t = text(&draw(&app, 170, 40));
+    assert!(!t.contains("pmu not measured") && !t.contains("n/m"), "{t}");
+}
+
 #[test]
 fn tiny_and_empty_terminals_do_not_panic() {
     let app = synthetic::app(50, 2);

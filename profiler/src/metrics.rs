@@ -47,6 +47,9 @@ pub struct Metrics {
     resident: Family<TierLabels, Gauge>,
     balloon_target: Family<TierLabels, Gauge>,
     balloon_actual: Family<TierLabels, Gauge>,
+    pmu_rate: FGauge<TierLabels>,
+    pmu_measured: Family<TierLabels, Gauge>,
+    pmu_running: FGauge<TierLabels>,
     hit: FGauge<VmLabels>,
     hit_error: FGauge<VmLabels>,
     active: Family<BackendLabels, Gauge>,
@@ -97,6 +100,9 @@ impl Metrics {
             resident: Family::default(),
             balloon_target: Family::default(),
             balloon_actual: Family::default(),
+            pmu_rate: Family::default(),
+            pmu_measured: Family::default(),
+            pmu_running: Family::default(),
             hit: Family::default(),
             hit_error: Family::default(),
             active: Family::default(),
@@ -144,6 +150,21 @@ impl Metrics {
             "tier_balloon_actual_bytes",
             "Balloon size the guest reports for the tier",
             m.balloon_actual.clone(),
+        );
+        r.register(
+            "tier_pmu_events_per_second",
+            "Accesses served by the tier's memory per second, counted guest-only on the VM's vCPU threads by the pmu source and scaled for multiplexing (absent when not measured)",
+            m.pmu_rate.clone(),
+        );
+        r.register(
+            "tier_pmu_measured",
+            "1 if the pmu source measured the tier in the last interval, 0 if it cannot (no event for its memory, placement unknown, counters multiplexed out: see the stream's not_measured)",
+            m.pmu_measured.clone(),
+        );
+        r.register(
+            "tier_pmu_running_ratio",
+            "Share of their enabled time the tier's PMU counters ran; below 1 they were multiplexed and the counts scaled",
+            m.pmu_running.clone(),
         );
         r.register(
             "vm_dram_hit_ratio",
@@ -227,6 +248,7 @@ impl Metrics {
                 self.balloon_actual
                     .get_or_create(tl)
                     .set(clamp(s.balloon_actual_bytes));
+                self.pmu(tl, s, secs);
             }
             if stats.has_accesses {
                 self.hit.get_or_create(vl).set(stats.dram_hit_ratio);
@@ -254,6 +276,25 @@ impl Metrics {
         self.updates.inc();
     }
 
+    /// The pmu source's series of one tier: a rate only when measured.
+    fn pmu(&self, tl: &TierLabels, s: &tier_proto::v1::TierSample, secs: f64) {
+        let Some(c) = s.sources.iter().find(|c| c.source() == Backend::Pmu) else {
+            self.pmu_measured.remove(tl);
+            self.pmu_rate.remove(tl);
+            self.pmu_running.remove(tl);
+            return;
+        };
+        let measured = c.not_measured.is_empty();
+        self.pmu_measured.get_or_create(tl).set(i64::from(measured));
+        if measured {
+            self.pmu_rate.get_or_create(tl).set(c.events as f64 / secs);
+            self.pmu_running.get_or_create(tl).set(c.running_ratio);
+        } else {
+            self.pmu_rate.remove(tl);
+            self.pmu_running.remove(tl);
+        }
+    }
+
     /// Removes every series of a VM that went away.
     fn forget(&mut self, id: &str) {
         let Some((vm, tiers)) = self.live.remove(id) else {
@@ -268,11 +309,14 @@ impl Metrics {
                 &self.resident,
                 &self.balloon_target,
                 &self.balloon_actual,
+                &self.pmu_measured,
             ] {
                 f.remove(&t);
             }
             self.access_rate.remove(&t);
             self.saturation.remove(&t);
+            self.pmu_rate.remove(&t);
+            self.pmu_running.remove(&t);
         }
     }
 
@@ -314,4 +358,104 @@ pub async fn serve(addr: SocketAddr, metrics: Arc<Mutex<Metrics>>) -> anyhow::Re
         }
     });
     Ok(bound)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use super::*;
+    use tier_proto::v1::{SourceCount, Tier, TierSample, Vm, VmStats};
+
+    fn update(sources: [Vec<SourceCount>; 2]) -> StatsUpdate {
+        let tier = |name: &str, kind: TierKind| Tier {
+            name: name.into(),
+            kind: kind as i32,
+            ..Default::default()
+        };
+        let [a, b] = sources;
+        StatsUpdate {
+            interval_ns: 500_000_000,
+            vms: vec![Vm {
+                id: "v".into(),
+                name: "v".into(),
+                tiers: vec![tier("dram", TierKind::Dram), tier("slow", TierKind::Cxl)],
+                ..Default::default()
+            }],
+            stats: vec![VmStats {
+                vm_id: "v".into(),
+                tiers: vec![
+                    TierSample {
+                        tier: "dram".into(),
+                        sources: a,
+                        ..Default::default()
+                    },
+                    TierSample {
+                        tier: "slow".into(),
+                        sources: b,
+                        ..Default::default()
+                    },
+                ],
+                ..Default::default()
+            }],
+            ..Default::default()
+        }
+    }
+
+    fn value(body: &str, key: &str) -> Option<f64> {
+        body.lines()
+            .find_map(|l| l.strip_prefix(key))
+            .map(|v| v.trim().parse().unwrap())
+    }
+
+    /// A tier the pmu source cannot measure exports measured 0 and no
+    /// rate, never a rate of 0; a measured one exports its rate and
+    /// running ratio; without the source, no pmu series at all.
+    #[test]
+    fn pmu_series_say_not_measured_instead_of_zero() {
+        let counted = SourceCount {
+            source: Backend::Pmu as i32,
+            events: 1_000,
+            raw_events: 500,
+            running_ratio: 0.5,
+            ..Default::default()
+        };
+        let not = SourceCount {
+            source: Backend::Pmu as i32,
+            not_measured: "no event on X counts cxl memory".into(),
+            ..Default::default()
+        };
+        let mut m = Metrics::new();
+        m.update(&update([vec![counted], vec![not]]));
+        let body = m.encode();
+        let dram = "{vm=\"v\",tier=\"dram\",kind=\"dram\"} ";
+        let slow = "{vm=\"v\",tier=\"slow\",kind=\"cxl\"} ";
+        assert_eq!(
+            value(&body, &format!("tierd_tier_pmu_measured{dram}")),
+            Some(1.0)
+        );
+        assert_eq!(
+            value(&body, &format!("tierd_tier_pmu_events_per_second{dram}")),
+            Some(2_000.0)
+        );
+        assert_eq!(
+            value(&body, &format!("tierd_tier_pmu_running_ratio{dram}")),
+            Some(0.5)
+        );
+        assert_eq!(
+            value(&body, &format!("tierd_tier_pmu_measured{slow}")),
+            Some(0.0)
+        );
+        assert_eq!(
+            value(&body, &format!("tierd_tier_pmu_events_per_second{slow}")),
+            None
+        );
+        // The source stops: its series go.
+        m.update(&update([vec![], vec![]]));
+        let body = m.encode();
+        assert!(!body.contains("tierd_tier_pmu_measured{"), "{body}");
+        assert!(
+            !body.contains("tierd_tier_pmu_events_per_second{"),
+            "{body}"
+        );
+    }
 }

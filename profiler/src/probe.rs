@@ -413,7 +413,48 @@ fn with_pmu_events(mut check: Check) -> Check {
             Err(e) => format!("{event}: {e}"),
         });
     }
+    check.details.extend(pmu_coverage(&cpu, &table));
     check
+}
+
+/// Which tier kinds this CPU's table can count, which it cannot, and what
+/// the host's NUMA layout means for local/remote DRAM events.
+fn pmu_coverage(
+    cpu: &crate::sampler::pmu::events::CpuId,
+    table: &crate::sampler::pmu::events::EventTable,
+) -> Vec<String> {
+    use crate::sampler::pmu::events::TierKind;
+    use crate::sampler::pmu::placement::Topology;
+    let kinds = table.tiers_for(cpu, false);
+    let name = |k: &TierKind| k.short_name();
+    let (have, missing): (Vec<TierKind>, Vec<TierKind>) = [
+        TierKind::Dram,
+        TierKind::Remote,
+        TierKind::Pmem,
+        TierKind::Cxl,
+    ]
+    .into_iter()
+    .partition(|k| kinds.contains(k));
+    let mut out = vec![format!(
+        "tiers: counts {}; not measured: {} (no event on this CPU: such tiers read `not measured`, never 0)",
+        if have.is_empty() {
+            "none".into()
+        } else {
+            have.iter().map(name).collect::<Vec<_>>().join(", ")
+        },
+        if missing.is_empty() {
+            "none".into()
+        } else {
+            missing.iter().map(name).collect::<Vec<_>>().join(", ")
+        },
+    )];
+    let topo = Topology::read();
+    out.push(format!(
+        "placement: {} NUMA node(s) with CPUs; local/remote DRAM events are relative to the vCPU's node, so a VM with DRAM tiers on several nodes needs its vCPUs pinned to one node each (else those tiers read `not measured` when a vCPU moves)",
+        topo.cpu_nodes()
+    ));
+    out.extend(topo.sub_numa_clustering());
+    out
 }
 
 /// Lines on how the pmu backend finds vCPU threads not named vcpuN: which

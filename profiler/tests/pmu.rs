@@ -19,6 +19,7 @@ use std::time::{Duration, Instant};
 
 use libtest_mimic::{Arguments, Completion, Failed, Trial};
 use tier_profiler::demo_vm::{DemoVm, DemoVmConfig};
+use tier_profiler::sampler::pmu::counting::TierReading;
 use tier_profiler::sampler::pmu::data_src::{self, MemSource};
 use tier_profiler::sampler::pmu::events::{CpuId, EventTable, EventType, TierKind};
 use tier_profiler::sampler::pmu::loader::{
@@ -533,7 +534,7 @@ fn pmu_source_follows_threads_and_vms() {
         first
             .health
             .error
-            .contains("test:other: no dram tier: event sw.task_clock not counted")
+            .contains("test:other: no DRAM tier: event sw.task_clock not counted")
     );
     assert!(
         first
@@ -541,28 +542,52 @@ fn pmu_source_follows_threads_and_vms() {
             .error
             .contains("test:other: no vCPU thread found")
     );
+    let t0 = Instant::now();
     std::thread::sleep(Duration::from_millis(200));
     let second = src.sample(&[&me, &other]);
+    let wall_ns = t0.elapsed().as_nanos() as u64;
     let c = &second.per_vm["test:me"];
     println!("  after 200 ms: {c:?}");
     assert_eq!(c.len(), 2);
-    assert!(c[0].samples > 0, "{c:?}");
-    assert_eq!(c[0].period, c[0].samples * PERIOD);
-    assert_eq!(c[1], PmuCount::default(), "no event counts in cxl");
-    assert_eq!(second.per_vm["test:other"], [PmuCount::default()]);
-    assert_eq!(second.health.events, c[0].samples);
+    // Counting: task-clock counts the ns the spinning thread ran, never
+    // more than the wall time; software counters are never multiplexed,
+    // so nothing is scaled.
+    let TierReading::Counted(dram) = &c[0] else {
+        panic!("dram counted: {c:?}")
+    };
+    assert!(
+        dram.raw > 10_000_000 && dram.raw <= wall_ns + 5_000_000,
+        "{} ns of {wall_ns}",
+        dram.raw
+    );
+    assert_eq!(dram.scaled, dram.raw as f64);
+    assert_eq!(dram.running_ratio(), 1.0);
+    assert!(
+        matches!(&c[1], TierReading::NotMeasured(w) if w.contains("counts cxl memory")),
+        "no event counts cxl: {c:?}"
+    );
+    assert!(matches!(
+        &second.per_vm["test:other"][..],
+        [TierReading::NotMeasured(w)] if w.contains("counts cxl memory")
+    ));
+    assert_eq!(second.health.events, dram.raw);
     assert!(
         !second.health.error.contains("test:me"),
         "{}",
         second.health.error
     );
 
-    // The thread exits: dropped; what it counted before is still read once.
+    // The thread exits: dropped; with no counter left, dram is not
+    // measured rather than 0.
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     spin.join().unwrap();
     let _ = src.sample(&[&me]);
     let after = src.sample(&[&me]);
-    assert_eq!(after.per_vm["test:me"], [PmuCount::default(); 2]);
+    assert!(
+        matches!(&after.per_vm["test:me"][0], TierReading::NotMeasured(w) if w.contains("no counter was read")),
+        "{:?}",
+        after.per_vm
+    );
     assert!(
         after.health.error.contains("test:me: no vCPU thread found"),
         "{}",

@@ -27,7 +27,8 @@ use tier_proto::Endpoint;
 use tier_proto::v1::*;
 use tokio_stream::StreamExt;
 
-/// Sample periods of the two software events, in ns of CPU time.
+/// `period` of the two software events: for sampling only, which the
+/// daemon does not do (it counts); kept to show it is ignored.
 const TASK_CLOCK_PERIOD: u64 = 1_000_000;
 const CPU_CLOCK_PERIOD: u64 = 2_000_000;
 
@@ -102,8 +103,8 @@ fn runtime() -> tokio::runtime::Runtime {
 
 /// The test table: two software events standing in for memory-source
 /// events, selected for this CPU like real entries. task-clock counts in
-/// `dram`, cpu-clock in `cxl`; both count the vCPU thread's CPU time, at
-/// different periods.
+/// `dram`, cpu-clock in `cxl`; both count the ns the vCPU thread ran, so
+/// their counts must agree.
 fn software_table(cpu: &CpuId) -> String {
     let head = format!(
         "vendor = {:?}\nfamily = {}\nmodels = [{}]\ntype = \"software\"\n",
@@ -183,19 +184,30 @@ fn tierd_counts_per_tier_pmu_events_using_software_events_in_place_of_hardware_o
                 continue;
             };
             println!(
-                "  update {}: dram {} events / {} samples, cxl {} events / {} samples; hostpte young {:?}",
+                "  update {}: dram {} events (raw {}, running {:.3}), cxl {} events (raw {}, running {:.3}); hostpte young {:?}",
                 u.sequence,
                 dram.events,
-                dram.samples,
+                dram.raw_events,
+                dram.running_ratio,
                 cxl.events,
-                cxl.samples,
+                cxl.raw_events,
+                cxl.running_ratio,
                 s.tiers.iter().map(|t| t.young_pages).collect::<Vec<_>>()
             );
-            // Each tier counts exactly its own event: events are whole
-            // periods of that event.
-            assert_eq!(dram.events, dram.samples * TASK_CLOCK_PERIOD, "{dram:?}");
-            assert_eq!(cxl.events, cxl.samples * CPU_CLOCK_PERIOD, "{cxl:?}");
-            if dram.samples > 0 && cxl.samples > 0 {
+            // Counted, not sampled: no overflows; software counters are
+            // never multiplexed, so nothing is scaled.
+            for c in [dram, cxl] {
+                assert!(c.not_measured.is_empty() && c.samples == 0, "{c:?}");
+                assert_eq!(c.events, c.raw_events, "{c:?}");
+                assert!(c.raw_events == 0 || c.running_ratio == 1.0, "{c:?}");
+                // One vCPU thread cannot run longer than the interval.
+                assert!(c.events <= u.interval_ns + 50_000_000, "{c:?} in {} ns", u.interval_ns);
+            }
+            if dram.events > 1_000_000 && cxl.events > 1_000_000 {
+                // Both clocks count the same thread's run time, read a
+                // moment apart.
+                let (a, b) = (dram.events as f64, cxl.events as f64);
+                assert!((a - b).abs() <= 0.05 * a.max(b) + 2e6, "task-clock {a} vs cpu-clock {b}");
                 counted += 1;
             }
         }
@@ -294,6 +306,48 @@ fn tierd_with_the_real_event_table_logs_the_pmu_unavailable_and_keeps_serving_ho
     assert!(line.contains("ERROR") && line.contains(&reason), "{line}");
 }
 
+/// A user table asking for precise data_src samples of a guest-only event:
+/// tierd refuses to start, naming the file, the entry and why.
+fn tierd_refuses_a_guest_only_data_src_table_at_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let table = dir.path().join("precise.toml");
+    std::fs::write(
+        &table,
+        "[[event]]\nname = \"MEM_TRANS_RETIRED.LOAD_LATENCY_GT_64\"\nvendor = \"GenuineIntel\"\nfamily = 6\nmodels = [0x8F]\nconfig = 0x01CD\nconfig1 = 64\ndata_src = true\nsource = \"user table\"\n",
+    )
+    .unwrap();
+    let cfg = dir.path().join("tierd.toml");
+    std::fs::write(
+        &cfg,
+        format!("pmu = \"on\"\npmu_events = [\"{}\"]\n", table.display()),
+    )
+    .unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_tierd"))
+        .arg("run")
+        .arg("--config")
+        .arg(&cfg)
+        .arg("--socket")
+        .arg(dir.path().join("tierd.sock"))
+        .args(["--metrics-listen", "", "--no-controller"])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    println!("  exit {}; stderr: {}", out.status, err.trim());
+    assert!(!out.status.success(), "tierd must not start: {err}");
+    assert!(
+        err.contains(&format!(
+            "{}: event #0 (\"MEM_TRANS_RETIRED.LOAD_LATENCY_GT_64\")",
+            table.display()
+        )) && err.contains("data_src = true asks for precise"),
+        "{err}"
+    );
+    assert!(
+        !dir.path().join("tierd.sock").exists(),
+        "no socket was made"
+    );
+}
+
 fn main() {
     let args = Arguments::from_args();
     // SAFETY: geteuid has no arguments and cannot fail.
@@ -337,6 +391,11 @@ fn main() {
         })
     };
     let tests = vec![
+        trial(
+            "tierd_refuses_a_guest_only_data_src_table_at_start",
+            vec![],
+            tierd_refuses_a_guest_only_data_src_table_at_start,
+        ),
         trial(
             "tierd_counts_per_tier_pmu_events_using_software_events_in_place_of_hardware_ones",
             vec![root.clone(), kvm.clone()],

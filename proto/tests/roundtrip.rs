@@ -80,11 +80,22 @@ fn stats_update_roundtrip_with_optional_and_departures() {
                 balloon_actual_bytes: 0,
                 source: Backend::Hostpte as i32,
                 passes: 4,
-                sources: vec![SourceCount {
-                    source: Backend::Pmu as i32,
-                    events: 20_014,
-                    samples: 2,
-                }],
+                sources: vec![
+                    SourceCount {
+                        source: Backend::Pmu as i32,
+                        events: 20_014,
+                        samples: 0,
+                        not_measured: String::new(),
+                        running_ratio: 0.5,
+                        raw_events: 10_007,
+                        attribution: "vCPU 1: taken as on node 0".into(),
+                    },
+                    SourceCount {
+                        source: Backend::Pmu as i32,
+                        not_measured: "no event on X counts cxl memory".into(),
+                        ..Default::default()
+                    },
+                ],
                 saturation: Some(0.42),
                 pass_seconds: vec![0.025, 0.1, 0.375],
                 pass_young_pages: vec![40, 120, 300],

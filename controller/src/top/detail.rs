@@ -17,7 +17,7 @@ use super::render::delta_style;
 /// Saturation at tierd's fit cap (1 - e^-3, docs/estimate.md): the tier's
 /// touches are no longer counted, only its pages.
 const SATURATED: f64 = 0.95;
-use crate::view::{guest_hit, human_bytes, rate, source_name};
+use crate::view::{guest_hit, human_bytes, pmu_source, rate, source_name};
 
 /// Widths of the label and of the now/min/max columns of the sparklines.
 const LABEL: usize = 16;
@@ -34,7 +34,7 @@ pub fn render(app: &App, v: &VmView, f: &mut Frame<'_>, area: Rect) {
     f.render_widget(block, area);
     let mut lines = header_lines(app, v, inner.width as usize);
     lines.push(Line::raw(""));
-    lines.extend(tier_table(app, v));
+    lines.extend(tier_table(app, v, inner.width as usize));
     lines.push(Line::raw(""));
     lines.extend(history_lines(app, v, inner.width as usize));
     lines.push(Line::raw(""));
@@ -160,10 +160,25 @@ fn wrap(prefix: &str, body: &str, width: usize, max: usize) -> Vec<String> {
     out
 }
 
-fn tier_table(app: &App, v: &VmView) -> Vec<Line<'static>> {
+/// The pmu source's rate of a tier: `n/m` when it cannot measure it, a
+/// `*` when the counters were multiplexed and the count scaled.
+fn pmu_cell(s: Option<&tier_proto::v1::TierSample>, secs: f64) -> String {
+    match s.and_then(pmu_source) {
+        None => "-".into(),
+        Some(p) if !p.not_measured.is_empty() => "n/m".into(),
+        Some(_) if secs <= 0.0 => "-".into(),
+        Some(p) => format!(
+            "{}{}",
+            rate(Some(p.events as f64 / secs)),
+            if p.running_ratio < 0.999 { "*" } else { "" }
+        ),
+    }
+}
+
+fn tier_table(app: &App, v: &VmView, width: usize) -> Vec<Line<'static>> {
     let secs = app.shown().interval_ns as f64 / 1e9;
     let head = format!(
-        "{:<10} {:<7} {:>8} {:>9} {:>15} {:>13} {:>6} {:>6} {:>5} {:>8} {:>11}  {}",
+        "{:<10} {:<7} {:>8} {:>9} {:>15} {:>13} {:>6} {:>6} {:>5} {:>8} {:>8} {:>11}  {}",
         "TIER",
         "KIND",
         "SIZE",
@@ -174,6 +189,7 @@ fn tier_table(app: &App, v: &VmView) -> Vec<Line<'static>> {
         "PASSES",
         "SAT",
         "ACC/s",
+        "PMU/s",
         "GUEST ACC/s",
         "SOURCE"
     );
@@ -191,7 +207,7 @@ fn tier_table(app: &App, v: &VmView) -> Vec<Line<'static>> {
             .filter(|_| secs > 0.0)
             .map(|&a| a as f64 / secs);
         out.push(Line::raw(format!(
-            "{:<10} {:<7} {:>8} {:>9} {:>15} {:>13} {:>6} {:>6} {:>5} {:>8} {:>11}  {}",
+            "{:<10} {:<7} {:>8} {:>9} {:>15} {:>13} {:>6} {:>6} {:>5} {:>8} {:>8} {:>11}  {}",
             t.name,
             kind.short_name(),
             human_bytes(t.size_bytes),
@@ -214,9 +230,36 @@ fn tier_table(app: &App, v: &VmView) -> Vec<Line<'static>> {
                 if x >= SATURATED { "!" } else { "" }
             )),
             rate(v.now.get(i).and_then(|p| p.accesses_per_s)),
+            pmu_cell(s, secs),
             rate(guest),
             s.map_or("-", |s| s.source().short_name()),
         )));
+    }
+    // Why a tier reads n/m, and what a count rests on: never a silent 0.
+    for (i, t) in v.vm.tiers.iter().enumerate() {
+        let Some(p) = v.sample(i).and_then(pmu_source) else {
+            continue;
+        };
+        let (what, body) = if !p.not_measured.is_empty() {
+            ("pmu not measured", p.not_measured.as_str())
+        } else if !p.attribution.is_empty() {
+            ("pmu attribution", p.attribution.as_str())
+        } else {
+            continue;
+        };
+        let prefix = format!("{}: {what}: ", t.name);
+        for l in wrap(&prefix, body, width, 2) {
+            out.push(Line::styled(l, Style::new().fg(Color::Yellow)));
+        }
+    }
+    if v.vm.tiers.iter().enumerate().any(|(i, _)| {
+        v.sample(i)
+            .and_then(pmu_source)
+            .is_some_and(|p| p.running_ratio > 0.0 && p.running_ratio < 0.999)
+    }) {
+        out.push(Line::raw(
+            "* PMU counters multiplexed: counts scaled by enabled/running time",
+        ));
     }
     out
 }

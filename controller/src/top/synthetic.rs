@@ -3,8 +3,8 @@
 //! decision for every third VM.
 
 use tier_proto::v1::{
-    Backend, BalloonChange, Decision, DecisionOutcome, DecisionReason, StatsUpdate, Tier, TierKind,
-    TierSample, Vm, VmSource, VmStats,
+    Backend, BalloonChange, Decision, DecisionOutcome, DecisionReason, SourceCount, StatsUpdate,
+    Tier, TierKind, TierSample, Vm, VmSource, VmStats,
 };
 
 const S: u64 = 1_000_000_000;
@@ -67,6 +67,7 @@ pub fn update(n: usize, seq: u64) -> StatsUpdate {
                         balloon_actual_bytes: if t == 0 { 0 } else { 200 << 20 },
                         source: Backend::Hostpte as i32,
                         passes: 4,
+                        sources: pmu(i, t, hit),
                         ..Default::default()
                     })
                     .collect(),
@@ -87,6 +88,30 @@ pub fn update(n: usize, seq: u64) -> StatsUpdate {
         stats,
         ..Default::default()
     }
+}
+
+/// Odd VMs run the pmu source: it counts their DRAM tier (multiplexed on
+/// every fourth VM) and cannot measure their cxl tier.
+fn pmu(i: usize, t: usize, hit: f64) -> Vec<SourceCount> {
+    if i.is_multiple_of(2) {
+        return Vec::new();
+    }
+    let ratio = if i % 4 == 1 { 0.5 } else { 1.0 };
+    let c = match t {
+        1 => SourceCount {
+            source: Backend::Pmu as i32,
+            not_measured: "no event on GenuineIntel family 0x6 model 0x8f counts cxl memory".into(),
+            ..Default::default()
+        },
+        _ => SourceCount {
+            source: Backend::Pmu as i32,
+            events: (hit * 2e7) as u64,
+            raw_events: (hit * 2e7 * ratio) as u64,
+            running_ratio: ratio,
+            ..Default::default()
+        },
+    };
+    vec![c]
 }
 
 /// The decision of VM `i`, if it has one.

@@ -256,6 +256,9 @@ pub fn open_event(tid: u32, spec: &EventSpec, opts: &OpenOptions) -> Result<Coun
         o.sample_skid = SampleSkid::ReqZero;
         o.sample_format.data_source = true;
     }
+    // Counting reads scale by these when counters are multiplexed.
+    o.stat_format.time_enabled = true;
+    o.stat_format.time_running = true;
     let target = (Proc(tid), Cpu::ALL);
     let counter = match event {
         AnyEvent::Raw(e) => Counter::new(e, target, &o),
@@ -267,6 +270,40 @@ pub fn open_event(tid: u32, spec: &EventSpec, opts: &OpenOptions) -> Result<Coun
         tid,
         errno: e.raw_os_error(),
         message: describe_io(&e),
+    })
+}
+
+/// One read of a counting event: its count and the nanoseconds it was
+/// enabled and actually running (below enabled: multiplexed).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Reading {
+    pub count: u64,
+    pub enabled_ns: u64,
+    pub running_ns: u64,
+}
+
+impl Reading {
+    /// What happened between `earlier` and this reading.
+    pub fn since(&self, earlier: &Reading) -> Reading {
+        Reading {
+            count: self.count.saturating_sub(earlier.count),
+            enabled_ns: self.enabled_ns.saturating_sub(earlier.enabled_ns),
+            running_ns: self.running_ns.saturating_sub(earlier.running_ns),
+        }
+    }
+}
+
+/// Reads a counter opened by [`open_event`] (which asks for both times).
+pub fn read_counter(counter: &Counter, event: &str) -> Result<Reading, PmuError> {
+    let s = counter.stat().map_err(|e| PmuError::Enable {
+        event: event.into(),
+        tid: 0,
+        message: format!("read: {}", describe_io(&e)),
+    })?;
+    Ok(Reading {
+        count: s.count,
+        enabled_ns: s.time_enabled.unwrap_or(0),
+        running_ns: s.time_running.unwrap_or(0),
     })
 }
 

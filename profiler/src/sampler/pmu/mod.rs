@@ -10,13 +10,19 @@
 //!   attached to each with the tier as cookie, per-(VM, tier) counters,
 //!   and the KVM_RUN watch (threads seen in `kvm_entry` /
 //!   `kvm_userspace_exit`) for VMMs that do not name vCPU threads;
+//! - [`counting`]: per-interval counter changes scaled for multiplexing,
+//!   and a tier's verdict: counts, or why it is not measured;
+//! - [`placement`]: host topology, vCPU affinity and node, and the tier a
+//!   local/remote event counts in;
 //! - [`source`]: the source as the daemon runs it next to the
-//!   page-sampling backend (`TierSample.sources`).
+//!   page-sampling backend (`TierSample.sources`), counting per interval.
 
+pub mod counting;
 pub mod data_src;
 pub mod events;
 pub mod kvm_probe;
 pub mod loader;
+pub mod placement;
 pub mod source;
 pub mod vcpus;
 

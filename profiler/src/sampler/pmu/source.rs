@@ -1,25 +1,30 @@
 //! The `pmu` source as the daemon runs it, next to the page-sampling
 //! backend: per interval, per VM, per tier, the memory-source events
-//! counted on the VM's vCPU threads, into `TierSample.sources`.
+//! counted guest-only on the VM's vCPU threads, into `TierSample.sources`.
 //!
 //! Startup keeps the table entries for this CPU that open here (each
-//! failure is logged) and loads the BPF programs; if nothing is left the
+//! failure is logged) and loads the BPF KVM_RUN watch (optional: without
+//! it only vCPU threads named vcpuN are found); if no event opens the
 //! source is unavailable, which is logged (`pmu = "on"`: as an error) and
 //! the daemon runs without it. Each interval, for each VM: its vCPU
-//! threads are followed ([`VcpuTracker`], falling back to the KVM_RUN
-//! watch), events opened on new threads with the VM's tier of the entry's
-//! kind as cookie, and the counts since the last interval read.
+//! threads are followed ([`VcpuTracker`]), every entry is opened on each
+//! new thread as a counting event, and each counter's change is scaled
+//! for multiplexing ([`counting`]) and added to the tier its kind and the
+//! vCPU's node give ([`placement`]). A tier no event can count, or whose
+//! counts cannot be trusted this interval, is reported as not measured
+//! with the reason, never as 0.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::PathBuf;
 use std::time::Instant;
 
+use perf_event_open::count::Counter;
 use tier_proto::v1::{Backend, SamplerHealth, SourceCount, StatsUpdate, Vm};
 
+use super::counting::{self, Tally, TierReading};
 use super::events::{CpuId, EventEntry, EventTable, EventType, TierKind};
-use super::loader::{
-    self, EventSpec, MAX_TIERS, MAX_VMS, NO_TIER, OpenOptions, PmuCount, PmuPrograms, ThreadEvents,
-};
+use super::loader::{self, EventSpec, OpenOptions, PmuPrograms, Reading};
+use super::placement::{self, Placement, TierPlace, Topology};
 use super::vcpus::{Found, KvmRunThread, VcpuError, VcpuTracker};
 
 /// Config key `pmu`.
@@ -56,30 +61,53 @@ pub enum PmuUnavailable {
     NoEvents { cpu: String },
     #[error("no event of the table for {cpu} opens here: {details}")]
     NoneOpens { cpu: String, details: String },
-    #[error("BPF: {0}")]
-    Bpf(String),
 }
 
-/// Per interval: counts per VM and tier, and the source's health.
+/// Per interval: what the source says of each VM's tiers, and its health.
 #[derive(Debug, Clone, Default)]
 pub struct PmuReadings {
-    /// VM id -> one count per tier, in `Vm.tiers` order, for the interval.
-    pub per_vm: HashMap<String, Vec<PmuCount>>,
+    /// VM id -> one reading per tier, in `Vm.tiers` order.
+    pub per_vm: HashMap<String, Vec<TierReading>>,
     pub health: SamplerHealth,
+}
+
+/// One counting event on one vCPU thread.
+struct Counted {
+    name: String,
+    kind: TierKind,
+    counter: Counter,
+    last: Reading,
+}
+
+impl std::fmt::Debug for Counted {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Counted")
+            .field("name", &self.name)
+            .field("last", &self.last)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The counters of one vCPU thread; dropping it closes them.
+#[derive(Debug)]
+struct VcpuCounters {
+    index: u32,
+    counters: Vec<Counted>,
+    /// Node it was on at the last read.
+    last_node: Option<u32>,
 }
 
 /// One VM the source counts for.
 #[derive(Debug)]
 struct VmPmu {
     pid: u32,
-    slot: u32,
-    kinds: Vec<TierKind>,
-    /// Events opened on each of its vCPU threads, with their cookie tier.
-    plan: Vec<(EventSpec, u32)>,
+    tiers: Vec<TierPlace>,
+    /// Entries opened on each of its vCPU threads.
+    plan: Vec<EventEntry>,
+    /// Tiers no entry of the plan can count, and why.
+    unmeasurable: BTreeMap<usize, String>,
     tracker: VcpuTracker,
-    threads: BTreeMap<u32, ThreadEvents>,
-    /// BPF counters at the last read (they only grow while the slot is held).
-    last: [PmuCount; MAX_TIERS as usize],
+    threads: BTreeMap<u32, VcpuCounters>,
 }
 
 /// Distinct problems remembered as logged before the memory starts over.
@@ -87,13 +115,14 @@ const MAX_LOGGED: usize = 4096;
 
 /// The running source.
 pub struct PmuSource {
-    progs: PmuPrograms,
+    /// The KVM_RUN watch, where the BPF object loads.
+    progs: Option<PmuPrograms>,
     events: Vec<EventEntry>,
-    opts: OpenOptions,
+    cpu: String,
+    topology: Topology,
     /// Whether the KVM_RUN watch attached (at least one tracepoint).
     watch: bool,
     vms: BTreeMap<String, VmPmu>,
-    free: BTreeSet<u32>,
     /// Problems already logged (each once).
     logged: BTreeSet<String>,
 }
@@ -107,21 +136,106 @@ impl std::fmt::Debug for PmuSource {
     }
 }
 
-/// How entries are opened by the daemon.
-fn daemon_options() -> OpenOptions {
+/// Counting, guest-only, enabled at once: no overflow, no BPF program, no
+/// NMI per period; one read per counter per interval.
+fn counting_options() -> OpenOptions {
     OpenOptions {
         guest_only: true,
-        sample_period: super::events::DEFAULT_PERIOD,
+        sample_period: 0,
         sample_addr: false,
-        enabled: false,
+        enabled: true,
     }
 }
 
+/// An entry as a counting event (its `period` is for sampling only).
+fn counting_spec(e: &EventEntry) -> EventSpec {
+    EventSpec {
+        period: None,
+        ..EventSpec::from(e)
+    }
+}
+
+/// Local and remote DRAM events count DRAM relative to the vCPU's node.
+fn dram_event(kind: TierKind) -> bool {
+    matches!(kind, TierKind::Dram | TierKind::Remote)
+}
+
+fn dram_backed(t: &TierPlace) -> bool {
+    matches!(t.kind, TierKind::Dram | TierKind::Remote)
+}
+
+/// The entries worth opening for a VM with `tiers`, the tiers none of them
+/// can count (with why), and a note per entry left out.
+fn plan_for(
+    events: &[EventEntry],
+    tiers: &[TierPlace],
+    cpu_nodes: usize,
+    cpu: &str,
+) -> (Vec<EventEntry>, BTreeMap<usize, String>, Vec<String>) {
+    let mut plan = Vec::new();
+    let mut notes = Vec::new();
+    for e in events {
+        let lands = if dram_event(e.tier) {
+            tiers.iter().any(dram_backed)
+        } else {
+            tiers.iter().any(|t| t.kind == e.tier)
+        };
+        if lands {
+            plan.push(e.clone());
+        } else {
+            notes.push(format!(
+                "no {} tier: event {} not counted",
+                if dram_event(e.tier) {
+                    "DRAM"
+                } else {
+                    e.tier.short_name()
+                },
+                e.name
+            ));
+        }
+    }
+    let has = |k: TierKind| plan.iter().any(|e| e.tier == k);
+    let mut unmeasurable = BTreeMap::new();
+    for (i, t) in tiers.iter().enumerate() {
+        let why = if t.kind == TierKind::Unknown {
+            Some("the tier's kind is unknown, so no event maps to it".to_string())
+        } else if dram_backed(t) {
+            match (has(TierKind::Dram), has(TierKind::Remote)) {
+                (false, false) => Some(format!("no event on {cpu} counts DRAM accesses")),
+                (true, false) if cpu_nodes > 1 => Some(format!(
+                    "no remote-DRAM event on {cpu}: accesses from vCPUs on other nodes are missed"
+                )),
+                (false, true) if cpu_nodes > 1 => Some(format!(
+                    "no local-DRAM event on {cpu}: accesses from vCPUs on the tier's node are missed"
+                )),
+                _ => None,
+            }
+        } else if !has(t.kind) {
+            Some(format!(
+                "no event on {cpu} counts {} memory",
+                t.kind.short_name()
+            ))
+        } else if tiers.iter().position(|o| o.kind == t.kind) != Some(i) {
+            Some(format!(
+                "the events cannot tell {} tiers apart: the VM's first {} tier gets them all",
+                t.kind.short_name(),
+                t.kind.short_name()
+            ))
+        } else {
+            None
+        };
+        if let Some(w) = why {
+            unmeasurable.insert(i, w);
+        }
+    }
+    (plan, unmeasurable, notes)
+}
+
 impl PmuSource {
-    /// Keeps the entries of `table` for `cpu` that open here, loads the BPF
-    /// programs and attaches the KVM_RUN watch. Returns the source and one
+    /// Keeps the entries of `table` for `cpu` that open here as guest-only
+    /// counters, and loads the KVM_RUN watch. Returns the source and one
     /// line per problem that did not stop it (an event that does not open,
-    /// a watch tracepoint that does not attach).
+    /// the watch, sub-NUMA clustering).
     pub fn start(
         cpu: &CpuId,
         table: &EventTable,
@@ -132,11 +246,11 @@ impl PmuSource {
                 cpu: cpu.to_string(),
             });
         }
-        let opts = daemon_options();
+        let opts = counting_options();
         let mut events = Vec::new();
         let mut notes = Vec::new();
         for e in selected {
-            match loader::open_event(0, &EventSpec::from(e), &opts) {
+            match loader::open_event(0, &counting_spec(e), &opts) {
                 Ok(_) => events.push(e.clone()),
                 Err(err) => notes.push(format!(
                     "event {} ({}) unavailable: {}",
@@ -152,24 +266,36 @@ impl PmuSource {
                 details: notes.join("; "),
             });
         }
-        let mut progs = PmuPrograms::load().map_err(|e| PmuUnavailable::Bpf(e.to_string()))?;
+        let topology = Topology::read();
+        notes.extend(topology.sub_numa_clustering());
         let mut watch = false;
-        for (tp, r) in progs.watch_kvm_run() {
-            match r {
-                Ok(()) => watch = true,
-                Err(e) => notes.push(format!(
-                    "KVM_RUN watch: {tp}: {e} (VMMs must name vCPU threads vcpuN)"
-                )),
+        let progs = match PmuPrograms::load() {
+            Ok(mut p) => {
+                for (tp, r) in p.watch_kvm_run() {
+                    match r {
+                        Ok(()) => watch = true,
+                        Err(e) => notes.push(format!(
+                            "KVM_RUN watch: {tp}: {e} (VMMs must name vCPU threads vcpuN)"
+                        )),
+                    }
+                }
+                Some(p)
             }
-        }
+            Err(e) => {
+                notes.push(format!(
+                    "KVM_RUN watch unavailable: {e} (only vCPU threads named vcpuN are found)"
+                ));
+                None
+            }
+        };
         Ok((
             PmuSource {
                 progs,
                 events,
-                opts,
+                cpu: cpu.to_string(),
+                topology,
                 watch,
                 vms: BTreeMap::new(),
-                free: (0..MAX_VMS).collect(),
                 logged: BTreeSet::new(),
             },
             notes,
@@ -181,7 +307,7 @@ impl PmuSource {
         &self.events
     }
 
-    /// Counts of the interval that ends now for each VM of `vms` (VMs
+    /// Readings of the interval that ends now for each VM of `vms` (VMs
     /// without a process are skipped); VMs no longer listed are dropped.
     pub fn sample(&mut self, vms: &[&Vm]) -> PmuReadings {
         let started = Instant::now();
@@ -196,20 +322,19 @@ impl PmuSource {
         for id in gone {
             self.drop_vm(&id);
         }
-        let seen = if self.watch {
-            match self.progs.kvm_threads() {
+        let seen = match (&self.progs, self.watch) {
+            (Some(p), true) => match p.kvm_threads() {
                 Ok(s) => Some(s),
                 Err(e) => {
                     problems.push(format!("KVM_RUN watch: {e}"));
                     None
                 }
-            }
-        } else {
-            None
+            },
+            _ => None,
         };
         let mut per_vm = HashMap::new();
         let mut pids: HashMap<u32, &str> = HashMap::new();
-        let mut samples = 0u64;
+        let mut events = 0u64;
         for vm in vms {
             if vm.vmm_pid == 0 {
                 continue;
@@ -223,9 +348,20 @@ impl PmuSource {
                 continue;
             }
             match self.sample_vm(vm, seen.as_deref(), &mut problems) {
-                Ok(Some(counts)) => {
-                    samples += counts.iter().map(|c| c.samples).sum::<u64>();
-                    per_vm.insert(vm.id.clone(), counts);
+                Ok(Some(readings)) => {
+                    for (t, r) in vm.tiers.iter().zip(&readings) {
+                        if let TierReading::Counted(c) = r {
+                            events = events.saturating_add(c.raw);
+                            let ratio = c.running_ratio();
+                            if ratio > 0.0 && ratio < counting::MULTIPLEXED_BELOW {
+                                problems.push(format!(
+                                    "{}: tier {}: counters multiplexed (another perf user, or more events than counters); counts scaled, see running_ratio",
+                                    vm.id, t.name
+                                ));
+                            }
+                        }
+                    }
+                    per_vm.insert(vm.id.clone(), readings);
                 }
                 // Its process just exited: the registry drops it next.
                 Ok(None) => {}
@@ -247,33 +383,52 @@ impl PmuSource {
                 backend: Backend::Pmu as i32,
                 active: true,
                 error: problems.join("; "),
-                events: samples,
+                events,
                 lost: 0,
                 scan_cost_ns: u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX),
             },
         }
     }
 
-    /// Follows the VM's threads and returns its counts since the last
-    /// call; `None` if its process is gone.
+    /// Follows the VM's threads and returns its tiers' readings since the
+    /// last call; `None` if its process is gone.
     fn sample_vm(
         &mut self,
         vm: &Vm,
         seen: Option<&[KvmRunThread]>,
         problems: &mut Vec<String>,
-    ) -> Result<Option<Vec<PmuCount>>, String> {
-        let kinds: Vec<TierKind> = vm.tiers.iter().map(|t| t.kind()).collect();
+    ) -> Result<Option<Vec<TierReading>>, String> {
+        let tiers: Vec<TierPlace> = vm
+            .tiers
+            .iter()
+            .map(|t| TierPlace {
+                kind: t.kind(),
+                nodes: t.host_numa_nodes.clone(),
+            })
+            .collect();
         let stale_state = self
             .vms
             .get(&vm.id)
-            .is_some_and(|s| s.pid != vm.vmm_pid || s.kinds != kinds);
+            .is_some_and(|s| s.pid != vm.vmm_pid || s.tiers != tiers);
         if stale_state {
             // Another process under the same id, or a new tier map.
             self.drop_vm(&vm.id);
         }
         if !self.vms.contains_key(&vm.id) {
-            let state = self.new_vm(vm, kinds, problems)?;
-            self.vms.insert(vm.id.clone(), state);
+            let (plan, unmeasurable, notes) =
+                plan_for(&self.events, &tiers, self.topology.cpu_nodes(), &self.cpu);
+            problems.extend(notes.into_iter().map(|n| format!("{}: {n}", vm.id)));
+            self.vms.insert(
+                vm.id.clone(),
+                VmPmu {
+                    pid: vm.vmm_pid,
+                    tiers,
+                    plan,
+                    unmeasurable,
+                    tracker: VcpuTracker::new(vm.vmm_pid),
+                    threads: BTreeMap::new(),
+                },
+            );
         }
         let Some(state) = self.vms.get_mut(&vm.id) else {
             return Err("internal: VM state missing".into());
@@ -283,27 +438,28 @@ impl PmuSource {
             Err(VcpuError::ProcessGone { .. }) => return Ok(None),
             Err(e) => return Err(format!("vCPU threads: {e}")),
         };
-        for tid in &changes.stale {
-            if let Err(e) = self.progs.forget_kvm_thread(*tid) {
-                problems.push(format!("KVM_RUN watch: {e}"));
+        if let Some(progs) = &self.progs {
+            for tid in &changes.stale {
+                if let Err(e) = progs.forget_kvm_thread(*tid) {
+                    problems.push(format!("KVM_RUN watch: {e}"));
+                }
             }
         }
         for t in &changes.removed {
             state.threads.remove(&t.tid);
-            if let Err(e) = self.progs.clear_vcpu(t.tid) {
-                problems.push(format!("{}: {e}", vm.id));
-            }
         }
         for t in &changes.added {
-            if let Err(e) = self.progs.set_vcpu(t.tid, state.slot) {
-                problems.push(format!("{}: vCPU {} (tid {}): {e}", vm.id, t.index, t.tid));
-                continue;
-            }
-            let ev = self.progs.attach_thread(t.tid, &state.plan, &self.opts);
-            for e in &ev.failed {
+            let counters = open_counters(t.tid, &state.plan, |e| {
                 problems.push(format!("{}: vCPU {}: {e}", vm.id, t.index));
-            }
-            state.threads.insert(t.tid, ev);
+            });
+            state.threads.insert(
+                t.tid,
+                VcpuCounters {
+                    index: t.index,
+                    counters,
+                    last_node: None,
+                },
+            );
         }
         if !changes.is_empty() {
             tracing::info!(
@@ -324,84 +480,123 @@ impl PmuSource {
                 }
             ));
         }
-        let now = self
-            .progs
-            .vm_counts(state.slot)
-            .map_err(|e| e.to_string())?;
-        let delta: Vec<PmuCount> = now
-            .iter()
-            .zip(&state.last)
-            .take(vm.tiers.len())
-            .map(|(n, l)| PmuCount {
-                samples: n.samples.saturating_sub(l.samples),
-                period: n.period.saturating_sub(l.period),
-            })
-            .collect();
-        state.last = now;
-        Ok(Some(delta))
+        Ok(Some(read_vm(state, &self.topology, &vm.id, problems)))
     }
 
-    /// A slot and an event plan for a new VM.
-    fn new_vm(
-        &mut self,
-        vm: &Vm,
-        kinds: Vec<TierKind>,
-        problems: &mut Vec<String>,
-    ) -> Result<VmPmu, String> {
-        let slot = *self
-            .free
-            .first()
-            .ok_or_else(|| format!("more than {MAX_VMS} VMs: not counted"))?;
-        self.progs.reset_vm(slot).map_err(|e| e.to_string())?;
-        self.progs
-            .set_kind_tiers(slot, &kinds)
-            .map_err(|e| e.to_string())?;
-        self.free.remove(&slot);
-        let mut plan = Vec::new();
-        for e in &self.events {
-            let tier = kinds
-                .iter()
-                .take(MAX_TIERS as usize)
-                .position(|k| *k == e.tier && *k != TierKind::Unknown)
-                .map(|i| i as u32);
-            match (tier, e.data_src) {
-                (Some(t), _) => plan.push((EventSpec::from(e), t)),
-                (None, true) => plan.push((EventSpec::from(e), NO_TIER)),
-                (None, false) => problems.push(format!(
-                    "{}: no {} tier: event {} not counted",
-                    vm.id,
-                    e.tier.short_name(),
-                    e.name
-                )),
-            }
-        }
-        Ok(VmPmu {
-            pid: vm.vmm_pid,
-            slot,
-            kinds,
-            plan,
-            tracker: VcpuTracker::new(vm.vmm_pid),
-            threads: BTreeMap::new(),
-            last: [PmuCount::default(); MAX_TIERS as usize],
-        })
-    }
-
-    /// Detaches a VM's events and frees its slot.
+    /// Closes a VM's counters.
     fn drop_vm(&mut self, id: &str) {
-        let Some(state) = self.vms.remove(id) else {
+        if self.vms.remove(id).is_none() {
             return;
-        };
-        for tid in state.threads.keys() {
-            if let Err(e) = self.progs.clear_vcpu(*tid) {
-                tracing::warn!(vm = %id, error = %e, "pmu: clearing a vCPU thread");
-            }
         }
-        drop(state.threads);
-        self.free.insert(state.slot);
         // Its problems go with it: the set stays bounded as VMs come and go,
         // and a new VM that reuses the id gets its problems logged again.
         let prefix = format!("{id}: ");
         self.logged.retain(|p| !p.starts_with(&prefix));
+    }
+}
+
+/// Opens each entry of `plan` on `tid` as a counting event; failures go
+/// to `failed` and the others count.
+fn open_counters(tid: u32, plan: &[EventEntry], mut failed: impl FnMut(String)) -> Vec<Counted> {
+    let opts = counting_options();
+    let mut out = Vec::new();
+    for e in plan {
+        let opened = loader::open_event(tid, &counting_spec(e), &opts).and_then(|counter| {
+            let last = loader::read_counter(&counter, &e.name)?;
+            Ok(Counted {
+                name: e.name.clone(),
+                kind: e.tier,
+                counter,
+                last,
+            })
+        });
+        match opened {
+            Ok(c) => out.push(c),
+            Err(err) => failed(err.to_string()),
+        }
+    }
+    out
+}
+
+/// Reads every counter of the VM and sums the changes into its tiers.
+fn read_vm(
+    state: &mut VmPmu,
+    topology: &Topology,
+    vm: &str,
+    problems: &mut Vec<String>,
+) -> Vec<TierReading> {
+    let mut tallies = vec![Tally::default(); state.tiers.len()];
+    let mut blocked: BTreeMap<usize, String> = BTreeMap::new();
+    for (tid, thread) in &mut state.threads {
+        let nodes = placement::affinity(*tid)
+            .map(|cpus| topology.nodes_of(&cpus))
+            .unwrap_or_default();
+        let node = placement::last_cpu(state.pid, *tid).and_then(|c| topology.node_of(c));
+        let place: Placement = placement::place(&nodes, thread.last_node, node);
+        thread.last_node = node;
+        for c in &mut thread.counters {
+            let now = match loader::read_counter(&c.counter, &c.name) {
+                Ok(r) => r,
+                Err(e) => {
+                    problems.push(format!("{vm}: vCPU {}: {e}", thread.index));
+                    continue;
+                }
+            };
+            let delta = now.since(&c.last);
+            c.last = now;
+            match placement::tier_for(c.kind, &place, &state.tiers) {
+                Ok((i, note)) => {
+                    if let Some(t) = tallies.get_mut(i) {
+                        t.add(delta);
+                        if let Some(n) = note {
+                            t.notes.insert(format!("vCPU {}: {n}", thread.index));
+                        }
+                    }
+                }
+                Err(why) => {
+                    // Only placement can fail here (the plan holds only
+                    // events that land): every DRAM tier is then unknown.
+                    for (i, t) in state.tiers.iter().enumerate() {
+                        if dram_backed(t) {
+                            blocked
+                                .entry(i)
+                                .or_insert_with(|| format!("vCPU {}: {why}", thread.index));
+                        }
+                    }
+                }
+            }
+        }
+    }
+    tallies
+        .into_iter()
+        .enumerate()
+        .map(|(i, t)| {
+            if let Some(w) = state.unmeasurable.get(&i).or(blocked.get(&i)) {
+                TierReading::NotMeasured(w.clone())
+            } else {
+                TierReading::from_tally(t)
+            }
+        })
+        .collect()
+}
+
+/// One tier's reading as the stream carries it.
+pub fn source_count(r: &TierReading) -> SourceCount {
+    match r {
+        TierReading::Counted(t) => SourceCount {
+            source: Backend::Pmu as i32,
+            events: t.scaled.round() as u64,
+            samples: 0,
+            not_measured: String::new(),
+            running_ratio: t.running_ratio(),
+            raw_events: t.raw,
+            attribution: t.notes.iter().cloned().collect::<Vec<_>>().join("; "),
+        },
+        TierReading::NotMeasured(why) => SourceCount {
+            source: Backend::Pmu as i32,
+            not_measured: why.clone(),
+            ..SourceCount::default()
+        },
     }
 }
 
@@ -412,12 +607,8 @@ pub fn annotate(update: &mut StatsUpdate, readings: &PmuReadings) {
         let Some(counts) = readings.per_vm.get(&stats.vm_id) else {
             continue;
         };
-        for (tier, c) in stats.tiers.iter_mut().zip(counts) {
-            tier.sources.push(SourceCount {
-                source: Backend::Pmu as i32,
-                events: c.period,
-                samples: c.samples,
-            });
+        for (tier, r) in stats.tiers.iter_mut().zip(counts) {
+            tier.sources.push(source_count(r));
         }
     }
     update.health.push(readings.health.clone());
@@ -471,7 +662,7 @@ impl PmuState {
                         } else {
                             "guest-only"
                         };
-                        format!("{} ({kind}, {guest}, period {})", e.name, e.period)
+                        format!("{} ({kind}, {guest}, counted)", e.name)
                     })
                     .collect();
                 tracing::info!(events = %events.join(", "), "pmu source running");
@@ -568,40 +759,121 @@ mod tests {
     #[test]
     fn annotate_adds_one_source_count_per_tier_and_the_health() {
         let mut u = update();
+        let mut counted = Tally::default();
+        counted.add(Reading {
+            count: 300,
+            enabled_ns: 100,
+            running_ns: 50,
+        });
+        counted.notes.insert("vCPU 1: assumed".into());
         let readings = PmuReadings {
             per_vm: HashMap::from([(
                 "a".to_string(),
                 vec![
-                    PmuCount {
-                        samples: 3,
-                        period: 30_021,
-                    },
-                    PmuCount {
-                        samples: 1,
-                        period: 10_007,
-                    },
+                    TierReading::Counted(counted),
+                    TierReading::NotMeasured("no event on X counts cxl memory".into()),
                 ],
             )]),
             health: SamplerHealth {
                 backend: Backend::Pmu as i32,
                 active: true,
-                events: 4,
+                events: 300,
                 ..Default::default()
             },
         };
         annotate(&mut u, &readings);
-        let got: Vec<(u64, u64)> = u.stats[0]
-            .tiers
-            .iter()
-            .flat_map(|t| &t.sources)
-            .map(|s| (s.events, s.samples))
-            .collect();
-        assert_eq!(got, [(30_021, 3), (10_007, 1)]);
-        assert!(
-            u.stats[0].tiers[0].sources[0].source == Backend::Pmu as i32
-                && u.stats[1].tiers[0].sources.is_empty()
+        let [dram, slow] = &u.stats[0].tiers[..] else {
+            panic!("two tiers")
+        };
+        assert_eq!(
+            dram.sources,
+            [SourceCount {
+                source: Backend::Pmu as i32,
+                events: 600,
+                samples: 0,
+                not_measured: String::new(),
+                running_ratio: 0.5,
+                raw_events: 300,
+                attribution: "vCPU 1: assumed".into(),
+            }]
         );
+        assert_eq!(
+            (
+                slow.sources[0].events,
+                slow.sources[0].not_measured.as_str()
+            ),
+            (0, "no event on X counts cxl memory")
+        );
+        assert!(u.stats[1].tiers[0].sources.is_empty());
         assert_eq!(u.health, std::slice::from_ref(&readings.health));
+    }
+
+    fn entry(name: &str, tier: TierKind) -> EventEntry {
+        EventEntry {
+            name: name.into(),
+            vendor: "GenuineIntel".into(),
+            family: 6,
+            models: vec![(0x8F, 0x8F)],
+            steppings: vec![],
+            event_type: EventType::Raw,
+            config: 0x01D3,
+            config1: 0,
+            period: 1,
+            data_src: false,
+            tier,
+            source: "test".into(),
+            verified: true,
+            origin: "test".into(),
+        }
+    }
+
+    fn place(kind: TierKind, nodes: &[u32]) -> TierPlace {
+        TierPlace {
+            kind,
+            nodes: nodes.to_vec(),
+        }
+    }
+
+    /// Sapphire Rapids-like table (local, remote DRAM; no CXL event) on a
+    /// two-node host, a VM with dram, the other socket's DRAM, two cxl
+    /// tiers and one of unknown kind.
+    #[test]
+    fn tiers_no_event_can_count_are_not_measured_with_why() {
+        use TierKind::*;
+        let events = [
+            entry("LOCAL", Dram),
+            entry("REMOTE", Remote),
+            entry("PMM", Pmem),
+        ];
+        let tiers = [
+            place(Dram, &[0]),
+            place(Dram, &[1]),
+            place(Cxl, &[2]),
+            place(Cxl, &[3]),
+            place(Unknown, &[]),
+        ];
+        let (plan, un, notes) = plan_for(&events, &tiers, 2, "SPR");
+        let names: Vec<&str> = plan.iter().map(|e| e.name.as_str()).collect();
+        assert_eq!(names, ["LOCAL", "REMOTE"]);
+        assert_eq!(notes, ["no pmem tier: event PMM not counted"]);
+        assert_eq!(un.keys().copied().collect::<Vec<_>>(), [2, 3, 4]);
+        assert_eq!(un[&2], "no event on SPR counts cxl memory");
+        assert!(un[&4].contains("kind is unknown"), "{}", un[&4]);
+        // With a CXL event, the second cxl tier is still not told apart.
+        let events = [
+            entry("LOCAL", Dram),
+            entry("REMOTE", Remote),
+            entry("CXL", Cxl),
+        ];
+        let (_, un, _) = plan_for(&events, &tiers, 2, "GNR");
+        assert_eq!(un.keys().copied().collect::<Vec<_>>(), [3, 4]);
+        assert!(un[&3].contains("cannot tell cxl tiers apart"), "{}", un[&3]);
+        // Only a local-DRAM event: fine on one node, not on two.
+        let events = [entry("LOCAL", Dram)];
+        let one = [place(Dram, &[0])];
+        assert!(plan_for(&events, &one, 1, "X").1.is_empty());
+        let (_, un, _) = plan_for(&events, &one, 2, "X");
+        assert!(un[&0].contains("no remote-DRAM event on X"), "{}", un[&0]);
     }
 
     #[test]
@@ -630,6 +902,7 @@ mod tests {
             vendor: "GenuineIntel".into(),
             family: 6,
             model: 0x01,
+            stepping: None,
         };
         let e = PmuSource::start(&cpu, &EventTable::builtin().unwrap()).unwrap_err();
         assert_eq!(
