@@ -605,6 +605,87 @@ fn pmu_source_follows_threads_and_vms() {
     );
 }
 
+/// Local and remote DRAM events land in the tier on the vCPU's node and
+/// the tier on another node, chosen by the tiers' nodes, not their kinds:
+/// a VM with two DRAM tiers (the other socket's zone discovered as `dram`
+/// too). Software stand-ins of very different sizes, so a swap shows:
+/// task-clock (ns the thread ran) as the local-DRAM event, page faults
+/// (next to none for a thread that spins) as the remote one. The vCPU
+/// thread is pinned to one CPU, so its node is exact.
+fn placement_puts_local_and_remote_dram_in_the_tiers_of_their_nodes() {
+    let _one = threads_lock();
+    let cpu = CpuId::current().unwrap();
+    let head = format!(
+        "vendor = {:?}\nfamily = {}\nmodels = [{}]\ntype = \"software\"\n",
+        cpu.vendor, cpu.family, cpu.model
+    );
+    let table = EventTable::from_toml(
+        &format!(
+            "[[event]]\nname = \"sw.task_clock\"\n{head}config = 1\ntier = \"dram\"\nsource = \"stand-in for local DRAM\"\n\
+             [[event]]\nname = \"sw.page_faults\"\n{head}config = 2\ntier = \"remote\"\nsource = \"stand-in for remote DRAM\"\n"
+        ),
+        "test-table",
+    )
+    .unwrap();
+    let (mut src, _) = PmuSource::start(&cpu, &table).unwrap();
+    let topo = tier_profiler::sampler::pmu::placement::Topology::read();
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (tx, rx) = mpsc::channel();
+    let spin = {
+        let stop = stop.clone();
+        std::thread::Builder::new()
+            .name("vcpu0".into())
+            .spawn(move || {
+                // SAFETY: a zeroed cpu_set_t is empty; CPU_SET and
+                // sched_setaffinity(0) act on this thread only.
+                unsafe {
+                    let mut set: libc::cpu_set_t = std::mem::zeroed();
+                    libc::CPU_SET(0, &mut set);
+                    libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
+                }
+                tx.send(()).unwrap();
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    std::hint::spin_loop();
+                }
+            })
+            .unwrap()
+    };
+    rx.recv().unwrap();
+    let node = topo.node_of(0).unwrap();
+    let other = node + 1;
+    let dram = |name: &str, n: u32| Tier {
+        name: name.into(),
+        kind: TierKind::Dram as i32,
+        host_numa_nodes: vec![n],
+        ..Default::default()
+    };
+    // Tier order "far" first: the local count must still find `near`.
+    let vm = Vm {
+        id: "test:placed".into(),
+        vmm_pid: std::process::id(),
+        tiers: vec![dram("far", other), dram("near", node)],
+        ..Default::default()
+    };
+    let _ = src.sample(&[&vm]);
+    std::thread::sleep(Duration::from_millis(200));
+    let r = src.sample(&[&vm]);
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    spin.join().unwrap();
+    let t = &r.per_vm["test:placed"];
+    println!("  node {node}: {t:?}");
+    let (TierReading::Counted(far), TierReading::Counted(near)) = (&t[0], &t[1]) else {
+        panic!("both counted: {t:?}")
+    };
+    // Local (task-clock: the run time) in the tier on the vCPU's node,
+    // remote (a handful of faults) in the other one.
+    assert!(near.raw > 10_000_000, "{t:?}");
+    assert!(far.raw < 1_000 && far.reads == 1, "{t:?}");
+    assert!(
+        near.notes.is_empty() && far.notes.is_empty(),
+        "pinned: exact"
+    );
+}
+
 /// Trials that look at this process's thread names run one at a time: the
 /// attribution trial names threads vcpuN, the KVM_RUN trial needs none.
 static THREADS: Mutex<()> = Mutex::new(());
@@ -765,6 +846,10 @@ fn main() {
         needs_bpf(
             "pmu_source_follows_threads_and_vms",
             pmu_source_follows_threads_and_vms,
+        ),
+        needs_bpf(
+            "placement_puts_local_and_remote_dram_in_the_tiers_of_their_nodes",
+            placement_puts_local_and_remote_dram_in_the_tiers_of_their_nodes,
         ),
         Trial::test("events_status_reports_each_selected_event", || {
             events_status_reports_each_selected_event();

@@ -452,12 +452,15 @@ impl PmuSource {
             let counters = open_counters(t.tid, &state.plan, |e| {
                 problems.push(format!("{}: vCPU {}: {e}", vm.id, t.index));
             });
+            // Where it is now: the start of its first interval.
+            let last_node =
+                placement::last_cpu(state.pid, t.tid).and_then(|c| self.topology.node_of(c));
             state.threads.insert(
                 t.tid,
                 VcpuCounters {
                     index: t.index,
                     counters,
-                    last_node: None,
+                    last_node,
                 },
             );
         }
@@ -527,13 +530,20 @@ fn read_vm(
 ) -> Vec<TierReading> {
     let mut tallies = vec![Tally::default(); state.tiers.len()];
     let mut blocked: BTreeMap<usize, String> = BTreeMap::new();
+    // Placement only matters with DRAM tiers on more than one node.
+    let needs_place = state.tiers.iter().filter(|t| dram_backed(t)).count() > 1;
     for (tid, thread) in &mut state.threads {
-        let nodes = placement::affinity(*tid)
-            .map(|cpus| topology.nodes_of(&cpus))
-            .unwrap_or_default();
-        let node = placement::last_cpu(state.pid, *tid).and_then(|c| topology.node_of(c));
-        let place: Placement = placement::place(&nodes, thread.last_node, node);
-        thread.last_node = node;
+        let place = if needs_place {
+            let nodes = placement::affinity(*tid)
+                .map(|cpus| topology.nodes_of(&cpus))
+                .unwrap_or_default();
+            let node = placement::last_cpu(state.pid, *tid).and_then(|c| topology.node_of(c));
+            let place = placement::place(&nodes, thread.last_node, node);
+            thread.last_node = node;
+            place
+        } else {
+            Placement::Unknown("not needed".into())
+        };
         for c in &mut thread.counters {
             let now = match loader::read_counter(&c.counter, &c.name) {
                 Ok(r) => r,
