@@ -27,26 +27,6 @@ pub struct Topology {
     node_packages: BTreeMap<u32, BTreeSet<u32>>,
 }
 
-/// `0-3,8,10-11` -> {0, 1, 2, 3, 8, 10, 11}.
-pub fn parse_cpulist(s: &str) -> Result<BTreeSet<u32>, String> {
-    let mut out = BTreeSet::new();
-    for part in s.trim().split(',').filter(|p| !p.is_empty()) {
-        let bad = || format!("cpu list {s:?}: bad part {part:?}");
-        let (lo, hi) = match part.split_once('-') {
-            Some((a, b)) => (a.parse().map_err(|_| bad())?, b.parse().map_err(|_| bad())?),
-            None => {
-                let v: u32 = part.parse().map_err(|_| bad())?;
-                (v, v)
-            }
-        };
-        if lo > hi || hi - lo > 1 << 16 {
-            return Err(bad());
-        }
-        out.extend(lo..=hi);
-    }
-    Ok(out)
-}
-
 impl Topology {
     /// This host's topology; one node 0 holding every CPU when sysfs
     /// does not say (no NUMA).
@@ -71,7 +51,10 @@ impl Topology {
             };
             let list = std::fs::read_to_string(entry.path().join("cpulist"))
                 .map_err(|e| format!("{}: {e}", entry.path().display()))?;
-            for cpu in parse_cpulist(&list)? {
+            // Same list syntax as memory tiers' nodelist.
+            let cpus = crate::memtier::parse_nodelist(&list)
+                .ok_or_else(|| format!("{}: bad cpu list {list:?}", entry.path().display()))?;
+            for cpu in cpus {
                 t.cpu_node.insert(cpu, node);
                 let pkg = std::fs::read_to_string(
                     root.join(format!("cpu/cpu{cpu}/topology/physical_package_id")),
@@ -283,18 +266,6 @@ mod tests {
     }
 
     #[test]
-    fn cpulists_parse_and_bad_ones_are_refused() {
-        assert_eq!(
-            parse_cpulist("0-2,8,10-11\n").unwrap(),
-            BTreeSet::from([0, 1, 2, 8, 10, 11])
-        );
-        assert!(parse_cpulist("").unwrap().is_empty());
-        for bad in ["a", "3-1", "1-", "0-99999999"] {
-            assert!(parse_cpulist(bad).is_err(), "{bad}");
-        }
-    }
-
-    #[test]
     fn two_sockets_and_sub_numa_clustering() {
         // Two packages, one node each: no SNC.
         let d = sysfs(&[(0, "0-1"), (1, "2-3")], &[(0, 0), (1, 0), (2, 1), (3, 1)]);
@@ -313,6 +284,10 @@ mod tests {
         assert_eq!(t.cpu_nodes(), 2);
         // No NUMA information: everything is node 0.
         assert_eq!(Topology::default().node_of(7), Some(0));
+        // A cpulist that does not parse is an error naming the file.
+        let d = sysfs(&[(0, "0-x")], &[]);
+        let e = Topology::from_sysfs(d.path()).unwrap_err();
+        assert!(e.contains("node0: bad cpu list"), "{e}");
     }
 
     #[test]
