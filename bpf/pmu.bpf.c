@@ -131,36 +131,22 @@ static __always_inline void pmu_account(__u32 tid, __u64 cookie, bool has_ds, __
 }
 
 /*
- * Weak: the kfunc came in 6.2 (Debian 12's 6.1 lacks it), and libbpf fails
- * a whole object on an unresolved strong extern. Where it is absent the
- * bpf_ksym_exists() branch is dead code the verifier drops, and a data_src
- * sample counts in its cookie's tier (tierd refuses data_src entries for
- * guest-only counting anyway: docs/pmu.md).
+ * No data_src read here: that needs bpf_cast_to_kern_ctx (6.2+; 6.1, Debian
+ * 12's kernel, lacks it and libbpf fails a whole object on an unresolved
+ * strong kfunc, and a weak one guarded by bpf_ksym_exists() needs 6.4+ once
+ * the kfunc exists). tierd refuses data_src entries (guest-only events
+ * cannot be sampled precisely from the host: docs/pmu.md) and counts
+ * rather than samples, so the overflow path takes its tier from the cookie
+ * alone (a data_src entry's cookie has no tier: pmu_no_tier). The decoder
+ * is still exercised through pmu_account_test.
  */
-extern void *bpf_cast_to_kern_ctx(void *) __ksym __weak;
-
 SEC("perf_event")
 int pmu_sample(struct bpf_perf_event_data *ctx)
 {
 	__u32 tid = (__u32)bpf_get_current_pid_tgid();
 	__u64 cookie = bpf_get_attach_cookie(ctx);
-	bool has_ds = false;
-	__u64 ds = 0;
 
-	if ((cookie & PMU_COOKIE_DATA_SRC) && bpf_ksym_exists(bpf_cast_to_kern_ctx)) {
-		struct bpf_perf_event_data_kern *kctx = bpf_cast_to_kern_ctx(ctx);
-		struct perf_sample_data *data = BPF_CORE_READ(kctx, data);
-
-		ds = BPF_CORE_READ(data, data_src.val);
-		/* 6.1+: the PMU driver says which fields it filled (software
-		 * events never fill data_src). Older kernels: trust a value
-		 * (NA decodes to unknown -> no tier). */
-		if (bpf_core_field_exists(data->sample_flags))
-			has_ds = BPF_CORE_READ(data, sample_flags) & PERF_SAMPLE_DATA_SRC;
-		else
-			has_ds = ds != 0;
-	}
-	pmu_account(tid, cookie, has_ds, ds, ctx->sample_period);
+	pmu_account(tid, cookie, false, 0, ctx->sample_period);
 	/* 0: no record into the event's ring buffer (there is none). */
 	return 0;
 }

@@ -15,6 +15,18 @@ pub const PACKAGES: &[(&str, &str)] = &[
     ("tmux", "terminal tests of tierctl top"),
     ("binutils", "as/objcopy check the demo guest's machine code"),
     ("bpftool", "cargo xtask vmlinux regenerates vmlinux.h"),
+    (
+        "lz4",
+        "cargo xtask compat: vmlinux in Debian 6.1's vmlinuz is lz4",
+    ),
+    (
+        "zstd",
+        "cargo xtask compat: vmlinux in Debian 6.12's vmlinuz is zstd",
+    ),
+    (
+        "xz-utils",
+        "cargo xtask compat: Debian 6.12 ships kvm*.ko.xz",
+    ),
 ];
 
 fn installed(pkg: &str) -> bool {

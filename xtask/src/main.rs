@@ -1,5 +1,6 @@
 //! `cargo xtask <task>`: everything a fresh machine needs, in one place.
 
+mod compat;
 mod demo;
 mod demo_ch;
 mod deps;
@@ -66,6 +67,23 @@ enum Task {
     },
     /// Regenerate bpf/include/x86_64/vmlinux.h from this kernel's BTF.
     Vmlinux,
+    /// Check every BPF object offline against Debian's 6.1 and 6.12 kernels
+    /// (CO-RE, kfuncs, attach targets, capabilities); writes docs/compat.md.
+    Compat {
+        /// Kernel package to check (repeatable; default: newest 6.1 and 6.12,
+        /// amd64 and cloud-amd64, known to apt).
+        #[arg(long = "kernel", value_name = "PKG")]
+        kernels: Vec<String>,
+        /// Where the .debs are cached (default: <target>/compat/debs).
+        #[arg(long)]
+        cache: Option<PathBuf>,
+        /// Use only the cache; download nothing.
+        #[arg(long)]
+        offline: bool,
+        /// Exit 0 even when an object would be refused.
+        #[arg(long)]
+        report_only: bool,
+    },
     /// Apply our patch series to a cloud-hypervisor v53.0 checkout, or build it.
     VmmPatch {
         /// apply: `git am` the series onto a new branch; build: release build of the patched tree.
@@ -107,6 +125,19 @@ fn dispatch(task: Task) -> anyhow::Result<()> {
             work_dir,
         } => e2e(ch_src, micro_http, ch_target_dir, work_dir),
         Task::Vmlinux => vmlinux(),
+        Task::Compat {
+            kernels,
+            cache,
+            offline,
+            report_only,
+        } => compat::run(
+            &compat::Options {
+                kernels,
+                cache,
+                offline,
+            },
+            report_only,
+        ),
         Task::VmmPatch {
             action,
             ch_src,
@@ -330,6 +361,38 @@ mod tests {
             }
         );
         assert_eq!(parse(&["vmlinux"]).unwrap(), Task::Vmlinux);
+        assert_eq!(
+            parse(&["compat"]).unwrap(),
+            Task::Compat {
+                kernels: Vec::new(),
+                cache: None,
+                offline: false,
+                report_only: false,
+            }
+        );
+        assert_eq!(
+            parse(&[
+                "compat",
+                "--kernel",
+                "linux-image-6.1.0-56-amd64",
+                "--kernel",
+                "linux-image-6.12.117+deb12-amd64",
+                "--cache",
+                "/var/cache/debs",
+                "--offline",
+                "--report-only"
+            ])
+            .unwrap(),
+            Task::Compat {
+                kernels: vec![
+                    "linux-image-6.1.0-56-amd64".into(),
+                    "linux-image-6.12.117+deb12-amd64".into()
+                ],
+                cache: Some("/var/cache/debs".into()),
+                offline: true,
+                report_only: true,
+            }
+        );
         assert_eq!(
             parse(&["vmm-patch", "apply", "--ch-src", "/src/ch"]).unwrap(),
             Task::VmmPatch {

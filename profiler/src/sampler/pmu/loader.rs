@@ -1,14 +1,15 @@
-//! Loads `bpf/pmu.bpf.c`, opens perf events on vCPU threads (the
-//! `perf-event-open` crate) and attaches the `perf_event` program to each
-//! with the tier index as BPF cookie; reads the per-(VM, tier) counters.
+//! Opens perf events on vCPU threads (the `perf-event-open` crate):
+//! counting ones, read with their enabled/running times ([`read_counter`],
+//! what the daemon uses), or sampling ones with `bpf/pmu.bpf.c`'s
+//! `perf_event` program attached and the tier index as BPF cookie.
 //!
-//! Attribution: `vcpu_owner[tid] -> vm slot` ([`PmuPrograms::set_vcpu`]),
-//! the tier from the cookie of the event that overflowed, or, for a
-//! `data_src` entry whose sample carries PERF_SAMPLE_DATA_SRC, from the
-//! decoded source and the VM's tier of that kind
-//! ([`PmuPrograms::set_kind_tiers`]). Samples on a thread with no owner go
-//! to [`PmuPrograms::unattributed`]; samples of a VM that fit none of its
-//! tiers to [`PmuPrograms::no_tier`].
+//! Sampling attribution: `vcpu_owner[tid] -> vm slot`
+//! ([`PmuPrograms::set_vcpu`]), the tier from the cookie of the event that
+//! overflowed. Samples on a thread with no owner go to
+//! [`PmuPrograms::unattributed`]; samples of a VM that fit none of its
+//! tiers to [`PmuPrograms::no_tier`]. The data_src decoder and the VM's
+//! tier per kind ([`PmuPrograms::set_kind_tiers`]) run only in
+//! `pmu_account_test` ([`PmuPrograms::test_account`]).
 //!
 //! The same object holds the KVM_RUN watch ([`PmuPrograms::watch_kvm_run`]):
 //! raw tracepoints `kvm_entry` and `kvm_userspace_exit` record which

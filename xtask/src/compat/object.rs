@@ -1,0 +1,162 @@
+//! BPF objects: compiling them as profiler/build.rs does, and reading their
+//! programs, extern symbols and CO-RE relocations.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
+
+use super::btf::{Btf, Kind};
+use super::core::{CoreRelo, parse_btf_ext};
+use super::elf::{Elf, STB_WEAK, STT_FUNC};
+
+/// One program: a global FUNC symbol in an executable section other than .text.
+#[derive(Debug, Clone)]
+pub struct Program {
+    pub name: String,
+    pub section: String,
+    /// Byte range of its instructions in the section.
+    pub start: u64,
+    pub end: u64,
+    /// The program's BTF FUNC_PROTO in the object, if any.
+    pub proto: Option<u32>,
+}
+
+/// An undefined symbol resolved by libbpf against the kernel (`__ksym`).
+#[derive(Debug, Clone)]
+pub struct Extern {
+    pub name: String,
+    pub weak: bool,
+    /// A FUNC (kfunc) or a VAR (typed ksym) in the object's `.ksyms` DATASEC.
+    pub is_func: bool,
+    /// Its BTF id in the object (FUNC or VAR).
+    pub btf_id: u32,
+}
+
+#[derive(Debug)]
+pub struct Object {
+    pub name: String,
+    pub btf: Btf,
+    pub programs: Vec<Program>,
+    pub externs: Vec<Extern>,
+    pub relos: Vec<CoreRelo>,
+}
+
+impl Object {
+    /// Programs whose instructions contain `relo` (a relocation in .text
+    /// belongs to a subprogram every program of the object may call).
+    pub fn programs_of(&self, relo: &CoreRelo) -> Vec<&Program> {
+        let off = u64::from(relo.insn_off);
+        let exact: Vec<&Program> = self
+            .programs
+            .iter()
+            .filter(|p| p.section == relo.section && p.start <= off && off < p.end)
+            .collect();
+        if exact.is_empty() {
+            self.programs.iter().collect()
+        } else {
+            exact
+        }
+    }
+}
+
+/// Compiles `src` to `out` exactly as profiler/build.rs does (SkeletonBuilder,
+/// `-I bpf/include/x86_64 -Wall -O2`), plus `extra_includes`.
+pub fn compile(
+    src: &Path,
+    out: &Path,
+    bpf_dir: &Path,
+    extra_includes: &[PathBuf],
+) -> anyhow::Result<()> {
+    let include = bpf_dir.join("include/x86_64");
+    let mut args: Vec<std::ffi::OsString> = vec!["-I".into(), include.into_os_string()];
+    args.extend(["-Wall".into(), "-O2".into()]);
+    for dir in extra_includes {
+        args.push("-I".into());
+        args.push(dir.clone().into_os_string());
+    }
+    if let Some(dir) = out.parent() {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    // Written beside and renamed, so a concurrent run never reads half an object.
+    static SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let seq = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let tmp = out.with_extension(format!("o.{}.{seq}", std::process::id()));
+    libbpf_cargo::SkeletonBuilder::new()
+        .source(src)
+        .obj(&tmp)
+        .clang_args(args)
+        .build()
+        .with_context(|| {
+            format!(
+                "compiling {} (needs clang: `cargo xtask deps`)",
+                src.display()
+            )
+        })?;
+    std::fs::rename(&tmp, out).with_context(|| format!("renaming into {}", out.display()))
+}
+
+/// Reads programs, `.ksyms` externs and CO-RE relocations of an object file.
+pub fn read(name: &str, path: &Path) -> anyhow::Result<Object> {
+    let elf = Elf::read(path)?;
+    let raw_btf = elf
+        .section(".BTF")?
+        .with_context(|| format!("{}: no .BTF section (compiled without -g?)", path.display()))?;
+    let btf = Btf::parse(name, raw_btf, None)?;
+    let relos = match elf.section(".BTF.ext")? {
+        Some(ext) => {
+            parse_btf_ext(ext, &btf).with_context(|| format!("{}: .BTF.ext", path.display()))?
+        }
+        None => Vec::new(),
+    };
+    let syms = elf.symbols()?;
+    let mut programs = Vec::new();
+    for s in &syms {
+        let Some(sec) = elf.sections.get(usize::from(s.shndx)) else {
+            continue;
+        };
+        // SHT_PROGBITS executable sections other than .text hold programs.
+        if s.kind != STT_FUNC || s.bind == 0 || sec.name == ".text" || s.shndx == 0 {
+            continue;
+        }
+        let proto = btf.own_named(&s.name).find_map(|id| match btf.ty(id).kind {
+            Kind::Func { proto } => Some(proto),
+            _ => None,
+        });
+        programs.push(Program {
+            name: s.name.clone(),
+            section: sec.name.clone(),
+            start: s.value,
+            end: s.value + s.size,
+            proto,
+        });
+    }
+    let mut externs = Vec::new();
+    let ksyms = btf
+        .own_named(".ksyms")
+        .find(|id| matches!(btf.ty(*id).kind, Kind::Datasec { .. }));
+    if let Some(ds) = ksyms
+        && let Kind::Datasec { vars } = &btf.ty(ds).kind
+    {
+        for v in vars {
+            let t = btf.ty(*v);
+            let is_func = matches!(t.kind, Kind::Func { .. });
+            // The ELF symbol tells weak from strong; it is undefined (shndx 0).
+            let Some(sym) = syms.iter().find(|s| s.name == t.name && s.shndx == 0) else {
+                continue;
+            };
+            externs.push(Extern {
+                name: t.name.clone(),
+                weak: sym.bind == STB_WEAK,
+                is_func,
+                btf_id: *v,
+            });
+        }
+    }
+    Ok(Object {
+        name: name.to_string(),
+        btf,
+        programs,
+        externs,
+        relos,
+    })
+}
