@@ -487,6 +487,9 @@ fn pmu_source_follows_threads_and_vms() {
     assert!(notes.is_empty(), "{notes:?}");
 
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    // A failed assertion still stops the spinning thread, so it cannot
+    // pose as a vCPU in the next trial.
+    let _stop_on_panic = StopOnDrop(stop.clone());
     let (named_tx, named_rx) = mpsc::channel();
     let spin = {
         let stop = stop.clone();
@@ -630,6 +633,9 @@ fn placement_puts_local_and_remote_dram_in_the_tiers_of_their_nodes() {
     let (mut src, _) = PmuSource::start(&cpu, &table).unwrap();
     let topo = tier_profiler::sampler::pmu::placement::Topology::read();
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    // A failed assertion still stops the spinning thread, so it cannot
+    // pose as a vCPU in the next trial.
+    let _stop_on_panic = StopOnDrop(stop.clone());
     let (tx, rx) = mpsc::channel();
     let spin = {
         let stop = stop.clone();
@@ -684,6 +690,15 @@ fn placement_puts_local_and_remote_dram_in_the_tiers_of_their_nodes() {
         near.notes.is_empty() && far.notes.is_empty(),
         "pinned: exact"
     );
+}
+
+/// Sets the flag when dropped (also while unwinding).
+struct StopOnDrop(Arc<std::sync::atomic::AtomicBool>);
+
+impl Drop for StopOnDrop {
+    fn drop(&mut self) {
+        self.0.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
 }
 
 /// Trials that look at this process's thread names run one at a time: the

@@ -43,9 +43,12 @@ impl Tally {
         self.enabled_ns = self.enabled_ns.saturating_add(d.enabled_ns);
         self.running_ns = self.running_ns.saturating_add(d.running_ns);
         self.reads += 1;
-        if d.running_ns > 0 {
+        if d.running_ns >= d.enabled_ns {
+            // Not multiplexed: nothing to scale (and no rounding).
+            self.scaled += d.count as f64;
+        } else if d.running_ns > 0 {
             self.scaled += d.count as f64 * d.enabled_ns as f64 / d.running_ns as f64;
-        } else if d.enabled_ns > 0 {
+        } else {
             self.starved += 1;
         }
     }
