@@ -106,8 +106,8 @@ pub fn rows(update: &StatsUpdate) -> Vec<TierRow> {
                 dram_hit_target: stats.and_then(|s| s.dram_hit_target),
                 rate_saturation: sample.and_then(|s| s.saturation),
                 pmu_events_per_s: pmu
-                    .filter(|p| p.not_measured.is_empty() && secs > 0.0)
-                    .map(|p| p.events as f64 / secs),
+                    .filter(|p| p.not_measured.is_empty())
+                    .and_then(|p| pmu_rate(p, secs)),
                 pmu_not_measured: pmu
                     .filter(|p| !p.not_measured.is_empty())
                     .map(|p| p.not_measured.clone()),
@@ -125,6 +125,17 @@ pub fn pmu_source(s: &tier_proto::v1::TierSample) -> Option<&tier_proto::v1::Sou
     s.sources
         .iter()
         .find(|c| c.source() == tier_proto::v1::Backend::Pmu)
+}
+
+/// Events per second of a pmu count over the span it covers (the
+/// update's interval when the source does not say).
+pub fn pmu_rate(p: &tier_proto::v1::SourceCount, interval_s: f64) -> Option<f64> {
+    let span = if p.seconds > 0.0 {
+        p.seconds
+    } else {
+        interval_s
+    };
+    (span > 0.0).then(|| p.events as f64 / span)
 }
 
 /// Bytes as a short binary size: 16.0M, 512K, 3.5G.

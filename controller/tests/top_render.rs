@@ -272,6 +272,7 @@ fn detail_pane_shows_pmu_counts_and_what_is_not_measured() {
     // vm-0000 has no pmu source: a dash, no notes.
     key(&mut app, KeyCode::Home);
     let t = text(&draw(&app, 170, 40));
+    assert!(t.contains("vm-0000 (kvm-fd:10000) detail"), "{t}");
     assert!(!t.contains("pmu not measured") && !t.contains("n/m"), "{t}");
 }
 

@@ -287,7 +287,9 @@ impl Metrics {
         let measured = c.not_measured.is_empty();
         self.pmu_measured.get_or_create(tl).set(i64::from(measured));
         if measured {
-            self.pmu_rate.get_or_create(tl).set(c.events as f64 / secs);
+            // The span the counts cover, where the source says it.
+            let span = if c.seconds > 0.0 { c.seconds } else { secs };
+            self.pmu_rate.get_or_create(tl).set(c.events as f64 / span);
             self.pmu_running.get_or_create(tl).set(c.running_ratio);
         } else {
             self.pmu_rate.remove(tl);

@@ -196,12 +196,21 @@ fn tierd_counts_per_tier_pmu_events_using_software_events_in_place_of_hardware_o
             );
             // Counted, not sampled: no overflows; software counters are
             // never multiplexed, so nothing is scaled.
+            // The interval the counters were opened in is not measured
+            // (it covers part of an interval), never a 0.
+            if !dram.not_measured.is_empty() || !cxl.not_measured.is_empty() {
+                for c in [dram, cxl] {
+                    assert!(c.not_measured.contains("opened in this interval") && c.events == 0, "{c:?}");
+                }
+                continue;
+            }
             for c in [dram, cxl] {
-                assert!(c.not_measured.is_empty() && c.samples == 0, "{c:?}");
+                assert!(c.samples == 0, "{c:?}");
                 assert_eq!(c.events, c.raw_events, "{c:?}");
                 assert!(c.raw_events == 0 || c.running_ratio == 1.0, "{c:?}");
-                // One vCPU thread cannot run longer than the interval.
-                assert!(c.events <= u.interval_ns + 50_000_000, "{c:?} in {} ns", u.interval_ns);
+                // One vCPU thread cannot run longer than the span read.
+                assert!(c.seconds > 0.0, "{c:?}");
+                assert!((c.events as f64) <= c.seconds * 1.02e9 + 5e6, "{c:?}");
             }
             if dram.events > 1_000_000 && cxl.events > 1_000_000 {
                 // Both clocks count the same thread's run time, read a
@@ -334,7 +343,7 @@ fn tierd_refuses_a_guest_only_data_src_table_at_start() {
         .unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     println!("  exit {}; stderr: {}", out.status, err.trim());
-    assert!(!out.status.success(), "tierd must not start: {err}");
+    assert_eq!(out.status.code(), Some(2), "tierd must not start: {err}");
     assert!(
         err.contains(&format!(
             "{}: event #0 (\"MEM_TRANS_RETIRED.LOAD_LATENCY_GT_64\")",

@@ -89,6 +89,7 @@ fn stats_update_roundtrip_with_optional_and_departures() {
                         running_ratio: 0.5,
                         raw_events: 10_007,
                         attribution: "vCPU 1: taken as on node 0".into(),
+                        seconds: 0.5,
                     },
                     SourceCount {
                         source: Backend::Pmu as i32,

@@ -17,7 +17,7 @@ use super::render::delta_style;
 /// Saturation at tierd's fit cap (1 - e^-3, docs/estimate.md): the tier's
 /// touches are no longer counted, only its pages.
 const SATURATED: f64 = 0.95;
-use crate::view::{guest_hit, human_bytes, pmu_source, rate, source_name};
+use crate::view::{guest_hit, human_bytes, pmu_rate, pmu_source, rate, source_name};
 
 /// Widths of the label and of the now/min/max columns of the sparklines.
 const LABEL: usize = 16;
@@ -166,11 +166,14 @@ fn pmu_cell(s: Option<&tier_proto::v1::TierSample>, secs: f64) -> String {
     match s.and_then(pmu_source) {
         None => "-".into(),
         Some(p) if !p.not_measured.is_empty() => "n/m".into(),
-        Some(_) if secs <= 0.0 => "-".into(),
         Some(p) => format!(
             "{}{}",
-            rate(Some(p.events as f64 / secs)),
-            if p.running_ratio < 0.999 { "*" } else { "" }
+            rate(pmu_rate(p, secs)),
+            if p.running_ratio > 0.0 && p.running_ratio < 0.999 {
+                "*"
+            } else {
+                ""
+            }
         ),
     }
 }

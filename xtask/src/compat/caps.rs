@@ -187,9 +187,6 @@ pub fn derive(kernel: &Kernel, objects: &[ObjectReport]) -> Caps {
     }
     let pmu_ok = why.is_empty();
     let mut note = String::from("pmu.bpf.o loads; needs a hardware PMU at run time");
-    if !kfunc {
-        note.push_str("; no bpf_cast_to_kern_ctx: data_src samples count in their cookie's tier");
-    }
     for p in ["pmu_kvm_entry", "pmu_kvm_userspace_exit"] {
         if let Some((false, d)) = attach_ok(objects, "pmu", p) {
             note.push_str(&format!("; KVM_RUN watch: {d}"));

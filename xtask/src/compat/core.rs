@@ -273,7 +273,7 @@ pub fn resolve(local: &Btf, r: &CoreRelo, kernel: &KernelBtf) -> anyhow::Result<
         bail!("relocation against an anonymous type ({})", r.access);
     }
     let mut found: Option<(u64, String)> = None;
-    for btf in kernel.all() {
+    for (at, btf) in kernel.all().enumerate() {
         let cands: Vec<u32> = btf
             .own_essential(ess)
             .iter()
@@ -298,8 +298,11 @@ pub fn resolve(local: &Btf, r: &CoreRelo, kernel: &KernelBtf) -> anyhow::Result<
                 None => found = Some((v, btf.label.clone())),
             }
         }
-        // vmlinux had candidates: modules are not searched.
-        break;
+        // bpf_core_find_cands: candidates in vmlinux end the search;
+        // otherwise every module's candidates count together.
+        if at == 0 {
+            break;
+        }
     }
     Ok(match found {
         Some((value, btf)) => Outcome::Resolved { value, btf },

@@ -1,5 +1,5 @@
-//! The full check against the real Debian kernel packages, when apt can
-//! reach them (otherwise the tests print why and return).
+//! The full check against the real Debian kernel packages; ignored with
+//! the reason where apt does not know them (xtask/build.rs).
 
 use std::sync::OnceLock;
 
@@ -8,8 +8,6 @@ use super::kernel;
 use super::tests::compile;
 use super::{Options, check_all};
 
-/// The Debian kernels, fetched into the shared cache once per test run;
-/// None when apt cannot reach them (the reason is printed).
 /// The check of the default kernels, run once for the tests here. apt
 /// knows the packages (build.rs), so failing to fetch them is a failure.
 fn debian_summary() -> &'static super::Summary {

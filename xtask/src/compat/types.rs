@@ -48,7 +48,9 @@ pub fn fields_are_compat(l: &Btf, lid: u32, t: &Btf, tid: u32) -> bool {
 
 /// bpf_core_types_are_compat (also what libbpf checks a kfunc prototype with).
 pub fn types_are_compat(l: &Btf, lid: u32, t: &Btf, tid: u32, depth: u32) -> bool {
-    if depth == 0 || !kinds_compat(l, lid, t, tid) {
+    // Kinds are compared after modifiers and typedefs are skipped, at every
+    // level (so `ptr -> const struct` matches `ptr -> struct`).
+    if depth == 0 {
         return false;
     }
     let (lid, lt) = l.skip_mods(lid);

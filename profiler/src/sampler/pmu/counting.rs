@@ -32,6 +32,10 @@ pub struct Tally {
     pub reads: u32,
     /// Reads of counters enabled but never running in the interval.
     pub starved: u32,
+    /// Counters opened in the interval: they count from the next one.
+    pub opened: u32,
+    /// Seconds the counts span (between the VM's last two reads).
+    pub seconds: f64,
     /// Assumptions behind the attribution (said once each).
     pub notes: BTreeSet<String>,
 }
@@ -73,6 +77,12 @@ pub enum TierReading {
 impl TierReading {
     /// The tally's verdict: counts, or why they cannot be trusted.
     pub fn from_tally(t: Tally) -> TierReading {
+        if t.reads == 0 && t.opened > 0 {
+            return TierReading::NotMeasured(
+                "its counters were opened in this interval: counting starts with the next one"
+                    .into(),
+            );
+        }
         if t.reads == 0 {
             return TierReading::NotMeasured(
                 "no counter was read (no vCPU thread found yet, or its events failed to open)"
@@ -85,6 +95,12 @@ impl TierReading {
             );
         }
         let mut t = t;
+        if t.opened > 0 {
+            t.notes.insert(format!(
+                "{} counters opened in this interval (new vCPU threads) count from the next one",
+                t.opened
+            ));
+        }
         if t.starved > 0 {
             t.notes.insert(format!(
                 "{} of {} counters never ran in the interval (multiplexed): their events are missing",

@@ -82,6 +82,8 @@ pub enum PmuError {
         tid: u32,
         message: String,
     },
+    #[error("{event}: read: {message}")]
+    Read { event: String, message: String },
     #[error("{event}: {message}")]
     Unsupported { event: String, message: String },
     #[error("vm slot {slot} out of range (0..{MAX_VMS})")]
@@ -296,10 +298,9 @@ impl Reading {
 
 /// Reads a counter opened by [`open_event`] (which asks for both times).
 pub fn read_counter(counter: &Counter, event: &str) -> Result<Reading, PmuError> {
-    let s = counter.stat().map_err(|e| PmuError::Enable {
+    let s = counter.stat().map_err(|e| PmuError::Read {
         event: event.into(),
-        tid: 0,
-        message: format!("read: {}", describe_io(&e)),
+        message: describe_io(&e),
     })?;
     Ok(Reading {
         count: s.count,

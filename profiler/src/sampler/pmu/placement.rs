@@ -76,7 +76,7 @@ impl Topology {
         self.cpu_node.get(&cpu).copied()
     }
 
-    /// Nodes of a CPU set (empty if a CPU is unknown to the topology).
+    /// Nodes of a CPU set (CPUs unknown to the topology are left out).
     pub fn nodes_of(&self, cpus: &BTreeSet<u32>) -> BTreeSet<u32> {
         cpus.iter().filter_map(|c| self.node_of(*c)).collect()
     }
@@ -131,7 +131,7 @@ pub fn affinity(tid: u32) -> std::io::Result<BTreeSet<u32>> {
 pub fn last_cpu(pid: u32, tid: u32) -> Option<u32> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/stat")).ok()?;
     // Fields after the parenthesised comm, which may hold spaces.
-    let rest = &stat[stat.rfind(')')? + 2..];
+    let rest = stat.get(stat.rfind(')')? + 2..)?;
     rest.split_whitespace().nth(36)?.parse().ok()
 }
 
@@ -204,6 +204,38 @@ pub fn tier_for(
         [only] => return Ok((*only, None)),
         _ => {}
     }
+    let local_kind = event == TierKind::Dram;
+    let what = if local_kind { "local" } else { "remote" };
+    let known = dram.iter().filter(|&&i| !tiers[i].nodes.is_empty()).count();
+    if known == 0 {
+        // No tier says its node: the discovered kinds (dram = the vCPUs'
+        // node, remote = another) are all there is, said as an assumption.
+        let want = if local_kind {
+            TierKind::Dram
+        } else {
+            TierKind::Remote
+        };
+        return dram
+            .iter()
+            .copied()
+            .find(|&i| tiers[i].kind == want)
+            .map(|i| {
+                (
+                    i,
+                    Some(format!(
+                        "the DRAM tiers' host nodes are unknown: {what} DRAM taken as the {} tier",
+                        want.short_name()
+                    )),
+                )
+            })
+            .ok_or_else(|| format!("no {} tier for {what} DRAM", want.short_name()));
+    }
+    if known < dram.len() {
+        return Err(
+            "some DRAM tiers' host nodes are unknown: local and remote DRAM cannot be told apart"
+                .into(),
+        );
+    }
     let (node, assumed) = match placement {
         Placement::Pinned(n) => (*n, None),
         Placement::Observed(n) => (
@@ -218,31 +250,19 @@ pub fn tier_for(
             ));
         }
     };
-    let local = |t: &TierPlace| t.nodes.contains(&node);
-    let pick = |want_local: bool| {
-        dram.iter().copied().find(|&i| {
-            let t = &tiers[i];
-            if t.nodes.is_empty() {
-                // Nodes unknown: trust the discovered kind.
-                (t.kind == TierKind::Dram) == want_local
-            } else {
-                local(t) == want_local
-            }
-        })
-    };
-    let found = if event == TierKind::Dram {
-        pick(true)
-    } else {
-        pick(false)
-    };
-    let what = if event == TierKind::Dram {
-        "local"
-    } else {
-        "remote"
-    };
-    found
-        .map(|i| (i, assumed))
-        .ok_or_else(|| format!("no DRAM tier {what} to node {node}"))
+    let found: Vec<usize> = dram
+        .iter()
+        .copied()
+        .filter(|&i| tiers[i].nodes.contains(&node) == local_kind)
+        .collect();
+    match found.as_slice() {
+        [one] => Ok((*one, assumed)),
+        [] => Err(format!("no DRAM tier {what} to node {node}")),
+        many => Err(format!(
+            "{what} DRAM of a vCPU on node {node} cannot be split between {} DRAM tiers",
+            many.len()
+        )),
+    }
 }
 
 #[cfg(test)]
@@ -350,6 +370,11 @@ mod tests {
         // Unknown: not measured, with why and the fix.
         let e = tier_for(Dram, &Placement::Unknown("moved".into()), &t).unwrap_err();
         assert!(e.contains("pin vCPUs"), "{e}");
+        // Three DRAM tiers: local is one, remote cannot be split.
+        let three = tiers(&[(Dram, &[0]), (Dram, &[1]), (Dram, &[2])]);
+        assert_eq!(tier_for(Dram, &Placement::Pinned(2), &three), Ok((2, None)));
+        let e = tier_for(Remote, &Placement::Pinned(0), &three).unwrap_err();
+        assert!(e.contains("cannot be split between 2 DRAM tiers"), "{e}");
         // No pmem tier: the event counts nowhere, said.
         assert_eq!(
             tier_for(Pmem, &Placement::Pinned(0), &t),
@@ -367,10 +392,16 @@ mod tests {
         // A VM whose only DRAM is the other socket's (kind remote).
         let t = tiers(&[(Remote, &[1]), (Cxl, &[2])]);
         assert_eq!(tier_for(Dram, &Placement::Pinned(1), &t), Ok((0, None)));
-        // Tiers without node information keep their discovered kinds.
+        // Tiers without node information keep their discovered kinds,
+        // as a stated assumption, wherever the vCPU runs.
         let t = tiers(&[(Dram, &[]), (Remote, &[])]);
-        assert_eq!(tier_for(Dram, &Placement::Pinned(0), &t), Ok((0, None)));
-        assert_eq!(tier_for(Remote, &Placement::Pinned(0), &t), Ok((1, None)));
+        let moved = Placement::Unknown("moved".into());
+        let (i, note) = tier_for(Dram, &moved, &t).unwrap();
+        assert!(i == 0 && note.unwrap().contains("host nodes are unknown"));
+        assert_eq!(tier_for(Remote, &Placement::Pinned(0), &t).unwrap().0, 1);
+        // Some nodes known, some not: cannot tell.
+        let t = tiers(&[(Dram, &[]), (Dram, &[1])]);
+        assert!(tier_for(Dram, &Placement::Pinned(1), &t).is_err());
         assert_eq!(
             tier_for(Dram, &Placement::Pinned(0), &tiers(&[(Cxl, &[2])])),
             Err("the VM has no DRAM tier".into())

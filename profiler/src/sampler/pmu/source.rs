@@ -77,6 +77,9 @@ struct Counted {
     kind: TierKind,
     counter: Counter,
     last: Reading,
+    /// Opened since the last read: its first change covers part of an
+    /// interval only, so it starts counting at the next read.
+    fresh: bool,
 }
 
 impl std::fmt::Debug for Counted {
@@ -108,6 +111,10 @@ struct VmPmu {
     unmeasurable: BTreeMap<usize, String>,
     tracker: VcpuTracker,
     threads: BTreeMap<u32, VcpuCounters>,
+    /// Threads gone since the last read: read once more, then closed.
+    leaving: Vec<VcpuCounters>,
+    /// When the counters were last read (the start of the next span).
+    last_read: Option<Instant>,
 }
 
 /// Distinct problems remembered as logged before the memory starts over.
@@ -205,7 +212,7 @@ fn plan_for(
                 (true, false) if cpu_nodes > 1 => Some(format!(
                     "no remote-DRAM event on {cpu}: accesses from vCPUs on other nodes are missed"
                 )),
-                (false, true) if cpu_nodes > 1 => Some(format!(
+                (false, true) => Some(format!(
                     "no local-DRAM event on {cpu}: accesses from vCPUs on the tier's node are missed"
                 )),
                 _ => None,
@@ -268,6 +275,7 @@ impl PmuSource {
         }
         let topology = Topology::read();
         notes.extend(topology.sub_numa_clustering());
+        notes.extend(raise_fd_limit());
         let mut watch = false;
         let progs = match PmuPrograms::load() {
             Ok(mut p) => {
@@ -354,7 +362,9 @@ impl PmuSource {
                             events = events.saturating_add(c.raw);
                             let ratio = c.running_ratio();
                             if ratio > 0.0 && ratio < counting::MULTIPLEXED_BELOW {
-                                problems.push(format!(
+                                // Not an error: the stream's running_ratio
+                                // says it per interval; the log says it once.
+                                self.note(format!(
                                     "{}: tier {}: counters multiplexed (another perf user, or more events than counters); counts scaled, see running_ratio",
                                     vm.id, t.name
                                 ));
@@ -417,7 +427,9 @@ impl PmuSource {
         if !self.vms.contains_key(&vm.id) {
             let (plan, unmeasurable, notes) =
                 plan_for(&self.events, &tiers, self.topology.cpu_nodes(), &self.cpu);
-            problems.extend(notes.into_iter().map(|n| format!("{}: {n}", vm.id)));
+            for n in notes {
+                self.note(format!("{}: {n}", vm.id));
+            }
             self.vms.insert(
                 vm.id.clone(),
                 VmPmu {
@@ -427,6 +439,8 @@ impl PmuSource {
                     unmeasurable,
                     tracker: VcpuTracker::new(vm.vmm_pid),
                     threads: BTreeMap::new(),
+                    leaving: Vec::new(),
+                    last_read: None,
                 },
             );
         }
@@ -446,7 +460,10 @@ impl PmuSource {
             }
         }
         for t in &changes.removed {
-            state.threads.remove(&t.tid);
+            // Its counters still hold its last span: read them once more.
+            if let Some(gone) = state.threads.remove(&t.tid) {
+                state.leaving.push(gone);
+            }
         }
         for t in &changes.added {
             let counters = open_counters(t.tid, &state.plan, |e| {
@@ -486,6 +503,13 @@ impl PmuSource {
         Ok(Some(read_vm(state, &self.topology, &vm.id, problems)))
     }
 
+    /// Logs an informational note once (not a health error).
+    fn note(&mut self, text: String) {
+        if self.logged.insert(text.clone()) {
+            tracing::info!(note = %text, "pmu source");
+        }
+    }
+
     /// Closes a VM's counters.
     fn drop_vm(&mut self, id: &str) {
         if self.vms.remove(id).is_none() {
@@ -496,6 +520,38 @@ impl PmuSource {
         let prefix = format!("{id}: ");
         self.logged.retain(|p| !p.starts_with(&prefix));
     }
+}
+
+/// One fd per (vCPU thread, event): raise the soft open-file limit to the
+/// hard one (1024 is 256 vCPUs of 4 events). Returns a note if it cannot.
+fn raise_fd_limit() -> Option<String> {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes one rlimit into `lim`.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
+        return Some(format!(
+            "RLIMIT_NOFILE: {}",
+            std::io::Error::last_os_error()
+        ));
+    }
+    if lim.rlim_cur >= lim.rlim_max {
+        return None;
+    }
+    let raised = libc::rlimit {
+        rlim_cur: lim.rlim_max,
+        rlim_max: lim.rlim_max,
+    };
+    // SAFETY: setrlimit reads one valid rlimit.
+    if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } != 0 {
+        return Some(format!(
+            "RLIMIT_NOFILE stays {}: {} (one fd per vCPU thread and event)",
+            lim.rlim_cur,
+            std::io::Error::last_os_error()
+        ));
+    }
+    None
 }
 
 /// Opens each entry of `plan` on `tid` as a counting event; failures go
@@ -511,6 +567,7 @@ fn open_counters(tid: u32, plan: &[EventEntry], mut failed: impl FnMut(String)) 
                 kind: e.tier,
                 counter,
                 last,
+                fresh: true,
             })
         });
         match opened {
@@ -530,33 +587,58 @@ fn read_vm(
 ) -> Vec<TierReading> {
     let mut tallies = vec![Tally::default(); state.tiers.len()];
     let mut blocked: BTreeMap<usize, String> = BTreeMap::new();
+    let now = Instant::now();
+    let span = state.last_read.map(|t| now.duration_since(t).as_secs_f64());
+    state.last_read = Some(now);
     // Placement only matters with DRAM tiers on more than one node.
     let needs_place = state.tiers.iter().filter(|t| dram_backed(t)).count() > 1;
-    for (tid, thread) in &mut state.threads {
-        let place = if needs_place {
-            let nodes = placement::affinity(*tid)
-                .map(|cpus| topology.nodes_of(&cpus))
-                .unwrap_or_default();
-            let node = placement::last_cpu(state.pid, *tid).and_then(|c| topology.node_of(c));
-            let place = placement::place(&nodes, thread.last_node, node);
-            thread.last_node = node;
-            place
-        } else {
-            Placement::Unknown("not needed".into())
+    let planned = state.plan.len();
+    let leaving = std::mem::take(&mut state.leaving);
+    let live = state.threads.iter_mut().map(|(tid, t)| (Some(*tid), t));
+    let mut gone: Vec<VcpuCounters> = leaving;
+    let gone_iter = gone.iter_mut().map(|t| (None, t));
+    for (tid, thread) in live.chain(gone_iter) {
+        let place = match (needs_place, tid) {
+            (false, _) => Placement::Unknown("not needed".into()),
+            (true, Some(tid)) => {
+                let nodes = placement::affinity(tid)
+                    .map(|cpus| topology.nodes_of(&cpus))
+                    .unwrap_or_default();
+                let node = placement::last_cpu(state.pid, tid).and_then(|c| topology.node_of(c));
+                let place = placement::place(&nodes, thread.last_node, node);
+                thread.last_node = node;
+                place
+            }
+            // Exited: where it was last seen.
+            (true, None) => placement::place(&BTreeSet::new(), thread.last_node, thread.last_node),
         };
+        // A vCPU some of whose events did not open leaves a hole in
+        // every tier those events count: say so on every tier.
+        let missing = planned.saturating_sub(thread.counters.len());
         for c in &mut thread.counters {
-            let now = match loader::read_counter(&c.counter, &c.name) {
+            let reading = match loader::read_counter(&c.counter, &c.name) {
                 Ok(r) => r,
                 Err(e) => {
                     problems.push(format!("{vm}: vCPU {}: {e}", thread.index));
+                    for t in &mut tallies {
+                        t.notes.insert(format!(
+                            "vCPU {}: event {} could not be read: its accesses are missing",
+                            thread.index, c.name
+                        ));
+                    }
                     continue;
                 }
             };
-            let delta = now.since(&c.last);
-            c.last = now;
+            let delta = reading.since(&c.last);
+            c.last = reading;
+            let fresh = std::mem::replace(&mut c.fresh, false);
             match placement::tier_for(c.kind, &place, &state.tiers) {
                 Ok((i, note)) => {
                     if let Some(t) = tallies.get_mut(i) {
+                        if fresh {
+                            t.opened += 1;
+                            continue;
+                        }
                         t.add(delta);
                         if let Some(n) = note {
                             t.notes.insert(format!("vCPU {}: {n}", thread.index));
@@ -564,8 +646,9 @@ fn read_vm(
                     }
                 }
                 Err(why) => {
-                    // Only placement can fail here (the plan holds only
-                    // events that land): every DRAM tier is then unknown.
+                    // Only placement or an ambiguous tier map can fail
+                    // here (the plan holds only events that land): every
+                    // DRAM tier is then unknown.
                     for (i, t) in state.tiers.iter().enumerate() {
                         if dram_backed(t) {
                             blocked
@@ -576,11 +659,21 @@ fn read_vm(
                 }
             }
         }
+        if missing > 0 {
+            for t in &mut tallies {
+                t.notes.insert(format!(
+                    "vCPU {}: {missing} of {planned} events did not open on it: its accesses of those are missing",
+                    thread.index
+                ));
+            }
+        }
     }
+    drop(gone);
     tallies
         .into_iter()
         .enumerate()
-        .map(|(i, t)| {
+        .map(|(i, mut t)| {
+            t.seconds = span.unwrap_or(0.0);
             if let Some(w) = state.unmeasurable.get(&i).or(blocked.get(&i)) {
                 TierReading::NotMeasured(w.clone())
             } else {
@@ -601,6 +694,7 @@ pub fn source_count(r: &TierReading) -> SourceCount {
             running_ratio: t.running_ratio(),
             raw_events: t.raw,
             attribution: t.notes.iter().cloned().collect::<Vec<_>>().join("; "),
+            seconds: t.seconds,
         },
         TierReading::NotMeasured(why) => SourceCount {
             source: Backend::Pmu as i32,
@@ -776,6 +870,7 @@ mod tests {
             running_ns: 50,
         });
         counted.notes.insert("vCPU 1: assumed".into());
+        counted.seconds = 0.25;
         let readings = PmuReadings {
             per_vm: HashMap::from([(
                 "a".to_string(),
@@ -805,6 +900,7 @@ mod tests {
                 running_ratio: 0.5,
                 raw_events: 300,
                 attribution: "vCPU 1: assumed".into(),
+                seconds: 0.25,
             }]
         );
         assert_eq!(
