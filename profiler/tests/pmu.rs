@@ -486,25 +486,7 @@ fn pmu_source_follows_threads_and_vms() {
     let (mut src, notes) = PmuSource::start(&cpu, &table).unwrap();
     assert!(notes.is_empty(), "{notes:?}");
 
-    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    // A failed assertion still stops the spinning thread, so it cannot
-    // pose as a vCPU in the next trial.
-    let _stop_on_panic = StopOnDrop(stop.clone());
-    let (named_tx, named_rx) = mpsc::channel();
-    let spin = {
-        let stop = stop.clone();
-        std::thread::Builder::new()
-            .name("vcpu0".into())
-            .spawn(move || {
-                // std names the thread before running this closure.
-                named_tx.send(()).unwrap();
-                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                    std::hint::spin_loop();
-                }
-            })
-            .unwrap()
-    };
-    named_rx.recv().unwrap();
+    let vcpu = Vcpu0::spin(None);
     let tier = |name: &str, kind: TierKind| Tier {
         name: name.into(),
         kind: kind as i32,
@@ -589,8 +571,7 @@ fn pmu_source_follows_threads_and_vms() {
 
     // The thread exits: dropped; with no counter left, dram is not
     // measured rather than 0.
-    stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    spin.join().unwrap();
+    vcpu.stop();
     let _ = src.sample(&[&me]);
     let after = src.sample(&[&me]);
     assert!(
@@ -644,35 +625,7 @@ fn placement_puts_local_and_remote_dram_in_the_tiers_of_their_nodes() {
         .unwrap()
         .first()
         .unwrap();
-    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    // A failed assertion still stops the spinning thread, so it cannot
-    // pose as a vCPU in the next trial.
-    let _stop_on_panic = StopOnDrop(stop.clone());
-    let (tx, rx) = mpsc::channel();
-    let spin = {
-        let stop = stop.clone();
-        std::thread::Builder::new()
-            .name("vcpu0".into())
-            .spawn(move || {
-                // SAFETY: a zeroed cpu_set_t is empty; CPU_SET and
-                // sched_setaffinity(0) act on this thread only.
-                let rc = unsafe {
-                    let mut set: libc::cpu_set_t = std::mem::zeroed();
-                    libc::CPU_SET(cpu0 as usize, &mut set);
-                    libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set)
-                };
-                tx.send(rc).unwrap();
-                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                    std::hint::spin_loop();
-                }
-            })
-            .unwrap()
-    };
-    assert_eq!(
-        rx.recv().unwrap(),
-        0,
-        "pinning the vCPU thread to CPU {cpu0}"
-    );
+    let vcpu = Vcpu0::spin(Some(cpu0));
     let node = topo.node_of(cpu0).unwrap();
     let other = node + 1;
     let dram = |name: &str, n: u32| Tier {
@@ -691,8 +644,7 @@ fn placement_puts_local_and_remote_dram_in_the_tiers_of_their_nodes() {
     let _ = src.sample(&[&vm]);
     std::thread::sleep(Duration::from_millis(200));
     let r = src.sample(&[&vm]);
-    stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    spin.join().unwrap();
+    vcpu.stop();
     let t = &r.per_vm["test:placed"];
     println!("  node {node}: {t:?}");
     let (TierReading::Counted(far), TierReading::Counted(near)) = (&t[0], &t[1]) else {
@@ -708,12 +660,58 @@ fn placement_puts_local_and_remote_dram_in_the_tiers_of_their_nodes() {
     );
 }
 
-/// Sets the flag when dropped (also while unwinding).
-struct StopOnDrop(Arc<std::sync::atomic::AtomicBool>);
+/// A thread of this process named `vcpu0` that spins until stopped,
+/// pinned to one CPU if asked; dropping it (also while a failed assertion
+/// unwinds) stops it, so it cannot pose as a vCPU in the next trial.
+struct Vcpu0 {
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
 
-impl Drop for StopOnDrop {
+impl Vcpu0 {
+    /// Returns once the thread is named (and pinned).
+    fn spin(pin: Option<u32>) -> Vcpu0 {
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (tx, rx) = mpsc::channel();
+        let flag = stop.clone();
+        let thread = std::thread::Builder::new()
+            .name("vcpu0".into())
+            .spawn(move || {
+                // std names the thread before running this closure.
+                let rc = pin.map_or(0, |cpu| {
+                    // SAFETY: a zeroed cpu_set_t is empty; CPU_SET and
+                    // sched_setaffinity(0) act on this thread only.
+                    unsafe {
+                        let mut set: libc::cpu_set_t = std::mem::zeroed();
+                        libc::CPU_SET(cpu as usize, &mut set);
+                        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set)
+                    }
+                });
+                tx.send(rc).unwrap();
+                while !flag.load(std::sync::atomic::Ordering::Relaxed) {
+                    std::hint::spin_loop();
+                }
+            })
+            .unwrap();
+        assert_eq!(rx.recv().unwrap(), 0, "pinning vcpu0 to CPU {pin:?}");
+        Vcpu0 {
+            stop,
+            thread: Some(thread),
+        }
+    }
+
+    /// Stops the thread and waits until it has exited.
+    fn stop(mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            t.join().unwrap();
+        }
+    }
+}
+
+impl Drop for Vcpu0 {
     fn drop(&mut self) {
-        self.0.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
     }
 }
 

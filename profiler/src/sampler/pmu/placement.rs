@@ -161,8 +161,9 @@ pub fn place(affinity_nodes: &BTreeSet<u32>, then: Option<u32>, now: Option<u32>
     }
 }
 
-/// What an event counts, as the table's `tier` says it.
-fn is_dram_event(kind: TierKind) -> bool {
+/// Whether an event counts DRAM relative to the vCPU's node (local or
+/// remote), as the table's `tier` says it.
+pub fn is_dram_event(kind: TierKind) -> bool {
     matches!(kind, TierKind::Dram | TierKind::Remote)
 }
 
@@ -175,7 +176,7 @@ pub struct TierPlace {
 }
 
 /// Whether a tier is DRAM of some node (local or remote to a vCPU).
-fn dram_backed(t: &TierPlace) -> bool {
+pub fn dram_backed(t: &TierPlace) -> bool {
     matches!(t.kind, TierKind::Dram | TierKind::Remote)
 }
 

@@ -24,7 +24,7 @@ use tier_proto::v1::{Backend, SamplerHealth, SourceCount, StatsUpdate, Vm};
 use super::counting::{self, Tally, TierReading};
 use super::events::{CpuId, EventEntry, EventTable, EventType, TierKind};
 use super::loader::{self, EventSpec, OpenOptions, PmuPrograms, Reading};
-use super::placement::{self, Placement, TierPlace, Topology};
+use super::placement::{self, Placement, TierPlace, Topology, dram_backed, is_dram_event};
 use super::vcpus::{Found, KvmRunThread, VcpuError, VcpuTracker};
 
 /// Config key `pmu`.
@@ -162,15 +162,6 @@ fn counting_spec(e: &EventEntry) -> EventSpec {
     }
 }
 
-/// Local and remote DRAM events count DRAM relative to the vCPU's node.
-fn dram_event(kind: TierKind) -> bool {
-    matches!(kind, TierKind::Dram | TierKind::Remote)
-}
-
-fn dram_backed(t: &TierPlace) -> bool {
-    matches!(t.kind, TierKind::Dram | TierKind::Remote)
-}
-
 /// The entries worth opening for a VM with `tiers`, the tiers none of them
 /// can count (with why), and a note per entry left out.
 fn plan_for(
@@ -182,7 +173,7 @@ fn plan_for(
     let mut plan = Vec::new();
     let mut notes = Vec::new();
     for e in events {
-        let lands = if dram_event(e.tier) {
+        let lands = if is_dram_event(e.tier) {
             tiers.iter().any(dram_backed)
         } else {
             tiers.iter().any(|t| t.kind == e.tier)
@@ -192,7 +183,7 @@ fn plan_for(
         } else {
             notes.push(format!(
                 "no {} tier: event {} not counted",
-                if dram_event(e.tier) {
+                if is_dram_event(e.tier) {
                     "DRAM"
                 } else {
                     e.tier.short_name()
@@ -593,9 +584,8 @@ fn read_vm(
     // Placement only matters with DRAM tiers on more than one node.
     let needs_place = state.tiers.iter().filter(|t| dram_backed(t)).count() > 1;
     let planned = state.plan.len();
-    let leaving = std::mem::take(&mut state.leaving);
     let live = state.threads.iter_mut().map(|(tid, t)| (Some(*tid), t));
-    let mut gone: Vec<VcpuCounters> = leaving;
+    let mut gone = std::mem::take(&mut state.leaving);
     let gone_iter = gone.iter_mut().map(|t| (None, t));
     for (tid, thread) in live.chain(gone_iter) {
         let place = match (needs_place, tid) {
