@@ -69,7 +69,7 @@ impl EptAgeing {
         let ranges = gfn_ranges(vm)?;
         self.progs.clear_vm(slot).map_err(|e| err("bpf", e))?;
         self.progs
-            .set_vm(slot, Some(vm.vmm_pid), &ranges)
+            .set_vm(slot, &ranges)
             .map_err(|e| err("bpf", e))?;
         self.slots.insert(vm.id.clone(), slot);
         Ok(slot)
