@@ -116,7 +116,7 @@ pub fn derive(kernel: &Kernel, objects: &[ObjectReport]) -> Caps {
         Some("no ageing driver: CONFIG_IDLE_PAGE_TRACKING and DAMON vaddr off")
     };
     let mut backends = Vec::new();
-    // ept-fexit: trampolines, BTF of kvm.ko, both fexit programs, a driver.
+    // ept-fexit: trampolines, BTF of kvm.ko, the fexit program, a driver.
     let mut why: Vec<String> = Vec::new();
     for k in [
         "CONFIG_DEBUG_INFO_BTF",
@@ -133,12 +133,10 @@ pub fn derive(kernel: &Kernel, objects: &[ObjectReport]) -> Caps {
     if let Err(e) = object_loads(objects, "ept") {
         why.push(e);
     }
-    for p in ["ept_fexit_age_gfn", "ept_fexit_test_age_gfn"] {
-        match attach_ok(objects, "ept", p) {
-            Some((true, _)) => {}
-            Some((false, d)) => why.push(d),
-            None => why.push(format!("{p} not found")),
-        }
+    match attach_ok(objects, "ept", "ept_fexit_age_gfn") {
+        Some((true, _)) => {}
+        Some((false, d)) => why.push(d),
+        None => why.push("ept_fexit_age_gfn not found".into()),
     }
     let hooks = why.is_empty();
     why.extend(no_driver.map(String::from));
@@ -146,7 +144,7 @@ pub fn derive(kernel: &Kernel, objects: &[ObjectReport]) -> Caps {
         "ept-fexit",
         hooks,
         why,
-        "fexit on kvm_age_gfn/kvm_test_age_gfn loads",
+        "fexit on kvm_age_gfn loads",
     ));
     let mut why = Vec::new();
     if !on("CONFIG_KVM") {

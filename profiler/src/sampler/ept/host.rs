@@ -74,7 +74,7 @@ pub enum HostModeError {
     )]
     ShadowPaging(&'static str),
     #[error(
-        "kvm.tdp_mmu=N: the shadow MMU ages through its rmaps (kvm_rmap_age_gfn_range) and kvm_tdp_mmu_spte_changed never fires"
+        "kvm.tdp_mmu=N: the shadow MMU ages through its rmaps (kvm_age_rmap / kvm_rmap_age_gfn_range) and kvm_tdp_mmu_spte_changed never fires"
     )]
     TdpMmuOff,
 }
