@@ -292,11 +292,8 @@ fn huge_sptes_count_their_pages() {
     let mut p = load(tracepoint_only(false));
     // dram [0, 0x300), cxl [0x300, 0x1100): 2 MiB SPTEs at 0x200 and 0x1000
     // straddle the cxl start and the end of memory.
-    p.set_vm(
-        VM_A,
-        &[range(0, 0x300, DRAM), range(0x300, 0x1100, CXL)],
-    )
-    .unwrap();
+    p.set_vm(VM_A, &[range(0, 0x300, DRAM), range(0x300, 0x1100, CXL)])
+        .unwrap();
     p.set_vm(VM_B, &[range(0, 0x80000, SLOW)]).unwrap();
     let tid = current_tid();
 
@@ -447,11 +444,8 @@ fn scan_owner_cache_collisions() {
 /// Ranges that start mid-granule and spans that cross ranges.
 fn heat_granules_follow_the_ranges() {
     let mut p = load(tracepoint_only(true));
-    p.set_vm(
-        VM_A,
-        &[range(0x100, 0x300, DRAM), range(0x300, 0x800, CXL)],
-    )
-    .unwrap();
+    p.set_vm(VM_A, &[range(0x100, 0x300, DRAM), range(0x300, 0x800, CXL)])
+        .unwrap();
     let _owner = p.scan_as(VM_A).unwrap();
     age(&p, 0x100); // granule 0, first range
     age(&p, 0x2ff); // granule 1, first range

@@ -79,7 +79,11 @@ fn access_track_ageing_is_counted() {
     let p = vm_of(masks);
     let (old, tracked) = ageing_of("ept-access-track");
     assert_eq!(tracked & EPT_RWX, 0, "RWX cleared");
-    assert_eq!((tracked >> SAVED_SHIFT) & SAVED_BITS, SAVED_BITS, "R, X saved");
+    assert_eq!(
+        (tracked >> SAVED_SHIFT) & SAVED_BITS,
+        SAVED_BITS,
+        "R, X saved"
+    );
     // W is not saved: fast_page_fault() sets it again from MMU-writable.
     assert_eq!(restore_acc_track(tracked), old & !EPT_W, "restore");
     let ignored: &[(&str, u64, u64)] = &[
@@ -95,10 +99,18 @@ fn access_track_ageing_is_counted() {
             old,
             old & !(EPT_W | EPT_WRITABLE),
         ),
-        ("dirty clearing without A/D bits clears W", old, old & !EPT_W),
+        (
+            "dirty clearing without A/D bits clears W",
+            old,
+            old & !EPT_W,
+        ),
         ("zap", old, 1 << 63),
         ("freeze", old, (1 << 63) | 0x5a0),
-        ("prefetch makes a tracked SPTE from nothing", 1 << 63, tracked),
+        (
+            "prefetch makes a tracked SPTE from nothing",
+            1 << 63,
+            tracked,
+        ),
         ("tracked SPTE zapped", tracked, 1 << 63),
     ];
     for &(what, o, n) in ignored {

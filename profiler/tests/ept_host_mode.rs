@@ -65,7 +65,11 @@ fn stand_in_sysfs_shadow_paging_is_unavailable() {
     let e = m.tracepoint_masks().unwrap_err();
     assert_eq!(e, HostModeError::ShadowPaging("kvm_amd.npt"));
     assert!(e.to_string().contains("never fires"), "{e}");
-    assert!(m.describe().starts_with("kvm_amd: kvm_amd.npt=N"), "{}", m.describe());
+    assert!(
+        m.describe().starts_with("kvm_amd: kvm_amd.npt=N"),
+        "{}",
+        m.describe()
+    );
 }
 
 #[test]
@@ -77,7 +81,10 @@ fn stand_in_sysfs_tdp_mmu_off_is_unavailable() {
 
 #[test]
 fn stand_in_sysfs_no_tdp_vendor_names_the_module() {
-    let tree = stand_in(&[("kvm/parameters/tdp_mmu", "N"), ("kvm_pvm/parameters/force", "N")]);
+    let tree = stand_in(&[
+        ("kvm/parameters/tdp_mmu", "N"),
+        ("kvm_pvm/parameters/force", "N"),
+    ]);
     let m = HostMode::detect(tree.path()).unwrap();
     assert_eq!(m.vendor, Vendor::Other("kvm_pvm".into()));
     assert_eq!(

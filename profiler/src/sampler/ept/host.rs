@@ -132,7 +132,9 @@ impl HostMode {
             (Vendor::Intel, _) if !self.tdp => {
                 return Err(HostModeError::ShadowPaging("kvm_intel.ept"));
             }
-            (Vendor::Amd, _) if !self.tdp => return Err(HostModeError::ShadowPaging("kvm_amd.npt")),
+            (Vendor::Amd, _) if !self.tdp => {
+                return Err(HostModeError::ShadowPaging("kvm_amd.npt"));
+            }
             (Vendor::Intel, Ageing::AccessedBit) => SpteMasks::EPT_AD,
             (Vendor::Intel, Ageing::AccessTrack) => SpteMasks::EPT_ACCESS_TRACK,
             (Vendor::Amd, _) => SpteMasks::NPT,

@@ -34,8 +34,8 @@ use crate::bpf::ept::EptSkel;
 
 pub use counts::{RunStats, RunStatsGuard, TierCount, VmCounts, current_tid, enable_run_stats};
 pub use error::EptError;
-pub use host::{Ageing, HostMode, HostModeError, Vendor};
 use error::map_err;
+pub use host::{Ageing, HostMode, HostModeError, Vendor};
 pub use load::ProgramStatus;
 pub use owners::ScanGuard;
 pub use ranges::GfnRange;
