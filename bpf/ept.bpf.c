@@ -81,11 +81,12 @@ static __always_inline bool spte_young(__u64 spte)
  */
 static __always_inline bool is_ageing(__u64 old_spte, __u64 new_spte)
 {
-	if (!(old_spte & SPTE_MMU_PRESENT_MASK) || !(new_spte & SPTE_MMU_PRESENT_MASK))
+	/* Most changes are faults and zaps: old not present or not young. */
+	if (!(old_spte & SPTE_MMU_PRESENT_MASK) || !spte_young(old_spte))
 		return false;
-	if ((old_spte ^ new_spte) & SPTE_PFN_MASK)
+	if (!(new_spte & SPTE_MMU_PRESENT_MASK) || spte_young(new_spte))
 		return false;
-	return spte_young(old_spte) && !spte_young(new_spte);
+	return !((old_spte ^ new_spte) & SPTE_PFN_MASK);
 }
 
 /* Largest leaf level of the TDP MMU: PG_LEVEL_512G. */
