@@ -66,8 +66,8 @@ fn capability_cfgs() {
     }
     println!("cargo:rustc-check-cfg=cfg(has_thp)");
     println!("cargo:rerun-if-changed=/sys/kernel/mm/transparent_hugepage/enabled");
-    let thp = std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled")
-        .unwrap_or_default();
+    let thp =
+        std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled").unwrap_or_default();
     if thp.contains("[always]") || thp.contains("[madvise]") {
         println!("cargo:rustc-cfg=has_thp");
     }

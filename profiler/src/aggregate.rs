@@ -536,4 +536,69 @@ mod tests {
         assert_eq!(u.stats[0].tiers[0].passes, 0);
         assert!(!agg.windows.contains_key("vm"), "{:?}", agg.windows);
     }
+
+    /// A sampler that refuses every VM (stands in for a backend on a host
+    /// where the VM's memory cannot be aged): tests the aggregator's
+    /// plumbing of the reason only.
+    struct RefusingSampler;
+
+    impl Sampler for RefusingSampler {
+        fn backend(&self) -> tier_proto::v1::Backend {
+            tier_proto::v1::Backend::EptTracepoint
+        }
+        fn sample(
+            &mut self,
+            vms: &[&tier_proto::v1::Vm],
+        ) -> Vec<Result<Vec<TierReading>, crate::sampler::SampleError>> {
+            vms.iter()
+                .map(|_| {
+                    Err(crate::sampler::SampleError::Unmeasurable {
+                        reason: "guest memory is hugetlbfs-backed".into(),
+                    })
+                })
+                .collect()
+        }
+    }
+
+    #[test]
+    fn a_vm_the_sampler_refuses_says_why_stand_in_sampler() {
+        use tier_proto::v1::{Tier, Vm};
+        let vm = Vm {
+            id: "vm".into(),
+            tiers: vec![Tier {
+                name: "dram".into(),
+                size_bytes: 64 * PAGE,
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        struct Live(Vm);
+        impl crate::registry::TrackedVm for Live {
+            fn vm(&self) -> &Vm {
+                &self.0
+            }
+            fn alive(&self) -> bool {
+                true
+            }
+            fn resident_bytes(&self) -> Vec<u64> {
+                Vec::new()
+            }
+            fn guest_reported_accesses(&self) -> Option<Vec<u64>> {
+                None
+            }
+        }
+        let mut reg = Registry::default();
+        reg.insert(Box::new(Live(vm)));
+        let mut agg = Aggregator::default();
+        let mut s = RefusingSampler;
+        let u = agg.tick(&mut reg, Some(&mut s), 1_000_000_000);
+        let st = &u.stats[0];
+        assert_eq!(
+            st.not_measured,
+            "ept-tracepoint: guest memory is hugetlbfs-backed"
+        );
+        assert!(!st.has_accesses);
+        assert_eq!(st.tiers[0].passes, 0);
+        assert!(u.health[0].error.contains("hugetlbfs"), "{:?}", u.health);
+    }
 }

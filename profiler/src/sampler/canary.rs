@@ -139,9 +139,15 @@ mod tests {
     #[test]
     fn young_pages_pass_the_canary_and_later_passes_publish() {
         let mut c = Canary::default();
-        assert!(!c.observe(pass(100, 40, 40, 0)), "the proving pass only arms");
+        assert!(
+            !c.observe(pass(100, 40, 40, 0)),
+            "the proving pass only arms"
+        );
         assert_eq!(c, Canary::Passed);
-        assert!(c.observe(pass(100, 0, 0, 0)), "then an idle pass is a real zero");
+        assert!(
+            c.observe(pass(100, 0, 0, 0)),
+            "then an idle pass is a real zero"
+        );
         assert_eq!(c.reason(), None);
     }
 

@@ -174,10 +174,7 @@ mod tests {
         );
         assert_eq!(classify(0, 7, 1), PageKind::NotLru);
         assert_eq!(classify(LRU | KPF_ZERO_PAGE, 7, 1), PageKind::NotLru);
-        assert_eq!(
-            classify(LRU, 7, 1),
-            PageKind::Folio { head: 7, pages: 1 }
-        );
+        assert_eq!(classify(LRU, 7, 1), PageKind::Folio { head: 7, pages: 1 });
     }
 
     #[test]
@@ -186,7 +183,9 @@ mod tests {
         // 1/8 of them kept. Folios of 2 pages met with probability 2/8,
         // kept with 1/2: 1/8 of pages overall.
         let stride = 8;
-        let big = (0..20_000u64).filter(|h| keep(h * 512, 512, stride)).count() as f64;
+        let big = (0..20_000u64)
+            .filter(|h| keep(h * 512, 512, stride))
+            .count() as f64;
         assert!((big / 20_000.0 - 0.125).abs() < 0.01, "{big}");
         let small = (0..20_000u64).filter(|h| keep(h * 2, 2, stride)).count() as f64;
         assert!((small / 20_000.0 - 0.5).abs() < 0.02, "{small}");

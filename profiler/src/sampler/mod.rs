@@ -1,11 +1,11 @@
 //! Sampler backends: per interval, per VM, per tier, which pages were
 //! accessed. Each backend reads what the host saw, never the guest.
 
-pub mod ept;
 pub mod canary;
+pub mod ept;
 pub mod ept_ageing;
-pub mod hostpte;
 pub mod folio;
+pub mod hostpte;
 pub mod page_idle;
 pub mod pmu;
 

@@ -319,16 +319,9 @@ mod tests {
             // Opened without CAP_SYS_ADMIN: PFNs read 0
             // (pagemap_read: `pm.show_pfn = file_ns_capable(...)`).
             let pagemap = File::open("/proc/thread-self/pagemap").unwrap();
-            sample_range(
-                &pagemap,
-                &flags,
-                b.base(),
-                8 * PAGE,
-                1,
-                &mut HashSet::new(),
-            )
-            .map(|s| s.pages)
-            .map_err(|e| e.to_string())
+            sample_range(&pagemap, &flags, b.base(), 8 * PAGE, 1, &mut HashSet::new())
+                .map(|s| s.pages)
+                .map_err(|e| e.to_string())
         })
         .join()
         .unwrap();
