@@ -132,10 +132,16 @@ impl EptAgeing {
             unattributed: unattributed.events.wrapping_sub(unattributed_before.events),
         };
         let canary = self.canaries.entry(vm.id.clone()).or_default();
-        if !canary.observe(pass) {
+        let publish = canary.observe(pass);
+        if let Some(why) = canary.reason() {
             return Err(SampleError::Unmeasurable {
-                reason: canary.reason().unwrap_or("start-up check").to_string(),
+                reason: why.to_string(),
             });
+        }
+        if !publish {
+            // The pass that proved the VM only arms, as every first pass
+            // did: young since the VMM mapped the page means nothing.
+            return Ok(vec![TierReading::default(); sampled.len()]);
         }
         Ok(sampled
             .iter()
