@@ -52,6 +52,7 @@ pub struct Metrics {
     pmu_running: FGauge<TierLabels>,
     hit: FGauge<VmLabels>,
     hit_error: FGauge<VmLabels>,
+    measured: Family<VmLabels, Gauge>,
     active: Family<BackendLabels, Gauge>,
     scan_seconds: Family<BackendLabels, Counter<f64, AtomicU64>>,
     events: Family<BackendLabels, Counter>,
@@ -105,6 +106,7 @@ impl Metrics {
             pmu_running: Family::default(),
             hit: Family::default(),
             hit_error: Family::default(),
+            measured: Family::default(),
             active: Family::default(),
             scan_seconds: Family::default(),
             events: Family::default(),
@@ -175,6 +177,11 @@ impl Metrics {
             "vm_dram_hit_error",
             "Half-width of the ~95% interval of the hit ratio",
             m.hit_error.clone(),
+        );
+        r.register(
+            "vm_measured",
+            "1 if the host sampler read the VM in the last interval, 0 if it cannot (the reason is the stream's VmStats.not_measured and `tierctl top`); hit-ratio series are absent meanwhile",
+            m.measured.clone(),
         );
         r.register(
             "sampler_active",
@@ -250,9 +257,15 @@ impl Metrics {
                     .set(clamp(s.balloon_actual_bytes));
                 self.pmu(tl, s, secs);
             }
-            if stats.has_accesses {
+            let measured = stats.not_measured.is_empty();
+            self.measured.get_or_create(vl).set(i64::from(measured));
+            if stats.has_accesses && measured {
                 self.hit.get_or_create(vl).set(stats.dram_hit_ratio);
                 self.hit_error.get_or_create(vl).set(stats.dram_hit_error);
+            } else {
+                // No stale ratio from an earlier interval.
+                self.hit.remove(vl);
+                self.hit_error.remove(vl);
             }
         }
         for h in &u.health {
@@ -304,6 +317,7 @@ impl Metrics {
         };
         self.hit.remove(&vm);
         self.hit_error.remove(&vm);
+        self.measured.remove(&vm);
         for t in tiers {
             for f in [
                 &self.young,
@@ -459,5 +473,28 @@ mod tests {
             !body.contains("tierd_tier_pmu_events_per_second{"),
             "{body}"
         );
+    }
+
+    /// A VM the sampler cannot read exports measured 0 and no hit ratio,
+    /// not the ratio of an earlier interval.
+    #[test]
+    fn an_unmeasured_vm_says_so_and_keeps_no_stale_ratio() {
+        let vm = "{vm=\"v\",name=\"v\"} ";
+        let mut m = Metrics::new();
+        let mut u = update([vec![], vec![]]);
+        u.stats[0].has_accesses = true;
+        u.stats[0].dram_hit_ratio = 0.7;
+        m.update(&u);
+        let body = m.encode();
+        assert_eq!(value(&body, &format!("tierd_vm_measured{vm}")), Some(1.0));
+        assert_eq!(
+            value(&body, &format!("tierd_vm_dram_hit_ratio{vm}")),
+            Some(0.7)
+        );
+        u.stats[0].not_measured = "ept-tracepoint: guest memory is hugetlbfs-backed".into();
+        m.update(&u);
+        let body = m.encode();
+        assert_eq!(value(&body, &format!("tierd_vm_measured{vm}")), Some(0.0));
+        assert_eq!(value(&body, &format!("tierd_vm_dram_hit_ratio{vm}")), None);
     }
 }

@@ -13,8 +13,10 @@ use std::path::Path;
 
 use tier_proto::v1::{Backend, Vm};
 
+use super::canary::{Canary, CanaryPass};
 use super::ept::{EptOptions, EptPrograms, GfnRange, MAX_VMS};
-use super::page_idle::{self, Bitmap};
+use super::folio::PageFlags;
+use super::page_idle::{self, Bitmap, RangeError};
 use super::{SampleError, Sampler, TierReading};
 
 const PAGE: u64 = 4096;
@@ -25,10 +27,11 @@ pub struct EptAgeing {
     backend: Backend,
     progs: EptPrograms,
     bitmap: Bitmap,
-    /// Every `stride`-th page of each tier is aged (1 = all).
+    flags: PageFlags,
+    /// One page in `stride` of each tier is aged, by whole folios (1 = all).
     stride: u64,
     slots: HashMap<String, u32>,
-    armed: HashSet<String>,
+    canaries: HashMap<String, Canary>,
 }
 
 fn err(what: &str, e: impl std::fmt::Display) -> SampleError {
@@ -42,6 +45,7 @@ impl EptAgeing {
     /// Loads and attaches the programs `backend` needs and opens the bitmap.
     pub fn new(backend: Backend, stride: u64) -> Result<EptAgeing, SampleError> {
         let bitmap = Bitmap::open(Path::new(page_idle::BITMAP)).map_err(|e| err("page_idle", e))?;
+        let flags = PageFlags::open().map_err(|e| err("kpageflags (needs CAP_SYS_ADMIN)", e))?;
         let options = EptOptions {
             tracepoint: backend == Backend::EptTracepoint,
             fexit: backend == Backend::EptFexit,
@@ -52,9 +56,10 @@ impl EptAgeing {
             backend,
             progs,
             bitmap,
+            flags,
             stride: stride.max(1),
             slots: HashMap::new(),
-            armed: HashSet::new(),
+            canaries: HashMap::new(),
         })
     }
 
@@ -81,36 +86,69 @@ impl EptAgeing {
         let pagemap =
             File::open(&path).map_err(|_| SampleError::ProcessGone { pid: vm.vmm_pid })?;
         let mut sampled = Vec::with_capacity(vm.tiers.len());
-        let mut pfns = Vec::new();
+        let mut heads = Vec::new();
+        let mut seen = HashSet::new();
         for t in &vm.tiers {
             let mut n = 0u64;
             for r in &t.ranges {
-                let pages = page_idle::sampled_pfns(&pagemap, r.hva_start, r.length, self.stride)
-                    .map_err(|e| err(&path, e))?;
-                n += pages.len() as u64;
-                pfns.extend(pages.into_iter().map(|p| p.pfn));
+                if r.hva_start == 0 {
+                    return Err(SampleError::NoMapping {
+                        tier: t.name.clone(),
+                    });
+                }
+                let s = page_idle::sample_range(
+                    &pagemap,
+                    &self.flags,
+                    r.hva_start,
+                    r.length,
+                    self.stride,
+                    &mut seen,
+                )
+                .map_err(|e| match e {
+                    RangeError::Io(e) => err(&path, e),
+                    refused => SampleError::Unmeasurable {
+                        reason: refused.to_string(),
+                    },
+                })?;
+                n += s.pages;
+                heads.extend(s.heads);
             }
             sampled.push(n);
         }
+        let unattributed_before = self.progs.unattributed().map_err(|e| err("bpf", e))?;
         {
             let _owner = self.progs.scan_as(slot).map_err(|e| err("bpf", e))?;
             self.bitmap
-                .mark_idle(&page_idle::words(pfns))
+                .mark_idle(&page_idle::words(heads))
                 .map_err(|e| err(page_idle::BITMAP, e))?;
         }
+        let unattributed = self.progs.unattributed().map_err(|e| err("bpf", e))?;
         let counts = self.progs.take_vm_counts(slot).map_err(|e| err("bpf", e))?;
-        // The first pass only arms: young since the VMM started means nothing.
-        let first = self.armed.insert(vm.id.clone());
+        let all = counts.tiers.iter().chain([&counts.unmapped]);
+        let pass = CanaryPass {
+            sampled: sampled.iter().sum(),
+            young: all.clone().map(|c| c.young_pages).sum(),
+            events: all.map(|c| c.events).sum(),
+            unattributed: unattributed.events.wrapping_sub(unattributed_before.events),
+        };
+        let canary = self.canaries.entry(vm.id.clone()).or_default();
+        let publish = canary.observe(pass);
+        if let Some(why) = canary.reason() {
+            return Err(SampleError::Unmeasurable {
+                reason: why.to_string(),
+            });
+        }
+        if !publish {
+            // The pass that proved the VM only arms, as every first pass
+            // did: young since the VMM mapped the page means nothing.
+            return Ok(vec![TierReading::default(); sampled.len()]);
+        }
         Ok(sampled
             .iter()
             .enumerate()
             .map(|(i, &n)| TierReading {
-                sampled_pages: if first { 0 } else { n },
-                young_pages: if first {
-                    0
-                } else {
-                    counts.tiers.get(i).map_or(0, |c| c.young_pages).min(n)
-                },
+                sampled_pages: n,
+                young_pages: counts.tiers.get(i).map_or(0, |c| c.young_pages).min(n),
                 exposure: None,
             })
             .collect())
@@ -151,7 +189,7 @@ impl Sampler for EptAgeing {
     }
 
     fn forget(&mut self, vm_id: &str) {
-        self.armed.remove(vm_id);
+        self.canaries.remove(vm_id);
         if let Some(slot) = self.slots.remove(vm_id)
             && let Err(e) = self.progs.clear_vm(slot)
         {

@@ -1,8 +1,10 @@
 //! Sampler backends: per interval, per VM, per tier, which pages were
 //! accessed. Each backend reads what the host saw, never the guest.
 
+pub mod canary;
 pub mod ept;
 pub mod ept_ageing;
+pub mod folio;
 pub mod hostpte;
 pub mod page_idle;
 pub mod pmu;
@@ -43,6 +45,9 @@ pub enum SampleError {
     Io { path: String, message: String },
     #[error("tier {tier}: no host mapping known (hva 0)")]
     NoMapping { tier: String },
+    /// The backend cannot measure this VM on this host, and says why.
+    #[error("{reason}")]
+    Unmeasurable { reason: String },
 }
 
 /// Why the configured backend cannot run.
