@@ -14,7 +14,7 @@ use std::path::Path;
 use tier_proto::v1::{Backend, Vm};
 
 use super::canary::{Canary, CanaryPass};
-use super::ept::{EptOptions, EptPrograms, GfnRange, MAX_VMS};
+use super::ept::{EptOptions, EptPrograms, GfnRange, HostMode, MAX_VMS};
 use super::folio::PageFlags;
 use super::page_idle::{self, Bitmap, RangeError};
 use super::{SampleError, Sampler, TierReading};
@@ -46,11 +46,19 @@ impl EptAgeing {
     pub fn new(backend: Backend, stride: u64) -> Result<EptAgeing, SampleError> {
         let bitmap = Bitmap::open(Path::new(page_idle::BITMAP)).map_err(|e| err("page_idle", e))?;
         let flags = PageFlags::open().map_err(|e| err("kpageflags (needs CAP_SYS_ADMIN)", e))?;
-        let options = EptOptions {
-            tracepoint: backend == Backend::EptTracepoint,
+        let tracepoint = backend == Backend::EptTracepoint;
+        let mut options = EptOptions {
+            tracepoint,
             fexit: backend == Backend::EptFexit,
             ..EptOptions::default()
         };
+        if tracepoint {
+            // The SPTE bits of this host's MMU (EPT A/D, access tracking,
+            // NPT), or why the tracepoint never fires here.
+            options.masks = HostMode::detect_host()
+                .and_then(|m| m.tracepoint_masks())
+                .map_err(|e| err("kvm mode (/sys/module)", e))?;
+        }
         let progs = EptPrograms::load(&options).map_err(|e| err("bpf", e))?;
         Ok(EptAgeing {
             backend,
