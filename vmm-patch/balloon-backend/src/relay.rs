@@ -179,8 +179,16 @@ mod tests {
         normalise(&mut hdr, &mut body);
         assert_eq!(body.len(), 40);
         assert_eq!(u32::from_le_bytes([hdr[8], hdr[9], hdr[10], hdr[11]]), 40);
-        assert_eq!(&body[8..40], &region[..], "the region is kept byte for byte");
-        assert_eq!(&hdr[0..8], &uml_mem_table().0[0..8], "request and flags kept");
+        assert_eq!(
+            &body[8..40],
+            &region[..],
+            "the region is kept byte for byte"
+        );
+        assert_eq!(
+            &hdr[0..8],
+            &uml_mem_table().0[0..8],
+            "request and flags kept"
+        );
     }
 
     #[test]
