@@ -42,6 +42,8 @@ pub struct Aggregator {
     /// Per VM, why the sampler's last pass of this interval could not read
     /// it ("backend: reason").
     not_measured: HashMap<String, String>,
+    /// Why no sampler runs at all (said for every VM without readings).
+    no_sampler: Option<String>,
     /// When the last pass re-armed the sampler: the next pass covers the
     /// time since.
     last_pass: Option<Instant>,
@@ -185,6 +187,12 @@ impl Aggregator {
         }
     }
 
+    /// Says, for every VM, why there is no sampler (the daemon runs
+    /// without one): never a VM silently without numbers.
+    pub fn set_no_sampler_reason(&mut self, reason: String) {
+        self.no_sampler = Some(reason);
+    }
+
     /// The interval's last pass; reaps dead VMs, reads the live ones and
     /// returns the next update.
     pub fn tick(
@@ -289,7 +297,7 @@ impl Aggregator {
                 not_measured: if reading.is_some() {
                     String::new()
                 } else {
-                    why.unwrap_or_default()
+                    why.or_else(|| self.no_sampler.clone()).unwrap_or_default()
                 },
             });
             if !vms_unchanged {
