@@ -53,7 +53,7 @@ async fn serve(s: Settings, synthetic: (u32, u32)) -> anyhow::Result<()> {
     for c in &report.checks {
         tracing::info!(check = c.name, available = c.available, reason = %c.reason, "probe");
     }
-    let backend = sampler::select(&s.backend, &report, s.ept_sample_stride)?;
+    let backend = sampler::select(&s.backend, &report, s.ept_sample_stride, s.damon_sample)?;
     let no_sampler = match &backend {
         Some(b) => {
             tracing::info!(backend = b.backend().short_name(), "sampler selected");

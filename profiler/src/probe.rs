@@ -74,7 +74,7 @@ impl Report {
     /// never picked under hardware virtualisation (`clear_refs 4` zaps
     /// every SPTE of the VM each pass: docs/hostpte.md).
     pub fn best_backend(&self) -> Option<Backend> {
-        let driver = self.ok("page_idle");
+        let driver = self.ageing_driver();
         if self.ok("ept-fexit") && driver {
             Some(Backend::EptFexit)
         } else if self.ok("ept-tracepoint") && driver {
@@ -84,6 +84,20 @@ impl Report {
         } else {
             None
         }
+    }
+
+    /// An ageing driver exists: page_idle, or DAMON free for tierd.
+    pub fn ageing_driver(&self) -> bool {
+        self.ok("page_idle") || self.ok("damon")
+    }
+
+    /// Why neither ageing driver can run, with what would fix it.
+    pub fn no_ageing_driver_reason(&self) -> String {
+        let why = |n: &str| {
+            self.get(n)
+                .map_or("not probed".to_string(), |c| c.reason.clone())
+        };
+        format!("no ageing driver ({}; {})", why("page_idle"), why("damon"))
     }
 
     /// Why `auto` picks no sampler here, for every VM's `not_measured`.
@@ -100,8 +114,8 @@ impl Report {
                 why("ept-tracepoint")
             ));
         }
-        if !self.ok("page_idle") {
-            parts.push(format!("no ageing driver ({})", why("page_idle")));
+        if !self.ageing_driver() {
+            parts.push(self.no_ageing_driver_reason());
         }
         if self.hardware_virt() {
             parts.push("hostpte not used under hardware virtualisation".into());
@@ -312,16 +326,16 @@ fn check_damon() -> Check {
             Backend::Unspecified,
             "ageing driver: DAMON sysfs absent (CONFIG_DAMON_SYSFS and CONFIG_DAMON_VADDR off, as in Debian 12's 6.1)",
         ),
-        Ok(Ok(0)) => Check::no(
+        Ok(Ok(0)) => Check::yes(
             name,
             Backend::Unspecified,
-            "ageing driver: DAMON sysfs present and unused, but tierd has no DAMON driver yet (docs/ept.md)",
+            "ageing driver: DAMON sysfs present and unused: the ept backends would create tierd's own kdamonds, one per VM (needs CONFIG_DAMON_VADDR)",
         ),
         Ok(Ok(n)) => Check::no(
             name,
             Backend::Unspecified,
             format!(
-                "ageing driver: {n} kdamond(s) not created by tierd are configured; tierd never touches them"
+                "ageing driver: {n} kdamond(s) not created by tierd are configured; tierd never touches them (writing nr_kdamonds would destroy their settings)"
             ),
         ),
         Ok(Err(e)) => Check::no(

@@ -2,6 +2,7 @@
 //! accessed. Each backend reads what the host saw, never the guest.
 
 pub mod canary;
+pub mod damon;
 pub mod ept;
 pub mod ept_ageing;
 pub mod folio;
@@ -61,11 +62,13 @@ pub enum SelectError {
 
 /// The sampler for a configured backend name: `auto` takes the probe's best
 /// implemented backend; a named one must be available. The ept backends age
-/// every `stride`-th page of each tier.
+/// every `stride`-th page of each tier (by folio), through page_idle or, where
+/// it is absent, DAMON ageing every `damon_sample`.
 pub fn select(
     name: &str,
     report: &crate::probe::Report,
     stride: u32,
+    damon_sample: std::time::Duration,
 ) -> Result<Option<Box<dyn Sampler>>, SelectError> {
     let wanted = match name {
         "auto" => report.best_backend(),
@@ -82,12 +85,16 @@ pub fn select(
             _ => Ok(Some(Box::new(hostpte::HostPte::new()))),
         },
         Some(b @ (Backend::EptFexit | Backend::EptTracepoint)) => {
-            for check in [b.short_name(), "page_idle"] {
-                if let Some(c) = report.get(check).filter(|c| !c.available) {
-                    return Err(SelectError::Unavailable(name.into(), c.reason.clone()));
-                }
+            if let Some(c) = report.get(b.short_name()).filter(|c| !c.available) {
+                return Err(SelectError::Unavailable(name.into(), c.reason.clone()));
             }
-            let s = ept_ageing::EptAgeing::new(b, u64::from(stride))
+            if !report.ageing_driver() {
+                return Err(SelectError::Unavailable(
+                    name.into(),
+                    report.no_ageing_driver_reason(),
+                ));
+            }
+            let s = ept_ageing::EptAgeing::new(b, u64::from(stride), damon_sample)
                 .map_err(|e| SelectError::Unavailable(name.into(), e.to_string()))?;
             Ok(Some(Box::new(s)))
         }

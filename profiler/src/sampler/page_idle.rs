@@ -31,6 +31,9 @@ pub struct RangeSample {
     pub pages: u64,
     /// Head PFN of each taken folio: what is marked idle.
     pub heads: Vec<u64>,
+    /// Each taken folio's `[start, end)` host virtual addresses inside the
+    /// range, in address order: the DAMON driver's regions.
+    pub extents: Vec<(u64, u64)>,
 }
 
 /// Why a range cannot be sampled by page_idle.
@@ -87,6 +90,7 @@ pub fn sample_range(
         let last = (first + size).min(pages);
         out.pages += last - first;
         out.heads.push(head);
+        out.extents.push((hva + first * PAGE, hva + last * PAGE));
     }
     Ok(out)
 }
