@@ -580,23 +580,9 @@ mod tests {
             }],
             ..Default::default()
         };
-        struct Live(Vm);
-        impl crate::registry::TrackedVm for Live {
-            fn vm(&self) -> &Vm {
-                &self.0
-            }
-            fn alive(&self) -> bool {
-                true
-            }
-            fn resident_bytes(&self) -> Vec<u64> {
-                Vec::new()
-            }
-            fn guest_reported_accesses(&self) -> Option<Vec<u64>> {
-                None
-            }
-        }
         let mut reg = Registry::default();
-        reg.insert(Box::new(Live(vm)));
+        // An empty script: no synthetic readings, so the sampler reads it.
+        reg.insert(Box::new(ScriptedVm(vm, std::sync::Mutex::new(Vec::new()))));
         let mut agg = Aggregator::default();
         let mut s = RefusingSampler;
         let u = agg.tick(&mut reg, Some(&mut s), 1_000_000_000);

@@ -9,6 +9,8 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly on purpose
 
+mod ept_common;
+
 use std::collections::BTreeMap;
 
 use libtest_mimic::{Arguments, Completion, Failed, Trial};
@@ -742,29 +744,12 @@ fn fexit_loads(program: EptProgram) -> Result<Completion, Failed> {
     }
 }
 
-/// Whether the raw_tp program can be loaded by this process at all; `Err`
-/// only for a missing privilege (anything else must fail the tests).
-fn raw_tp_capability() -> Result<(), String> {
-    match EptPrograms::load(&tracepoint_only(false)) {
-        Ok(p) => match p.status(EptProgram::SpteChanged) {
-            ProgramStatus::Failed(e) if e.errno() == Some(libc::EPERM) => Err(format!(
-                "raw_tp: EPERM at program load, needs root/CAP_BPF ({e})"
-            )),
-            _ => Ok(()),
-        },
-        Err(e) if e.errno() == Some(libc::EPERM) => {
-            Err(format!("BPF: EPERM, needs root/CAP_BPF ({e})"))
-        }
-        Err(_) => Ok(()),
-    }
-}
-
 fn main() {
     let args = Arguments::from_args();
     // libbpf's own messages (e.g. the EPERM of a refused fexit) go to
     // tracing; each refusal is reported once, as the ignore reason.
     tier_profiler::bpf::route_libbpf_logs();
-    let ready = raw_tp_capability();
+    let ready = ept_common::capability();
 
     let raw_tp = |name: &'static str, f: fn()| {
         let ready = ready.clone();

@@ -174,17 +174,6 @@ fn masks_count_only_their_vendor() {
     }
 }
 
-/// A stand-in /sys/module tree: `params` are (module/parameters/name, value).
-fn stand_in(params: &[(&str, &str)]) -> tempfile::TempDir {
-    let dir = tempfile::tempdir().unwrap();
-    for (path, value) in params {
-        let p = dir.path().join(path);
-        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
-        std::fs::write(&p, format!("{value}\n")).unwrap();
-    }
-    dir
-}
-
 fn masks_of(root: &Path) -> Result<SpteMasks, HostModeError> {
     HostMode::detect(root).unwrap().tracepoint_masks()
 }

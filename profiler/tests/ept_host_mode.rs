@@ -4,19 +4,12 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly on purpose
 
+mod ept_common;
+use ept_common::stand_in;
+
 use std::path::Path;
 
 use tier_profiler::sampler::ept::{Ageing, HostMode, HostModeError, SpteMasks, Vendor};
-
-fn stand_in(params: &[(&str, &str)]) -> tempfile::TempDir {
-    let dir = tempfile::tempdir().unwrap();
-    for (path, value) in params {
-        let p = dir.path().join(path);
-        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
-        std::fs::write(&p, format!("{value}\n")).unwrap();
-    }
-    dir
-}
 
 fn detect(params: &[(&str, &str)]) -> Result<HostMode, HostModeError> {
     HostMode::detect(stand_in(params).path())

@@ -89,9 +89,7 @@ impl EptAgeing {
             Ok(b) => Driver::PageIdle(b),
             Err(pi) => match DamonDriver::new(MAX_VMS as usize, damon_sample) {
                 Ok(d) => Driver::Damon(d),
-                Err(d) => {
-                    return Err(err("ageing driver", format!("page_idle: {pi}; DAMON: {d}")));
-                }
+                Err(d) => return Err(no_driver(&pi, &d)),
             },
         };
         Ok(EptAgeing {
@@ -249,6 +247,14 @@ impl EptAgeing {
     }
 }
 
+/// Neither ageing driver: both reasons, which name the kernel options.
+fn no_driver(page_idle: &std::io::Error, damon: &super::damon::DamonError) -> SampleError {
+    err(
+        "ageing driver",
+        format!("page_idle: {page_idle}; DAMON: {damon}"),
+    )
+}
+
 /// One pass's sample of a VM.
 #[derive(Debug, Default)]
 struct Picked {
@@ -359,12 +365,11 @@ mod tests {
     }
 
     #[test]
-    #[cfg_attr(
-        has_page_idle,
-        ignore = "this host has page_idle: tests/ept_ageing.rs covers the driver"
-    )]
-    fn without_page_idle_the_backend_says_so() {
-        let e = EptAgeing::new(Backend::EptTracepoint, 1, Duration::from_millis(100)).unwrap_err();
-        assert!(e.to_string().contains("page_idle"), "{e}");
+    fn without_either_driver_both_reasons_are_given() {
+        let pi = Bitmap::open(Path::new("/nonexistent/page_idle/bitmap")).unwrap_err();
+        let d = crate::sampler::damon::DamonError::InUse("kdamond 0 on (pid 77)".into());
+        let e = no_driver(&pi, &d).to_string();
+        assert!(e.contains("/nonexistent/page_idle/bitmap"), "{e}");
+        assert!(e.contains("kdamond 0 on (pid 77)"), "{e}");
     }
 }

@@ -201,13 +201,26 @@ mod tests {
         }
     }
 
+    /// One pass over `b`'s pages with nothing taken yet.
+    fn fresh(pagemap: &File, flags: &PageFlags, b: &Buf, pages: u64, stride: u64) -> RangeSample {
+        sample_range(
+            pagemap,
+            flags,
+            b.base(),
+            pages * PAGE,
+            stride,
+            &mut HashSet::new(),
+        )
+        .unwrap()
+    }
+
     #[test]
     #[cfg_attr(
         not(has_kpageflags),
         ignore = "needs CAP_SYS_ADMIN for PFNs and /proc/kpageflags"
     )]
     fn touched_small_pages_are_sampled_on_the_grid() {
-        let pages = 64u64;
+        let pages = 1024u64;
         let mut b = Buf::new(pages, PAGE);
         // Touch the even pages only; the odd ones were never written, so
         // a fresh anonymous mapping has them not present.
@@ -219,23 +232,15 @@ mod tests {
         let mut seen = HashSet::new();
         let all = sample_range(&pagemap, &flags, b.base(), pages * PAGE, 1, &mut seen).unwrap();
         // Freshly faulted pages may still sit in a per-CPU LRU batch (not
-        // on the LRU yet): most, not all, are taken.
+        // on the LRU yet, at most 15 per CPU): all but those are taken.
         assert!(all.pages <= pages / 2, "{all:?}");
-        assert!(all.pages >= pages / 4, "{all:?}");
+        assert!(all.pages >= pages / 2 - 64, "{all:?}");
         assert_eq!(all.pages, all.heads.len() as u64, "small pages: one each");
         // A second pass over the same heads takes nothing again.
         let again = sample_range(&pagemap, &flags, b.base(), pages * PAGE, 1, &mut seen).unwrap();
         assert_eq!(again.pages, 0);
         // Stride 4 meets every 4th page: at most a quarter.
-        let strided = sample_range(
-            &pagemap,
-            &flags,
-            b.base(),
-            pages * PAGE,
-            4,
-            &mut HashSet::new(),
-        )
-        .unwrap();
+        let strided = fresh(&pagemap, &flags, &b, pages, 4);
         assert!(strided.pages <= pages / 4, "{strided:?}");
         // The sparse reader (one pread per grid page) agrees with chunks.
         let (first, n) = (b.base() / PAGE, pages);
@@ -271,32 +276,16 @@ mod tests {
         }
         let pagemap = File::open("/proc/self/pagemap").unwrap();
         let flags = PageFlags::open().unwrap();
-        let s1 = sample_range(
-            &pagemap,
-            &flags,
-            b.base(),
-            pages * PAGE,
-            1,
-            &mut HashSet::new(),
-        )
-        .unwrap();
+        let s1 = fresh(&pagemap, &flags, &b, pages, 1);
         let huge = s1.heads.len() < s1.pages as usize;
         if huge {
             // Every page counted once, through 512-page folios.
             assert_eq!(s1.pages, pages, "{s1:?}");
-            assert!(s1.heads.len() <= 2 + (pages as usize - 1024), "{s1:?}");
+            assert_eq!(s1.heads.len(), 2, "two 512-page folios: {s1:?}");
             // A stride above 1 takes whole folios or nothing: a multiple
             // of 512 pages, never 512 / stride of them.
             for stride in [2u64, 8, 64] {
-                let s = sample_range(
-                    &pagemap,
-                    &flags,
-                    b.base(),
-                    pages * PAGE,
-                    stride,
-                    &mut HashSet::new(),
-                )
-                .unwrap();
+                let s = fresh(&pagemap, &flags, &b, pages, stride);
                 assert_eq!(s.pages % 512, 0, "stride {stride}: {s:?}");
                 assert_eq!(s.pages, 512 * s.heads.len() as u64);
             }

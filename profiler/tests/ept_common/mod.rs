@@ -142,3 +142,14 @@ pub fn restore_acc_track(spte: u64) -> u64 {
     let saved = (spte >> SAVED_SHIFT) & SAVED_BITS;
     (spte & !(SAVED_BITS << SAVED_SHIFT)) | saved
 }
+
+/// A stand-in /sys/module tree: `params` are (module/parameters/name, value).
+pub fn stand_in(params: &[(&str, &str)]) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    for (path, value) in params {
+        let p = dir.path().join(path);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(&p, format!("{value}\n")).unwrap();
+    }
+    dir
+}

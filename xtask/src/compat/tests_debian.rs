@@ -101,10 +101,7 @@ fn debian_kernels_load_every_object_when_debian_packages_are_reachable() {
                 "{ageing:?}"
             );
         } else {
-            assert!(
-                ageing.1 && ageing.2.contains("DAMON driver"),
-                "{ageing:?}"
-            );
+            assert!(ageing.1 && ageing.2.contains("DAMON driver"), "{ageing:?}");
         }
     }
 }
