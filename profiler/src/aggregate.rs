@@ -181,6 +181,9 @@ impl Aggregator {
             total.events += h.events;
             total.lost += h.lost;
             total.scan_cost_ns += h.scan_cost_ns;
+            total.unattributed_pages += h.unattributed_pages;
+            total.foreign_young_pages += h.foreign_young_pages;
+            total.unmapped_pages += h.unmapped_pages;
             if !h.error.is_empty() {
                 total.error = h.error;
             }
@@ -358,6 +361,7 @@ fn sample(
         .flatten()
         .map(|t| t.sampled_pages)
         .sum();
+    let signals = s.take_signals();
     let health = SamplerHealth {
         backend: s.backend() as i32,
         active: true,
@@ -365,6 +369,9 @@ fn sample(
         events,
         lost: 0,
         scan_cost_ns: cost,
+        unattributed_pages: signals.unattributed,
+        foreign_young_pages: signals.foreign_young,
+        unmapped_pages: signals.unmapped,
     };
     let mut results = results.into_iter().map(Result::ok);
     let readings = host
@@ -566,6 +573,13 @@ mod tests {
                 })
                 .collect()
         }
+        fn take_signals(&mut self) -> crate::sampler::Signals {
+            crate::sampler::Signals {
+                unattributed: 7,
+                foreign_young: 5,
+                unmapped: 3,
+            }
+        }
     }
 
     #[test]
@@ -594,5 +608,11 @@ mod tests {
         assert!(!st.has_accesses);
         assert_eq!(st.tiers[0].passes, 0);
         assert!(u.health[0].error.contains("hugetlbfs"), "{:?}", u.health);
+        // The backend's health signals travel in the interval's health.
+        let h = &u.health[0];
+        assert_eq!(
+            (h.unattributed_pages, h.foreign_young_pages, h.unmapped_pages),
+            (7, 5, 3)
+        );
     }
 }

@@ -57,6 +57,8 @@ pub struct Metrics {
     scan_seconds: Family<BackendLabels, Counter<f64, AtomicU64>>,
     events: Family<BackendLabels, Counter>,
     lost: Family<BackendLabels, Counter>,
+    /// EPT health signals, pages: unattributed, foreign young, unmapped.
+    signals: [Family<BackendLabels, Counter>; 3],
     errors: Family<BackendLabels, Counter>,
     vms: Gauge,
     updates: Counter,
@@ -111,6 +113,7 @@ impl Metrics {
             scan_seconds: Family::default(),
             events: Family::default(),
             lost: Family::default(),
+            signals: Default::default(),
             errors: Family::default(),
             vms: Gauge::default(),
             updates: Counter::default(),
@@ -199,6 +202,25 @@ impl Metrics {
             m.events.clone(),
         );
         r.register("sampler_lost", "Events the sampler lost", m.lost.clone());
+        for (name, help, f) in [
+            (
+                "sampler_unattributed_pages",
+                "EPT ageing events no VM was found for (another ager, or an unknown VM)",
+                &m.signals[0],
+            ),
+            (
+                "sampler_foreign_young_pages",
+                "Young pages of known VMs cleared by another ager (reclaim, MGLRU, another DAMON); tierd's passes miss them (fexit only)",
+                &m.signals[1],
+            ),
+            (
+                "sampler_unmapped_pages",
+                "Pages tierd aged outside every tier range of their VM: the tier map misses memory the guest uses",
+                &m.signals[2],
+            ),
+        ] {
+            r.register(name, help, f.clone());
+        }
         r.register(
             "sampler_errors",
             "Intervals in which sampling some VM failed",
@@ -281,6 +303,13 @@ impl Metrics {
                 .inc_by(h.scan_cost_ns as f64 / 1e9);
             self.events.get_or_create(&b).inc_by(h.events);
             self.lost.get_or_create(&b).inc_by(h.lost);
+            for (f, v) in self.signals.iter().zip([
+                h.unattributed_pages,
+                h.foreign_young_pages,
+                h.unmapped_pages,
+            ]) {
+                f.get_or_create(&b).inc_by(v);
+            }
             if !h.error.is_empty() {
                 self.errors.get_or_create(&b).inc();
             }

@@ -117,6 +117,9 @@ fn stats_update_roundtrip_with_optional_and_departures() {
             events: 10,
             lost: 0,
             scan_cost_ns: 5_000,
+            unattributed_pages: 3,
+            foreign_young_pages: 2,
+            unmapped_pages: 1,
         }],
     };
     let back = roundtrip(&update);

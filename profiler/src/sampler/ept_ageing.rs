@@ -21,7 +21,7 @@ use super::damon::{DamonDriver, per_round};
 use super::ept::{EptOptions, EptPrograms, GfnRange, HostMode, MAX_VMS};
 use super::folio::PageFlags;
 use super::page_idle::{self, Bitmap, RangeError};
-use super::{SampleError, Sampler, TierReading};
+use super::{SampleError, Sampler, Signals, TierReading};
 
 const PAGE: u64 = 4096;
 
@@ -47,6 +47,8 @@ pub struct EptAgeing {
     flags: PageFlags,
     /// When each DAMON VM's folios were picked.
     picked: HashMap<String, Instant>,
+    /// Health signals since the last `take_signals`.
+    signals: Signals,
     /// One page in `stride` of each tier is aged, by whole folios (1 = all).
     stride: u64,
     slots: HashMap<String, u32>,
@@ -98,6 +100,7 @@ impl EptAgeing {
             driver,
             flags,
             picked: HashMap::new(),
+            signals: Signals::default(),
             stride: stride.max(1),
             slots: HashMap::new(),
             canaries: HashMap::new(),
@@ -191,6 +194,11 @@ impl EptAgeing {
         };
         let unattributed = self.progs.unattributed().map_err(|e| err("bpf", e))?;
         let counts = self.progs.take_vm_counts(slot).map_err(|e| err("bpf", e))?;
+        self.signals.unattributed += unattributed
+            .checked_pages
+            .wrapping_sub(unattributed_before.checked_pages);
+        self.signals.foreign_young += counts.foreign.young_pages;
+        self.signals.unmapped += counts.unmapped.checked_pages;
         let all = counts.tiers.iter().chain([&counts.unmapped]);
         let pass = CanaryPass {
             sampled: sampled.iter().sum(),
@@ -296,6 +304,10 @@ impl Sampler for EptAgeing {
 
     fn sample(&mut self, vms: &[&Vm]) -> Vec<Result<Vec<TierReading>, SampleError>> {
         vms.iter().map(|vm| self.sample_vm(vm)).collect()
+    }
+
+    fn take_signals(&mut self) -> Signals {
+        std::mem::take(&mut self.signals)
     }
 
     fn forget(&mut self, vm_id: &str) {

@@ -35,6 +35,18 @@ pub trait Sampler: Send {
     fn sample(&mut self, vms: &[&Vm]) -> Vec<Result<Vec<TierReading>, SampleError>>;
     /// Forgets per-VM state of a VM that went away.
     fn forget(&mut self, _vm_id: &str) {}
+    /// Health signals counted since the last call (EPT backends).
+    fn take_signals(&mut self) -> Signals {
+        Signals::default()
+    }
+}
+
+/// What an EPT backend saw besides its readings, in pages.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Signals {
+    pub unattributed: u64,
+    pub foreign_young: u64,
+    pub unmapped: u64,
 }
 
 /// Why a VM could not be sampled this interval.
