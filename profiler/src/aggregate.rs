@@ -611,7 +611,11 @@ mod tests {
         // The backend's health signals travel in the interval's health.
         let h = &u.health[0];
         assert_eq!(
-            (h.unattributed_pages, h.foreign_young_pages, h.unmapped_pages),
+            (
+                h.unattributed_pages,
+                h.foreign_young_pages,
+                h.unmapped_pages
+            ),
             (7, 5, 3)
         );
     }
