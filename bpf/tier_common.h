@@ -3,10 +3,11 @@
  * Shared maps and attribution of the EPT sampler programs (ept.bpf.c).
  *
  * Every hook reduces an event to (vm slot, first gfn, pages, young?) and
- * calls account(). The VM slot comes from the hook (scan ownership of the
- * current thread, or kvm->userspace_pid); the tier comes from the VM's gfn
- * ranges in vm_ranges. Userspace (profiler/src/sampler/ept.rs) owns every
- * map but the counters, and reads the counters summed over CPUs.
+ * calls account(). The VM slot comes from scan ownership of the current
+ * thread (scan_slot) or, for the fexit hook, from the `struct kvm *` learned
+ * while an owner scanned (age_account); the tier comes from the VM's gfn
+ * ranges in vm_ranges. Userspace (profiler/src/sampler/ept/) owns every map
+ * but the counters and kvm_slot, and reads the counters summed over CPUs.
  *
  * Layouts are shared with ept.rs byte for byte: change both together.
  */
@@ -19,7 +20,8 @@
 #define MAX_SCAN_OWNERS 256
 /* Direct-mapped scan owner cache: tid & (SCAN_OWNER_CACHE - 1). */
 #define SCAN_OWNER_CACHE 1024
-#define MAX_VM_PIDS 256
+/* Learned `struct kvm *` -> slot entries (a few per VM at most). */
+#define MAX_KVMS 256
 /* Default size of the heat histogram; userspace may resize it before load. */
 #define HEAT_MAX_ENTRIES 65536
 /* Heat granule: 2 MiB = 512 pages of 4 KiB. */
@@ -89,13 +91,20 @@ static __always_inline __u32 *scan_slot(__u32 tid)
 	return bpf_map_lookup_elem(&scan_owner, &tid);
 }
 
-/* kvm->userspace_pid (tid that issued KVM_CREATE_VM) -> vm slot. */
+/*
+ * `struct kvm *` (as a number) -> vm slot, learned by age_account() the first
+ * time a scan owner's ageing reaches that kvm. kvm->userspace_pid cannot key
+ * it: it is the tid of the thread that issued KVM_CREATE_VM
+ * (kvm_uevent_notify_change at KVM_CREATE_VM: task_pid_nr(current)), e.g. cloud-hypervisor's `vmm`
+ * thread, not the VMM's process id. Userspace deletes a slot's entries when
+ * the slot is cleared (a freed kvm's address can be reused).
+ */
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, MAX_VM_PIDS);
-	__type(key, __u32);
+	__uint(max_entries, MAX_KVMS);
+	__type(key, __u64);
 	__type(value, __u32);
-} vm_by_pid SEC(".maps");
+} kvm_slot SEC(".maps");
 
 /* vm slot -> its gfn ranges and their tiers. */
 struct {
@@ -121,7 +130,23 @@ struct {
 	__type(value, struct tier_count);
 } unmapped SEC(".maps");
 
-/* [0]: ageing events no VM could be found for (no scan owner / unknown pid). */
+/*
+ * vm slot -> ageing of a known VM (its kvm learned) by a thread that is no
+ * scan owner: reclaim, MGLRU walks, khugepaged, someone else's DAMON. Each
+ * such call clears accessed bits tierd's next pass will then miss.
+ */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, MAX_VMS);
+	__type(key, __u32);
+	__type(value, struct tier_count);
+} foreign SEC(".maps");
+
+/*
+ * [0]: ageing no VM could be found for: a tracepoint event on a thread that
+ * owns no scan (whoever ages, of whichever VM), or a fexit call on a kvm not
+ * learned yet by a thread that owns no scan.
+ */
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
 	__uint(max_entries, 1);
@@ -339,6 +364,54 @@ static __always_inline void account(__u32 slot, __u64 gfn, __u64 pages, bool you
 		if (c)
 			add_count(c, pages - covered, young);
 	}
+}
+
+/*
+ * Attribution of one kvm_age_gfn() call (fexit hook; ept_age_test runs the
+ * same code through BPF_PROG_TEST_RUN):
+ * - the calling thread owns a scan: the kvm's learned slot if any, else the
+ *   owner's slot, learned for this kvm from now on; counted per tier;
+ * - it owns none and the kvm is known: `foreign` of that slot;
+ * - neither: `unattributed`.
+ * Only address space 0: kvm_handle_hva_range() calls kvm_age_gfn() once
+ * per memslot, and SMM memslots (as_id 1) alias the same memory.
+ */
+static __always_inline void age_account(__u32 tid, __u64 kvm, __u32 as_id, __u64 start,
+					__u64 end, bool young)
+{
+	__u32 *owner, *known;
+	__u64 pages;
+
+	if (end <= start || as_id != 0)
+		return;
+	pages = end - start;
+	known = bpf_map_lookup_elem(&kvm_slot, &kvm);
+	owner = tid ? scan_slot(tid) : NULL;
+	if (owner) {
+		__u32 slot = *owner;
+
+		if (known)
+			slot = *known;
+		else
+			/* Full map: still counted for the owner, learned later. */
+			bpf_map_update_elem(&kvm_slot, &kvm, &slot, BPF_NOEXIST);
+		/*
+		 * `young` says at least one page of the range was young: exact
+		 * for the one-page ranges of page_idle and DAMON's ptes, an upper
+		 * bound for a range (a PMD: 512 pages).
+		 */
+		account(slot, start, pages, young);
+		return;
+	}
+	if (known && *known < MAX_VMS) {
+		__u32 slot = *known;
+		struct tier_count *c = bpf_map_lookup_elem(&foreign, &slot);
+
+		if (c)
+			add_count(c, pages, young);
+		return;
+	}
+	count_unattributed(pages, young);
 }
 
 #endif /* TIER_COMMON_H */

@@ -59,4 +59,16 @@ fn capability_cfgs() {
     if std::path::Path::new("/sys/kernel/mm/page_idle/bitmap").exists() {
         println!("cargo:rustc-cfg=has_page_idle");
     }
+    // Reading PFNs and page flags needs CAP_SYS_ADMIN (root here).
+    println!("cargo:rustc-check-cfg=cfg(has_kpageflags)");
+    if std::fs::File::open("/proc/kpageflags").is_ok() {
+        println!("cargo:rustc-cfg=has_kpageflags");
+    }
+    println!("cargo:rustc-check-cfg=cfg(has_thp)");
+    println!("cargo:rerun-if-changed=/sys/kernel/mm/transparent_hugepage/enabled");
+    let thp =
+        std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled").unwrap_or_default();
+    if thp.contains("[always]") || thp.contains("[madvise]") {
+        println!("cargo:rustc-cfg=has_thp");
+    }
 }

@@ -49,6 +49,9 @@ pub struct TierRow {
     /// Share of their enabled time the tier's PMU counters ran (below 1:
     /// multiplexed, counts scaled).
     pub pmu_running_ratio: Option<f64>,
+    /// Why the host sampler has no reading of the VM this interval (same on
+    /// every row of a VM); None when it was read or no sampler runs.
+    pub not_measured: Option<String>,
 }
 
 /// DRAM share of guest-reported accesses, if the guest reported any.
@@ -114,6 +117,9 @@ pub fn rows(update: &StatsUpdate) -> Vec<TierRow> {
                 pmu_running_ratio: pmu
                     .filter(|p| p.not_measured.is_empty())
                     .map(|p| p.running_ratio),
+                not_measured: stats
+                    .filter(|s| !s.not_measured.is_empty())
+                    .map(|s| s.not_measured.clone()),
             });
         }
     }
@@ -249,13 +255,13 @@ pub fn table(rows: &[TierRow]) -> String {
 /// CSV with a header row; numbers unformatted.
 pub fn csv(rows: &[TierRow]) -> String {
     let mut out = String::from(
-        "vm_id,vm_name,vcpus,tier,kind,size_bytes,resident_bytes,balloon_target_bytes,balloon_actual_bytes,young_pages,sampled_pages,source,guest_accesses_per_s,dram_hit_ratio,guest_hit_ratio,accesses_per_s,dram_hit_error,dram_hit_target,rate_saturation,pmu_events_per_s,pmu_not_measured,pmu_running_ratio\n",
+        "vm_id,vm_name,vcpus,tier,kind,size_bytes,resident_bytes,balloon_target_bytes,balloon_actual_bytes,young_pages,sampled_pages,source,guest_accesses_per_s,dram_hit_ratio,guest_hit_ratio,accesses_per_s,dram_hit_error,dram_hit_target,rate_saturation,pmu_events_per_s,pmu_not_measured,pmu_running_ratio,not_measured\n",
     );
     let opt = |v: Option<f64>| v.map(|x| format!("{x}")).unwrap_or_default();
     for r in rows {
         let _ = writeln!(
             out,
-            "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}",
+            "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}",
             csv_field(&r.vm_id),
             csv_field(&r.vm_name),
             r.vcpus,
@@ -278,6 +284,7 @@ pub fn csv(rows: &[TierRow]) -> String {
             opt(r.pmu_events_per_s),
             csv_field(r.pmu_not_measured.as_deref().unwrap_or_default()),
             opt(r.pmu_running_ratio),
+            csv_field(r.not_measured.as_deref().unwrap_or_default()),
         );
     }
     out

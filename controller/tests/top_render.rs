@@ -285,3 +285,24 @@ fn tiny_and_empty_terminals_do_not_panic() {
     let empty = App::new();
     assert!(text(&draw(&empty, 80, 10)).contains("no VMs: tierd knows none (yet)"));
 }
+
+#[test]
+fn a_vm_the_sampler_cannot_read_shows_n_m_and_why() {
+    let mut app = synthetic::app(2, 5);
+    app.resize(170, 40);
+    key(&mut app, KeyCode::Char('1'));
+    let mut u = synthetic::update(2, 6);
+    u.vms.clear();
+    u.vms_unchanged = true;
+    let why = "ept-tracepoint: guest memory is hugetlbfs-backed: page_idle ages LRU folios only";
+    u.stats[1].not_measured = why.into();
+    app.on_update(u, false);
+    let l = lines(&draw(&app, 170, 40));
+    let row = |name: &str| l.iter().find(|x| x.contains(name)).unwrap().clone();
+    assert!(row("vm-0001").contains("n/m"), "{}", row("vm-0001"));
+    assert!(!row("vm-0000").contains("n/m"), "{}", row("vm-0000"));
+    key(&mut app, KeyCode::End);
+    key(&mut app, KeyCode::Enter);
+    let t = text(&draw(&app, 170, 40));
+    assert!(t.contains(&format!("not measured: {why}")), "{t}");
+}

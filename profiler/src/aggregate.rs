@@ -39,6 +39,11 @@ pub struct Aggregator {
     windows: HashMap<String, VmWindows>,
     /// Sampler health summed over this interval's passes.
     health: Option<SamplerHealth>,
+    /// Per VM, why the sampler's last pass of this interval could not read
+    /// it ("backend: reason").
+    not_measured: HashMap<String, String>,
+    /// Why no sampler runs at all (said for every VM without readings).
+    no_sampler: Option<String>,
     /// When the last pass re-armed the sampler: the next pass covers the
     /// time since.
     last_pass: Option<Instant>,
@@ -154,7 +159,7 @@ impl Aggregator {
             .replace(now)
             .map(|before| now.saturating_duration_since(before).as_secs_f64());
         let (readings, health) = match sampler {
-            Some(s) => sample(s, registry, departed),
+            Some(s) => sample(s, registry, departed, &mut self.not_measured),
             None => (vec![None; registry.len()], None),
         };
         for (t, r) in registry.iter().zip(readings) {
@@ -176,10 +181,19 @@ impl Aggregator {
             total.events += h.events;
             total.lost += h.lost;
             total.scan_cost_ns += h.scan_cost_ns;
+            total.unattributed_pages += h.unattributed_pages;
+            total.foreign_young_pages += h.foreign_young_pages;
+            total.unmapped_pages += h.unmapped_pages;
             if !h.error.is_empty() {
                 total.error = h.error;
             }
         }
+    }
+
+    /// Says, for every VM, why there is no sampler (the daemon runs
+    /// without one): never a VM silently without numbers.
+    pub fn set_no_sampler_reason(&mut self, reason: String) {
+        self.no_sampler = Some(reason);
     }
 
     /// The interval's last pass; reaps dead VMs, reads the live ones and
@@ -210,6 +224,8 @@ impl Aggregator {
         self.pass_over(registry, sampler, &departed, now);
         let health: Vec<SamplerHealth> = self.health.take().into_iter().collect();
         let mut passes = std::mem::take(&mut self.passes);
+        // Departed VMs' reasons leave with them.
+        let mut not_measured = std::mem::take(&mut self.not_measured);
         let backend = health.first().map_or(0, |h| h.backend);
         // The VM list travels only when the set of VMs changed.
         let vms_unchanged = self.sent_generation == Some(registry.generation());
@@ -219,6 +235,7 @@ impl Aggregator {
         for tracked in registry.iter() {
             let vm = tracked.vm();
             let reading = passes.remove(&vm.id);
+            let why = not_measured.remove(&vm.id);
             let resident = tracked.resident_bytes();
             let balloon = tracked.balloon_bytes().unwrap_or_default();
             let guest = tracked.guest_reported_accesses();
@@ -279,6 +296,12 @@ impl Aggregator {
                 has_accesses: has,
                 dram_hit_target: None,
                 guest_reported_accesses: guest_delta.unwrap_or_default(),
+                // A VM read by any pass of the interval is measured.
+                not_measured: if reading.is_some() {
+                    String::new()
+                } else {
+                    why.or_else(|| self.no_sampler.clone()).unwrap_or_default()
+                },
             });
             if !vms_unchanged {
                 vms.push(vm.clone());
@@ -299,11 +322,13 @@ impl Aggregator {
 }
 
 /// Runs the sampler over every live VM; per-VM failures become the
-/// health's error text and leave that VM without readings.
+/// health's error text and `not_measured` (VM id -> reason), and leave that
+/// VM without readings.
 fn sample(
     s: &mut dyn Sampler,
     registry: &Registry,
     departed: &[String],
+    not_measured: &mut HashMap<String, String>,
 ) -> (Vec<Option<Vec<TierReading>>>, Option<SamplerHealth>) {
     for id in departed {
         s.forget(id);
@@ -322,17 +347,21 @@ fn sample(
     let started = Instant::now();
     let results = s.sample(&vms);
     let cost = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
-    let errors: Vec<String> = results
-        .iter()
-        .zip(&vms)
-        .filter_map(|(r, vm)| r.as_ref().err().map(|e| format!("{}: {e}", vm.id)))
-        .collect();
+    let backend = s.backend().short_name();
+    let mut errors = Vec::new();
+    for (r, vm) in results.iter().zip(&vms) {
+        if let Err(e) = r {
+            errors.push(format!("{}: {e}", vm.id));
+            not_measured.insert(vm.id.clone(), format!("{backend}: {e}"));
+        }
+    }
     let events = results
         .iter()
         .filter_map(|r| r.as_ref().ok())
         .flatten()
         .map(|t| t.sampled_pages)
         .sum();
+    let signals = s.take_signals();
     let health = SamplerHealth {
         backend: s.backend() as i32,
         active: true,
@@ -340,6 +369,9 @@ fn sample(
         events,
         lost: 0,
         scan_cost_ns: cost,
+        unattributed_pages: signals.unattributed,
+        foreign_young_pages: signals.foreign_young,
+        unmapped_pages: signals.unmapped,
     };
     let mut results = results.into_iter().map(Result::ok);
     let readings = host
@@ -518,5 +550,69 @@ mod tests {
         let u = agg.tick_at(&mut reg, None, 1_000_000_000, t0 + ends[4] * 2);
         assert_eq!(u.stats[0].tiers[0].passes, 0);
         assert!(!agg.windows.contains_key("vm"), "{:?}", agg.windows);
+    }
+
+    /// A sampler that refuses every VM (stands in for a backend on a host
+    /// where the VM's memory cannot be aged): tests the aggregator's
+    /// plumbing of the reason only.
+    struct RefusingSampler;
+
+    impl Sampler for RefusingSampler {
+        fn backend(&self) -> tier_proto::v1::Backend {
+            tier_proto::v1::Backend::EptTracepoint
+        }
+        fn sample(
+            &mut self,
+            vms: &[&tier_proto::v1::Vm],
+        ) -> Vec<Result<Vec<TierReading>, crate::sampler::SampleError>> {
+            vms.iter()
+                .map(|_| {
+                    Err(crate::sampler::SampleError::Unmeasurable {
+                        reason: "guest memory is hugetlbfs-backed".into(),
+                    })
+                })
+                .collect()
+        }
+        fn take_signals(&mut self) -> crate::sampler::Signals {
+            crate::sampler::Signals {
+                unattributed: 7,
+                foreign_young: 5,
+                unmapped: 3,
+            }
+        }
+    }
+
+    #[test]
+    fn a_vm_the_sampler_refuses_says_why_stand_in_sampler() {
+        use tier_proto::v1::{Tier, Vm};
+        let vm = Vm {
+            id: "vm".into(),
+            tiers: vec![Tier {
+                name: "dram".into(),
+                size_bytes: 64 * PAGE,
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        let mut reg = Registry::default();
+        // An empty script: no synthetic readings, so the sampler reads it.
+        reg.insert(Box::new(ScriptedVm(vm, std::sync::Mutex::new(Vec::new()))));
+        let mut agg = Aggregator::default();
+        let mut s = RefusingSampler;
+        let u = agg.tick(&mut reg, Some(&mut s), 1_000_000_000);
+        let st = &u.stats[0];
+        assert_eq!(
+            st.not_measured,
+            "ept-tracepoint: guest memory is hugetlbfs-backed"
+        );
+        assert!(!st.has_accesses);
+        assert_eq!(st.tiers[0].passes, 0);
+        assert!(u.health[0].error.contains("hugetlbfs"), "{:?}", u.health);
+        // The backend's health signals travel in the interval's health.
+        let h = &u.health[0];
+        assert_eq!(
+            (h.unattributed_pages, h.foreign_young_pages, h.unmapped_pages),
+            (7, 5, 3)
+        );
     }
 }

@@ -27,6 +27,8 @@ pub struct Config {
     pub passes_per_interval: u32,
     pub backend: String,
     pub ept_sample_stride: u32,
+    /// DAMON driver: how often each sampled folio is aged, ms.
+    pub damon_sample_ms: u64,
     /// The pmu source next to `backend`: "auto", "on" or "off".
     pub pmu: String,
     /// Event tables extending the built-in one (docs/pmu.md).
@@ -102,6 +104,7 @@ impl Default for Config {
             passes_per_interval: 5,
             backend: "auto".into(),
             ept_sample_stride: 1,
+            damon_sample_ms: 100,
             pmu: "auto".into(),
             pmu_events: Vec::new(),
             discover: true,
@@ -167,6 +170,8 @@ pub struct Settings {
     pub backend: String,
     /// The ept backends age every n-th 4 KiB page of each tier.
     pub ept_sample_stride: u32,
+    /// The DAMON driver ages each sampled folio this often.
+    pub damon_sample: Duration,
     /// Whether the pmu source runs next to the backend.
     pub pmu: PmuMode,
     /// User event tables, each checked to parse.
@@ -284,6 +289,12 @@ impl Config {
                 format!("{} is not in [1, 4096]", self.ept_sample_stride),
             ));
         }
+        if !(5..=10_000).contains(&self.damon_sample_ms) {
+            return Err(invalid(
+                "damon_sample_ms",
+                format!("{} is not in [5, 10000]", self.damon_sample_ms),
+            ));
+        }
         if !BACKENDS.contains(&self.backend.as_str()) {
             return Err(invalid(
                 "backend",
@@ -379,6 +390,7 @@ impl Config {
             passes: self.passes_per_interval,
             backend: self.backend.clone(),
             ept_sample_stride: self.ept_sample_stride,
+            damon_sample: Duration::from_millis(self.damon_sample_ms),
             pmu,
             pmu_events: self.pmu_events.clone(),
             discover: self.discover,
@@ -581,6 +593,8 @@ mod tests {
         assert_eq!(key_of("passes_per_interval = 0"), "passes_per_interval");
         assert_eq!(key_of("ept_sample_stride = 0"), "ept_sample_stride");
         assert_eq!(key_of("ept_sample_stride = 5000"), "ept_sample_stride");
+        assert_eq!(key_of("damon_sample_ms = 1"), "damon_sample_ms");
+        assert_eq!(key_of("damon_sample_ms = 60000"), "damon_sample_ms");
         assert_eq!(key_of("pmu = \"yes\""), "pmu");
         assert_eq!(key_of("pmu_events = [\"rel/table.toml\"]"), "pmu_events");
         assert_eq!(

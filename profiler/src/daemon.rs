@@ -53,11 +53,22 @@ async fn serve(s: Settings, synthetic: (u32, u32)) -> anyhow::Result<()> {
     for c in &report.checks {
         tracing::info!(check = c.name, available = c.available, reason = %c.reason, "probe");
     }
-    let backend = sampler::select(&s.backend, &report, s.ept_sample_stride)?;
-    match &backend {
-        Some(b) => tracing::info!(backend = b.backend().short_name(), "sampler selected"),
-        None => tracing::warn!("no sampler backend: stats carry residency and guest reports only"),
-    }
+    let backend = sampler::select(&s.backend, &report, s.ept_sample_stride, s.damon_sample)?;
+    let no_sampler = match &backend {
+        Some(b) => {
+            tracing::info!(backend = b.backend().short_name(), "sampler selected");
+            None
+        }
+        None => {
+            let why = if s.backend == "none" {
+                "no sampler backend: backend = \"none\" in the config".to_string()
+            } else {
+                report.no_sampler_reason()
+            };
+            tracing::warn!(reason = %why, "stats carry residency and guest reports only");
+            Some(why)
+        }
+    };
     // The pmu source runs next to the backend (docs/pmu.md); unavailable
     // is logged and the daemon goes on without it.
     let pmu = PmuState::start(s.pmu, &s.pmu_events);
@@ -167,6 +178,7 @@ async fn serve(s: Settings, synthetic: (u32, u32)) -> anyhow::Result<()> {
         interval: s.interval,
         passes: s.passes,
         pmu,
+        no_sampler,
     }));
 
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
@@ -236,6 +248,8 @@ struct Sampling {
     interval: Duration,
     passes: u32,
     pmu: PmuState,
+    /// Why no sampler runs, when none does.
+    no_sampler: Option<String>,
 }
 
 /// One update per interval. The registry lock is held only for a pass.
@@ -250,8 +264,12 @@ async fn sample_loop(l: Sampling) {
         interval,
         passes,
         mut pmu,
+        no_sampler,
     } = l;
     let mut agg = Aggregator::default();
+    if let Some(why) = no_sampler {
+        agg.set_no_sampler_reason(why);
+    }
     // `passes` ageing passes per interval, alternating short and long so
     // the estimate can tell touch rates from pages; the last closes it.
     let ends = pass_ends(interval, passes);

@@ -52,10 +52,13 @@ pub struct Metrics {
     pmu_running: FGauge<TierLabels>,
     hit: FGauge<VmLabels>,
     hit_error: FGauge<VmLabels>,
+    measured: Family<VmLabels, Gauge>,
     active: Family<BackendLabels, Gauge>,
     scan_seconds: Family<BackendLabels, Counter<f64, AtomicU64>>,
     events: Family<BackendLabels, Counter>,
     lost: Family<BackendLabels, Counter>,
+    /// EPT health signals, pages: unattributed, foreign young, unmapped.
+    signals: [Family<BackendLabels, Counter>; 3],
     errors: Family<BackendLabels, Counter>,
     vms: Gauge,
     updates: Counter,
@@ -105,10 +108,12 @@ impl Metrics {
             pmu_running: Family::default(),
             hit: Family::default(),
             hit_error: Family::default(),
+            measured: Family::default(),
             active: Family::default(),
             scan_seconds: Family::default(),
             events: Family::default(),
             lost: Family::default(),
+            signals: Default::default(),
             errors: Family::default(),
             vms: Gauge::default(),
             updates: Counter::default(),
@@ -177,6 +182,11 @@ impl Metrics {
             m.hit_error.clone(),
         );
         r.register(
+            "vm_measured",
+            "1 if the host sampler read the VM in the last interval, 0 if it cannot (the reason is the stream's VmStats.not_measured and `tierctl top`); hit-ratio series are absent meanwhile",
+            m.measured.clone(),
+        );
+        r.register(
             "sampler_active",
             "1 if the backend produced the last interval",
             m.active.clone(),
@@ -192,6 +202,25 @@ impl Metrics {
             m.events.clone(),
         );
         r.register("sampler_lost", "Events the sampler lost", m.lost.clone());
+        for (name, help, f) in [
+            (
+                "sampler_unattributed_pages",
+                "EPT ageing events no VM was found for (another ager, or an unknown VM)",
+                &m.signals[0],
+            ),
+            (
+                "sampler_foreign_young_pages",
+                "Young pages of known VMs cleared by another ager (reclaim, MGLRU, another DAMON); tierd's passes miss them (fexit only)",
+                &m.signals[1],
+            ),
+            (
+                "sampler_unmapped_pages",
+                "Pages tierd aged outside every tier range of their VM: the tier map misses memory the guest uses",
+                &m.signals[2],
+            ),
+        ] {
+            r.register(name, help, f.clone());
+        }
         r.register(
             "sampler_errors",
             "Intervals in which sampling some VM failed",
@@ -250,9 +279,15 @@ impl Metrics {
                     .set(clamp(s.balloon_actual_bytes));
                 self.pmu(tl, s, secs);
             }
-            if stats.has_accesses {
+            let measured = stats.not_measured.is_empty();
+            self.measured.get_or_create(vl).set(i64::from(measured));
+            if stats.has_accesses && measured {
                 self.hit.get_or_create(vl).set(stats.dram_hit_ratio);
                 self.hit_error.get_or_create(vl).set(stats.dram_hit_error);
+            } else {
+                // No stale ratio from an earlier interval.
+                self.hit.remove(vl);
+                self.hit_error.remove(vl);
             }
         }
         for h in &u.health {
@@ -268,6 +303,13 @@ impl Metrics {
                 .inc_by(h.scan_cost_ns as f64 / 1e9);
             self.events.get_or_create(&b).inc_by(h.events);
             self.lost.get_or_create(&b).inc_by(h.lost);
+            for (f, v) in self.signals.iter().zip([
+                h.unattributed_pages,
+                h.foreign_young_pages,
+                h.unmapped_pages,
+            ]) {
+                f.get_or_create(&b).inc_by(v);
+            }
             if !h.error.is_empty() {
                 self.errors.get_or_create(&b).inc();
             }
@@ -304,6 +346,7 @@ impl Metrics {
         };
         self.hit.remove(&vm);
         self.hit_error.remove(&vm);
+        self.measured.remove(&vm);
         for t in tiers {
             for f in [
                 &self.young,
@@ -459,5 +502,28 @@ mod tests {
             !body.contains("tierd_tier_pmu_events_per_second{"),
             "{body}"
         );
+    }
+
+    /// A VM the sampler cannot read exports measured 0 and no hit ratio,
+    /// not the ratio of an earlier interval.
+    #[test]
+    fn an_unmeasured_vm_says_so_and_keeps_no_stale_ratio() {
+        let vm = "{vm=\"v\",name=\"v\"} ";
+        let mut m = Metrics::new();
+        let mut u = update([vec![], vec![]]);
+        u.stats[0].has_accesses = true;
+        u.stats[0].dram_hit_ratio = 0.7;
+        m.update(&u);
+        let body = m.encode();
+        assert_eq!(value(&body, &format!("tierd_vm_measured{vm}")), Some(1.0));
+        assert_eq!(
+            value(&body, &format!("tierd_vm_dram_hit_ratio{vm}")),
+            Some(0.7)
+        );
+        u.stats[0].not_measured = "ept-tracepoint: guest memory is hugetlbfs-backed".into();
+        m.update(&u);
+        let body = m.encode();
+        assert_eq!(value(&body, &format!("tierd_vm_measured{vm}")), Some(0.0));
+        assert_eq!(value(&body, &format!("tierd_vm_dram_hit_ratio{vm}")), None);
     }
 }

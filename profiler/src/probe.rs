@@ -63,19 +63,66 @@ impl Report {
         self.get(name).is_some_and(|c| c.available)
     }
 
+    /// Hardware virtualisation (VMX/SVM): guests run on EPT/NPT, not on
+    /// the host page tables.
+    pub fn hardware_virt(&self) -> bool {
+        matches!(self.kvm_impl.as_deref(), Some("kvm_intel" | "kvm_amd"))
+    }
+
     /// The sampler tierd would pick: EPT ageing with an ageing driver beats
-    /// host page tables, which are exact only for emulated guests.
+    /// host page tables, which are exact only for emulated guests and are
+    /// never picked under hardware virtualisation (`clear_refs 4` zaps
+    /// every SPTE of the VM each pass: docs/hostpte.md).
     pub fn best_backend(&self) -> Option<Backend> {
-        let driver = self.ok("page_idle");
+        let driver = self.ageing_driver();
         if self.ok("ept-fexit") && driver {
             Some(Backend::EptFexit)
         } else if self.ok("ept-tracepoint") && driver {
             Some(Backend::EptTracepoint)
-        } else if self.ok("hostpte") {
+        } else if self.ok("hostpte") && !self.hardware_virt() {
             Some(Backend::Hostpte)
         } else {
             None
         }
+    }
+
+    /// An ageing driver exists: page_idle, or DAMON free for tierd.
+    pub fn ageing_driver(&self) -> bool {
+        self.ok("page_idle") || self.ok("damon")
+    }
+
+    /// Why neither ageing driver can run, with what would fix it.
+    pub fn no_ageing_driver_reason(&self) -> String {
+        let why = |n: &str| {
+            self.get(n)
+                .map_or("not probed".to_string(), |c| c.reason.clone())
+        };
+        format!("no ageing driver ({}; {})", why("page_idle"), why("damon"))
+    }
+
+    /// Why `auto` picks no sampler here, for every VM's `not_measured`.
+    pub fn no_sampler_reason(&self) -> String {
+        let why = |n: &str| {
+            self.get(n)
+                .map_or("not probed".to_string(), |c| c.reason.clone())
+        };
+        let mut parts = Vec::new();
+        if !self.ok("ept-fexit") && !self.ok("ept-tracepoint") {
+            parts.push(format!(
+                "no EPT hook ({}; {})",
+                why("ept-fexit"),
+                why("ept-tracepoint")
+            ));
+        }
+        if !self.ageing_driver() {
+            parts.push(self.no_ageing_driver_reason());
+        }
+        if self.hardware_virt() {
+            parts.push("hostpte not used under hardware virtualisation".into());
+        } else if !self.ok("hostpte") {
+            parts.push(format!("hostpte: {}", why("hostpte")));
+        }
+        format!("no sampler backend: {}", parts.join("; "))
     }
 
     /// Protocol form; `selected` marks the backend the daemon runs.
@@ -130,6 +177,7 @@ pub fn run() -> Report {
         check_tracepoint(),
         check_page_idle(),
         check_damon(),
+        check_pagemap(),
         check_hostpte(kvm_impl.as_deref()),
         with_kvm_run_watch(with_pmu_events(check_pmu())),
     ];
@@ -234,24 +282,19 @@ fn check_tracepoint() -> Check {
             format!("raw_tp kvm_tdp_mmu_spte_changed: {e}"),
         );
     }
-    match std::fs::read_to_string("/sys/module/kvm/parameters/tdp_mmu") {
-        Ok(v) if v.trim() == "Y" => Check::yes(
+    // kvm.tdp_mmu=Y alone says little (6.1 latches it per VM and reads Y
+    // with ept=N): the vendor module's paging mode decides.
+    use crate::sampler::ept::HostMode;
+    match HostMode::detect_host().and_then(|m| m.tracepoint_masks().map(|_| m)) {
+        Ok(m) => Check::yes(
             name,
             Backend::EptTracepoint,
-            "raw_tp kvm_tdp_mmu_spte_changed attaches; kvm.tdp_mmu=Y",
-        ),
-        Ok(v) => Check::no(
-            name,
-            Backend::EptTracepoint,
-            format!(
-                "raw_tp attaches, but kvm.tdp_mmu={}: no TDP MMU on this KVM, the tracepoint never fires",
-                v.trim()
-            ),
+            format!("raw_tp kvm_tdp_mmu_spte_changed attaches; {}", m.describe()),
         ),
         Err(e) => Check::no(
             name,
             Backend::EptTracepoint,
-            format!("raw_tp attaches, but kvm.tdp_mmu unreadable: {e}"),
+            format!("raw_tp attaches, but {e}"),
         ),
     }
 }
@@ -268,7 +311,7 @@ fn check_page_idle() -> Check {
         Check::no(
             "page_idle",
             Backend::Unspecified,
-            "ageing driver: /sys/kernel/mm/page_idle/bitmap absent (CONFIG_IDLE_PAGE_TRACKING off)",
+            "ageing driver: /sys/kernel/mm/page_idle/bitmap absent (kernel built without CONFIG_IDLE_PAGE_TRACKING=y, as all of Debian 12's 6.1 and 6.12 kernels are; docs/ept.md)",
         )
     }
 }
@@ -281,24 +324,54 @@ fn check_damon() -> Check {
         Err(_) => Check::no(
             name,
             Backend::Unspecified,
-            "ageing driver: DAMON sysfs absent (CONFIG_DAMON_SYSFS off)",
+            "ageing driver: DAMON sysfs absent (CONFIG_DAMON_SYSFS and CONFIG_DAMON_VADDR off, as in Debian 12's 6.1)",
         ),
-        Ok(Ok(0)) => Check::no(
+        Ok(Ok(0)) => Check::yes(
             name,
             Backend::Unspecified,
-            "ageing driver: DAMON sysfs present and unused; tierd does not create kdamonds yet",
+            "ageing driver: DAMON sysfs present and unused: the ept backends would create tierd's own kdamonds, one per VM (needs CONFIG_DAMON_VADDR)",
         ),
         Ok(Ok(n)) => Check::no(
             name,
             Backend::Unspecified,
             format!(
-                "ageing driver: {n} kdamond(s) not created by tierd are configured; tierd never touches them"
+                "ageing driver: {n} kdamond(s) not created by tierd are configured; tierd never touches them (writing nr_kdamonds would destroy their settings)"
             ),
         ),
         Ok(Err(e)) => Check::no(
             name,
             Backend::Unspecified,
             format!("ageing driver: nr_kdamonds unreadable: {e}"),
+        ),
+    }
+}
+
+/// PFNs in pagemap need CAP_SYS_ADMIN (`pagemap_read`: `show_pfn`);
+/// without them the ept backends refuse every VM.
+fn check_pagemap() -> Check {
+    let name = "pagemap";
+    let page = vec![1u8; 8192];
+    let addr = (page.as_ptr() as u64).next_multiple_of(4096);
+    let read = std::fs::File::open("/proc/self/pagemap").and_then(|f| {
+        let mut e = [0u8; 8];
+        std::os::unix::fs::FileExt::read_exact_at(&f, &mut e, addr / 4096 * 8)?;
+        Ok(u64::from_ne_bytes(e))
+    });
+    match read {
+        Ok(e) if e & (1 << 63) != 0 && e & ((1 << 55) - 1) != 0 => Check::yes(
+            name,
+            Backend::Unspecified,
+            "pagemap shows PFNs (CAP_SYS_ADMIN)",
+        ),
+        Ok(_) => Check::no(
+            name,
+            Backend::Unspecified,
+            "pagemap hides PFNs: tierd lacks CAP_SYS_ADMIN; the ept backends refuse every VM",
+        ),
+        Err(e) => Check::no(
+            name,
+            Backend::Unspecified,
+            format!("/proc/self/pagemap: {e}"),
         ),
     }
 }
@@ -319,6 +392,9 @@ fn check_hostpte(implementation: Option<&str>) -> Check {
         Ok(s) if s.contains("Referenced:") => {
             let scope = match implementation {
                 Some("kvm_pvm") => "guest accesses fault through host page tables here",
+                Some("kvm_intel" | "kvm_amd") => {
+                    "only when forced (backend = \"hostpte\"), never by auto: under EPT/NPT it sees guest accesses only because clear_refs 4 zaps every SPTE of the VM each pass, a VM-wide TLB flush and a refault of the working set per pass under the VMM's mmap lock"
+                }
                 _ => {
                     "guest accesses are seen only when KVM faults pages in (under EPT/NPT after an invalidation)"
                 }
@@ -481,4 +557,58 @@ struct PerfEventAttr {
     bp_type: u32,
     config1: u64,
     config2: u64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn report(kvm: &str, ok: &[&'static str]) -> Report {
+        let names = ["ept-fexit", "ept-tracepoint", "page_idle", "hostpte"];
+        Report {
+            kvm_impl: Some(kvm.into()),
+            checks: names
+                .iter()
+                .map(|&n| {
+                    if ok.contains(&n) {
+                        Check::yes(n, Backend::Unspecified, "ok")
+                    } else {
+                        Check::no(n, Backend::Unspecified, format!("{n} missing"))
+                    }
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn auto_never_picks_hostpte_under_hardware_virtualisation() {
+        assert_eq!(
+            report("kvm_pvm", &["hostpte"]).best_backend(),
+            Some(Backend::Hostpte)
+        );
+        for kvm in ["kvm_intel", "kvm_amd"] {
+            let r = report(kvm, &["hostpte", "ept-tracepoint"]);
+            assert_eq!(r.best_backend(), None, "{kvm}: no ageing driver");
+            let why = r.no_sampler_reason();
+            assert!(why.contains("page_idle missing"), "{why}");
+            assert!(why.contains("hostpte not used under hardware"), "{why}");
+        }
+        assert_eq!(
+            report("kvm_intel", &["hostpte", "ept-tracepoint", "page_idle"]).best_backend(),
+            Some(Backend::EptTracepoint)
+        );
+    }
+
+    #[test]
+    fn no_sampler_reason_names_every_missing_piece() {
+        let why = report("kvm_pvm", &[]).no_sampler_reason();
+        for part in [
+            "ept-fexit missing",
+            "ept-tracepoint missing",
+            "page_idle missing",
+            "hostpte missing",
+        ] {
+            assert!(why.contains(part), "{part}: {why}");
+        }
+    }
 }

@@ -9,12 +9,14 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly on purpose
 
+mod ept_common;
+
 use std::collections::BTreeMap;
 
 use libtest_mimic::{Arguments, Completion, Failed, Trial};
 use tier_profiler::sampler::ept::{
     EptError, EptOptions, EptProgram, EptPrograms, GfnRange, HEAT_GRANULE_PAGES, MAX_TIERS,
-    NPT_ACCESSED_MASK, NPT_PRESENT_MASK, ProgramStatus, TierCount, VmCounts, current_tid,
+    ProgramStatus, TierCount, VmCounts, current_tid,
 };
 
 // Tiers as the tests number them.
@@ -36,8 +38,13 @@ const YOUNG: u64 = PRESENT | A_BIT;
 const OLD: u64 = PRESENT;
 /// SHADOW_NONPRESENT_VALUE on x86-64 (what a zap leaves).
 const NONPRESENT: u64 = 1 << 63;
-/// FROZEN_SPTE of kernels before 6.12: non-present, but has bit 8 set.
+/// FROZEN_SPTE (6.12: SHADOW_NONPRESENT_VALUE | 0x5a0) and 6.1's
+/// REMOVED_SPTE (0x5a0): not shadow-present (no bit 11), but bit 8 is set.
 const FROZEN_OLD: u64 = (1 << 63) | 0x5a0;
+const REMOVED_6_1: u64 = 0x5a0;
+/// An EPT MMIO SPTE: VMX_EPT_MISCONFIG_WX_VALUE (W|X) and a generation
+/// whose low bits (3-10) include bit 8; never shadow-present.
+const MMIO: u64 = 0x6 | (1 << 8) | (1 << 5);
 
 fn tc(checked: u64, young: u64, events: u64) -> TierCount {
     TierCount {
@@ -112,13 +119,11 @@ fn zero() -> TierCount {
 fn two_vms(p: &mut EptPrograms) {
     p.set_vm(
         VM_A,
-        Some(1000),
         &[range(0, 0x10000, DRAM), range(0x10000, 0x20000, SLOW)],
     )
     .unwrap();
     p.set_vm(
         VM_B,
-        Some(2000),
         &[
             range(0, 0x8000, DRAM),
             range(0x8000, 0x10000, CXL),
@@ -167,7 +172,6 @@ fn range_boundaries() {
     // Adjacent dram/cxl, then a gap, then slow.
     p.set_vm(
         VM_A,
-        None,
         &[
             range(0x100, 0x200, DRAM),
             range(0x200, 0x300, CXL),
@@ -244,7 +248,7 @@ fn non_ageing_changes_are_not_counted() {
     let mut p = load(tracepoint_only(true));
     two_vms(&mut p);
     let _owner = p.scan_as(VM_A).unwrap();
-    let ignored: [(&str, u64, u64, u64, u64); 11] = [
+    let ignored: &[(&str, u64, u64, u64, u64)] = &[
         ("old not young (e.g. write-protect)", 0, 1, OLD | D_BIT, OLD),
         ("old not young, new young (fault)", 0, 1, OLD, YOUNG),
         ("zap: new not present", 0, 1, YOUNG, NONPRESENT),
@@ -257,6 +261,9 @@ fn non_ageing_changes_are_not_counted() {
             FROZEN_OLD,
         ),
         ("unfreeze", 0, 1, FROZEN_OLD, OLD),
+        ("6.1 REMOVED_SPTE to present", 0, 1, REMOVED_6_1, OLD),
+        ("MMIO SPTE replaced by an old present one", 0, 1, MMIO, OLD),
+        ("young to old with another pfn", 0, 1, YOUNG, OLD + 0x1000),
         (
             "new still young (dirty bit set)",
             0,
@@ -269,7 +276,7 @@ fn non_ageing_changes_are_not_counted() {
         ("level 0", 0, 0, YOUNG, OLD),
         ("level 5", 0, 5, YOUNG, OLD),
     ];
-    for (what, as_id, level, old, new) in ignored {
+    for &(what, as_id, level, old, new) in ignored {
         spte(&p, as_id, 0x10, level, old, new);
         assert_eq!(p.vm_counts(VM_A).unwrap(), VmCounts::default(), "{what}");
         assert_eq!(p.unattributed().unwrap(), zero(), "{what}");
@@ -287,13 +294,9 @@ fn huge_sptes_count_their_pages() {
     let mut p = load(tracepoint_only(false));
     // dram [0, 0x300), cxl [0x300, 0x1100): 2 MiB SPTEs at 0x200 and 0x1000
     // straddle the cxl start and the end of memory.
-    p.set_vm(
-        VM_A,
-        None,
-        &[range(0, 0x300, DRAM), range(0x300, 0x1100, CXL)],
-    )
-    .unwrap();
-    p.set_vm(VM_B, None, &[range(0, 0x80000, SLOW)]).unwrap();
+    p.set_vm(VM_A, &[range(0, 0x300, DRAM), range(0x300, 0x1100, CXL)])
+        .unwrap();
+    p.set_vm(VM_B, &[range(0, 0x80000, SLOW)]).unwrap();
     let tid = current_tid();
 
     p.set_scan_owner(tid, VM_A).unwrap();
@@ -324,7 +327,7 @@ fn huge_sptes_count_their_pages() {
 
     // A huge SPTE that starts before the first range.
     const VM_C: u32 = 2;
-    p.set_vm(VM_C, None, &[range(0x100, 0x300, DRAM)]).unwrap();
+    p.set_vm(VM_C, &[range(0x100, 0x300, DRAM)]).unwrap();
     p.set_scan_owner(tid, VM_C).unwrap();
     spte(&p, 0, 0, 2, YOUNG, OLD);
     assert_eq!(
@@ -337,7 +340,6 @@ fn huge_sptes_count_their_pages() {
     const VM_D: u32 = 3;
     p.set_vm(
         VM_D,
-        None,
         &[
             range(0, 0x100, DRAM),
             range(0x100, 0x180, DRAM),
@@ -408,7 +410,7 @@ fn heat_histogram_buckets() {
     assert_eq!(p.vm_counts(VM_A).unwrap(), VmCounts::default());
     // A new VM in the slot starts from empty heat slots, though the kernel
     // held VM A's old sums in them.
-    p.set_vm(VM_A, None, &[range(0, 0x400, DRAM)]).unwrap();
+    p.set_vm(VM_A, &[range(0, 0x400, DRAM)]).unwrap();
     assert_eq!(
         p.heat().unwrap(),
         [((VM_B, 0), 1)].into_iter().collect::<BTreeMap<_, _>>()
@@ -444,12 +446,8 @@ fn scan_owner_cache_collisions() {
 /// Ranges that start mid-granule and spans that cross ranges.
 fn heat_granules_follow_the_ranges() {
     let mut p = load(tracepoint_only(true));
-    p.set_vm(
-        VM_A,
-        None,
-        &[range(0x100, 0x300, DRAM), range(0x300, 0x800, CXL)],
-    )
-    .unwrap();
+    p.set_vm(VM_A, &[range(0x100, 0x300, DRAM), range(0x300, 0x800, CXL)])
+        .unwrap();
     let _owner = p.scan_as(VM_A).unwrap();
     age(&p, 0x100); // granule 0, first range
     age(&p, 0x2ff); // granule 1, first range
@@ -612,7 +610,7 @@ fn sixteen_ranges_and_slot_reuse() {
         .collect();
     // Given in reverse: the loader sorts them for the program's search.
     let reversed: Vec<GfnRange> = ranges.iter().rev().copied().collect();
-    p.set_vm(VM_A, Some(1000), &reversed).unwrap();
+    p.set_vm(VM_A, &reversed).unwrap();
     {
         let _owner = p.scan_as(VM_A).unwrap();
         for r in &ranges {
@@ -638,64 +636,23 @@ fn sixteen_ranges_and_slot_reuse() {
 
     // Bad input is refused before it reaches the maps.
     assert!(matches!(
-        p.set_vm(64, None, &[]),
+        p.set_vm(64, &[]),
         Err(EptError::SlotOutOfRange { slot: 64 })
     ));
     assert!(matches!(
-        p.set_vm(VM_B, None, &[range(0, 0x10, 0), range(0xf, 0x20, 1)]),
+        p.set_vm(VM_B, &[range(0, 0x10, 0), range(0xf, 0x20, 1)]),
         Err(EptError::BadRanges { .. })
     ));
     let mut seventeen = ranges.clone();
     seventeen.push(range(0x10000, 0x10001, 0));
     assert!(matches!(
-        p.set_vm(VM_B, None, &seventeen),
+        p.set_vm(VM_B, &seventeen),
         Err(EptError::BadRanges { .. })
     ));
     assert!(matches!(
         p.set_scan_owner(current_tid(), 64),
         Err(EptError::SlotOutOfRange { slot: 64 })
     ));
-}
-
-/// What the fexit hooks would see: kvm->userspace_pid -> slot.
-fn vm_by_pid_follows_set_vm() {
-    let mut p = load(tracepoint_only(false));
-    let r = [range(0, 0x100, DRAM)];
-    p.set_vm(VM_A, Some(1000), &r).unwrap();
-    assert_eq!(p.slot_of_pid(1000).unwrap(), Some(VM_A));
-    // The same VMM pid moves to another slot.
-    p.set_vm(VM_B, Some(1000), &r).unwrap();
-    assert_eq!(p.slot_of_pid(1000).unwrap(), Some(VM_B));
-    // A new pid for the slot replaces the old one.
-    p.set_vm(VM_B, Some(2000), &r).unwrap();
-    assert_eq!(p.slot_of_pid(1000).unwrap(), None);
-    assert_eq!(p.slot_of_pid(2000).unwrap(), Some(VM_B));
-    // Clearing slot A (which lost pid 1000) leaves B's pid alone.
-    p.clear_vm(VM_A).unwrap();
-    assert_eq!(p.slot_of_pid(2000).unwrap(), Some(VM_B));
-    p.clear_vm(VM_B).unwrap();
-    assert_eq!(p.slot_of_pid(2000).unwrap(), None);
-}
-
-fn npt_masks_from_rodata() {
-    let mut p = load(EptOptions {
-        accessed_mask: NPT_ACCESSED_MASK,
-        present_mask: NPT_PRESENT_MASK,
-        ..tracepoint_only(false)
-    });
-    two_vms(&mut p);
-    let _owner = p.scan_as(VM_A).unwrap();
-    let npt_old: u64 = 0x0000_0001_2345_6000 | (1 << 11) | 0x7; // P, RW, US
-    let npt_young = npt_old | NPT_ACCESSED_MASK;
-    spte(&p, 0, 0, 1, npt_young, npt_old);
-    // The EPT accessed bit means nothing with NPT masks.
-    spte(&p, 0, 0, 1, npt_old | A_BIT, npt_old);
-    // Not present under NPT: bit 0 clear.
-    spte(&p, 0, 0, 1, (npt_young & !1) | 0x2, npt_old);
-    assert_eq!(
-        p.vm_counts(VM_A).unwrap(),
-        vm(&[(DRAM, tc(1, 1, 1))], zero())
-    );
 }
 
 /// raw_tp program loads and attaches to the real tracepoint; the empty
@@ -733,13 +690,14 @@ fn raw_tp_loads_and_attaches() {
 fn all_programs_load_what_they_can() {
     let p = EptPrograms::load(&EptOptions::default()).unwrap();
     assert_eq!(p.status(EptProgram::SpteChanged), &ProgramStatus::Attached);
-    for f in [EptProgram::FexitAgeGfn, EptProgram::FexitTestAgeGfn] {
-        match p.status(f) {
-            ProgramStatus::Attached => {}
-            ProgramStatus::Failed(EptError::Load { program, .. }) => assert_eq!(*program, f),
-            other => panic!("{f}: {other:?}"),
-        }
+    let f = EptProgram::FexitAgeGfn;
+    match p.status(f) {
+        ProgramStatus::Attached => {}
+        ProgramStatus::Failed(EptError::Load { program, .. }) => assert_eq!(*program, f),
+        other => panic!("{f}: {other:?}"),
     }
+    // Test-only programs are loaded on request only.
+    assert_eq!(p.status(EptProgram::AgeTest), &ProgramStatus::NotRequested);
 }
 
 /// Errnos that mean "this kernel does not let fexit attach here", as
@@ -786,29 +744,12 @@ fn fexit_loads(program: EptProgram) -> Result<Completion, Failed> {
     }
 }
 
-/// Whether the raw_tp program can be loaded by this process at all; `Err`
-/// only for a missing privilege (anything else must fail the tests).
-fn raw_tp_capability() -> Result<(), String> {
-    match EptPrograms::load(&tracepoint_only(false)) {
-        Ok(p) => match p.status(EptProgram::SpteChanged) {
-            ProgramStatus::Failed(e) if e.errno() == Some(libc::EPERM) => Err(format!(
-                "raw_tp: EPERM at program load, needs root/CAP_BPF ({e})"
-            )),
-            _ => Ok(()),
-        },
-        Err(e) if e.errno() == Some(libc::EPERM) => {
-            Err(format!("BPF: EPERM, needs root/CAP_BPF ({e})"))
-        }
-        Err(_) => Ok(()),
-    }
-}
-
 fn main() {
     let args = Arguments::from_args();
     // libbpf's own messages (e.g. the EPERM of a refused fexit) go to
     // tracing; each refusal is reported once, as the ignore reason.
     tier_profiler::bpf::route_libbpf_logs();
-    let ready = raw_tp_capability();
+    let ready = ept_common::capability();
 
     let raw_tp = |name: &'static str, f: fn()| {
         let ready = ready.clone();
@@ -851,7 +792,6 @@ fn main() {
             all_programs_load_what_they_can,
         ),
         fexit("fexit_kvm_age_gfn_loads", EptProgram::FexitAgeGfn),
-        fexit("fexit_kvm_test_age_gfn_loads", EptProgram::FexitTestAgeGfn),
         raw_tp("two_vms_three_tiers", two_vms_three_tiers),
         raw_tp("range_boundaries_start_in_end_out", range_boundaries),
         raw_tp("unknown_vm_is_unattributed", unknown_vm_is_unattributed),
@@ -873,8 +813,6 @@ fn main() {
             "sixteen_ranges_and_slot_reuse",
             sixteen_ranges_and_slot_reuse,
         ),
-        raw_tp("vm_by_pid_follows_set_vm", vm_by_pid_follows_set_vm),
-        raw_tp("npt_masks_from_rodata", npt_masks_from_rodata),
     ];
     libtest_mimic::run(&args, tests).exit();
 }

@@ -32,7 +32,7 @@ fn ept_backends_count_the_demo_guests_pages() {
         DemoVm::start(DemoVmConfig::default()).unwrap(),
         TierKind::Cxl,
     );
-    let mut s = EptAgeing::new(backend, 1).unwrap();
+    let mut s = EptAgeing::new(backend, 1, Duration::from_millis(100)).unwrap();
     s.sample(&[tracked.vm()]).pop().unwrap().unwrap();
     for _ in 0..3 {
         std::thread::sleep(Duration::from_millis(200));

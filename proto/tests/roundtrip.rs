@@ -106,6 +106,7 @@ fn stats_update_roundtrip_with_optional_and_departures() {
             has_accesses: true,
             dram_hit_target: Some(0.9),
             guest_reported_accesses: vec![192, 96],
+            not_measured: "ept-tracepoint: guest memory is hugetlbfs-backed".into(),
         }],
         departed_vm_ids: vec!["ch:1".into()],
         vms_unchanged: false,
@@ -116,6 +117,9 @@ fn stats_update_roundtrip_with_optional_and_departures() {
             events: 10,
             lost: 0,
             scan_cost_ns: 5_000,
+            unattributed_pages: 3,
+            foreign_young_pages: 2,
+            unmapped_pages: 1,
         }],
     };
     let back = roundtrip(&update);

@@ -44,6 +44,11 @@ pub const PACKAGES: &[(&str, &str)] = &[
         "xz-utils",
         "cargo xtask compat: Debian 6.12 ships kvm*.ko.xz",
     ),
+    (
+        "user-mode-linux",
+        "a real Linux 6.1 guest for tier-balloon (cargo xtask uml, tests)",
+    ),
+    ("kmod", "insmod in the user-mode-linux guest"),
 ];
 
 fn installed(pkg: &str) -> bool {

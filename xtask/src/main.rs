@@ -6,6 +6,7 @@ mod demo_ch;
 mod deps;
 mod linux_driver;
 mod run;
+mod uml;
 mod vmm_patch;
 
 use std::path::PathBuf;
@@ -65,6 +66,13 @@ enum Task {
         /// Keep the run's sockets, serial logs and tierd log here.
         #[arg(long)]
         work_dir: Option<PathBuf>,
+    },
+    /// Boot a real Linux guest (Debian's user-mode-linux) with its stock
+    /// virtio_balloon against tier-balloon; inflate and deflate it.
+    Uml {
+        /// Balloon size to inflate, MiB.
+        #[arg(long, default_value_t = 32)]
+        target_mib: u64,
     },
     /// Regenerate bpf/include/x86_64/vmlinux.h from this kernel's BTF.
     Vmlinux,
@@ -135,6 +143,7 @@ fn dispatch(task: Task) -> anyhow::Result<()> {
             ch_target_dir,
             work_dir,
         } => e2e(ch_src, micro_http, ch_target_dir, work_dir),
+        Task::Uml { target_mib } => uml::run(target_mib),
         Task::Vmlinux => vmlinux(),
         Task::Compat {
             kernels,

@@ -62,7 +62,7 @@ fn load(heat: bool) -> anyhow::Result<EptPrograms> {
             p.status(prog)
         );
     }
-    p.set_vm(0, Some(1), &sixteen_ranges())?;
+    p.set_vm(0, &sixteen_ranges())?;
     Ok(p)
 }
 
@@ -208,8 +208,8 @@ fn main() -> anyhow::Result<()> {
     println!();
     println!("note: {repeat_note}");
     println!(
-        "note: fexit/kvm_age_gfn and fexit/kvm_test_age_gfn are not runnable here (fexit load gives EPERM); \
-         they share account() with the raw_tp program"
+        "note: fexit/kvm_age_gfn is not runnable here (fexit load gives EPERM); \
+         it shares account() with the raw_tp program"
     );
     println!(
         "worst program median: {} at {:.1} ns/event, {:.1} ns above the empty program",

@@ -238,7 +238,13 @@ fn tier_table(app: &App, v: &VmView, width: usize) -> Vec<Line<'static>> {
             s.map_or("-", |s| s.source().short_name()),
         )));
     }
-    // Why a tier reads n/m, and what a count rests on: never a silent 0.
+    // Why a VM or a tier reads n/m, and what a count rests on: never a
+    // silent 0.
+    if let Some(why) = v.not_measured() {
+        for l in wrap("not measured: ", why, width, 2) {
+            out.push(Line::styled(l, Style::new().fg(Color::Yellow)));
+        }
+    }
     for (i, t) in v.vm.tiers.iter().enumerate() {
         let Some(p) = v.sample(i).and_then(pmu_source) else {
             continue;

@@ -59,6 +59,14 @@ impl VmView {
             .map(|s| s.dram_hit_ratio)
     }
 
+    /// Why the host sampler has no reading of the VM this interval.
+    pub fn not_measured(&self) -> Option<&str> {
+        self.stats
+            .as_ref()
+            .map(|s| s.not_measured.as_str())
+            .filter(|s| !s.is_empty())
+    }
+
     /// The VM's own target if the controller manages it, else `default`.
     pub fn target(&self, default: Option<f64>) -> Option<f64> {
         self.stats

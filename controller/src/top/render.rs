@@ -333,7 +333,11 @@ fn vm_cells(app: &App, v: &VmView, default: Option<f64>, spark_w: usize) -> [Cel
         balloon,
         acc,
         source,
-        Cell::from(pct(v.hit())),
+        Cell::from(if v.not_measured().is_some() {
+            "n/m".to_string()
+        } else {
+            pct(v.hit())
+        }),
         Cell::from(pct(v.target(default))),
         Cell::from(Span::styled(delta(d), delta_style(d, app.epsilon()))),
         Cell::from(Span::styled(trend, Style::new().fg(Color::Cyan))),

@@ -76,6 +76,7 @@ pub fn update(n: usize, seq: u64) -> StatsUpdate {
                 has_accesses: i % 17 != 5,
                 dram_hit_target: i.is_multiple_of(4).then_some(0.8),
                 guest_reported_accesses: Vec::new(),
+                not_measured: String::new(),
             }
         })
         .collect();

@@ -1,7 +1,9 @@
-//! Backends `ept-fexit` and `ept-tracepoint`: per interval, tierd marks a
-//! sample of each VM's pages idle (page_idle driver) while it is the scan
-//! owner of the VM's slot, and reads back what the BPF programs counted per
-//! (VM, tier): the pages KVM found young since the previous pass.
+//! Backends `ept-fexit` and `ept-tracepoint`: per pass, a sample of each
+//! VM's folios is aged while the ager is the scan owner of the VM's slot,
+//! and tierd reads back what the BPF programs counted per (VM, tier): the
+//! pages KVM found young since the previous ageing. The ager is tierd's own
+//! thread writing page_idle's bitmap where the kernel has it, else tierd's
+//! kdamond for the VM (the DAMON driver, `sampler/damon.rs`).
 //!
 //! Needs each tier's guest-physical ranges (gfn -> tier happens in BPF), so
 //! VMs whose layout is unknown (kvm-fd discovery reports GPA 0) get a clear
@@ -10,25 +12,47 @@
 use std::collections::{HashMap, HashSet};
 use std::fs::File;
 use std::path::Path;
+use std::time::{Duration, Instant};
 
 use tier_proto::v1::{Backend, Vm};
 
-use super::ept::{EptOptions, EptPrograms, GfnRange, MAX_VMS};
-use super::page_idle::{self, Bitmap};
-use super::{SampleError, Sampler, TierReading};
+use super::canary::{Canary, CanaryPass};
+use super::damon::{DamonDriver, per_round};
+use super::ept::{EptOptions, EptPrograms, GfnRange, HostMode, MAX_VMS};
+use super::folio::PageFlags;
+use super::page_idle::{self, Bitmap, RangeError};
+use super::{SampleError, Sampler, Signals, TierReading};
 
 const PAGE: u64 = 4096;
 
-/// The EPT sampler: BPF programs plus the page_idle driver.
+/// What ages the sampled folios.
+#[derive(Debug)]
+enum Driver {
+    /// tierd's thread writes their heads to page_idle's bitmap each pass.
+    PageIdle(Bitmap),
+    /// tierd's kdamond per VM ages them every sampling interval.
+    Damon(DamonDriver),
+}
+
+/// A DAMON VM's folios are picked anew this often (memory that became
+/// resident since joins the sample).
+const DAMON_REPICK: Duration = Duration::from_secs(60);
+
+/// The EPT sampler: BPF programs plus an ageing driver.
 #[derive(Debug)]
 pub struct EptAgeing {
     backend: Backend,
     progs: EptPrograms,
-    bitmap: Bitmap,
-    /// Every `stride`-th page of each tier is aged (1 = all).
+    driver: Driver,
+    flags: PageFlags,
+    /// When each DAMON VM's folios were picked.
+    picked: HashMap<String, Instant>,
+    /// Health signals since the last `take_signals`.
+    signals: Signals,
+    /// One page in `stride` of each tier is aged, by whole folios (1 = all).
     stride: u64,
     slots: HashMap<String, u32>,
-    armed: HashSet<String>,
+    canaries: HashMap<String, Canary>,
 }
 
 fn err(what: &str, e: impl std::fmt::Display) -> SampleError {
@@ -39,22 +63,47 @@ fn err(what: &str, e: impl std::fmt::Display) -> SampleError {
 }
 
 impl EptAgeing {
-    /// Loads and attaches the programs `backend` needs and opens the bitmap.
-    pub fn new(backend: Backend, stride: u64) -> Result<EptAgeing, SampleError> {
-        let bitmap = Bitmap::open(Path::new(page_idle::BITMAP)).map_err(|e| err("page_idle", e))?;
-        let options = EptOptions {
-            tracepoint: backend == Backend::EptTracepoint,
+    /// Loads and attaches the programs `backend` needs, then takes an
+    /// ageing driver: page_idle, else DAMON (kdamonds ageing every
+    /// `damon_sample`), else the error names both reasons.
+    pub fn new(
+        backend: Backend,
+        stride: u64,
+        damon_sample: Duration,
+    ) -> Result<EptAgeing, SampleError> {
+        let flags = PageFlags::open().map_err(|e| err("kpageflags (needs CAP_SYS_ADMIN)", e))?;
+        let tracepoint = backend == Backend::EptTracepoint;
+        let mut options = EptOptions {
+            tracepoint,
             fexit: backend == Backend::EptFexit,
             ..EptOptions::default()
         };
+        if tracepoint {
+            // The SPTE bits of this host's MMU (EPT A/D, access tracking,
+            // NPT), or why the tracepoint never fires here.
+            options.masks = HostMode::detect_host()
+                .and_then(|m| m.tracepoint_masks())
+                .map_err(|e| err("kvm mode (/sys/module)", e))?;
+        }
         let progs = EptPrograms::load(&options).map_err(|e| err("bpf", e))?;
+        // Last: DAMON is taken only once nothing else can fail.
+        let driver = match Bitmap::open(Path::new(page_idle::BITMAP)) {
+            Ok(b) => Driver::PageIdle(b),
+            Err(pi) => match DamonDriver::new(MAX_VMS as usize, damon_sample) {
+                Ok(d) => Driver::Damon(d),
+                Err(d) => return Err(no_driver(&pi, &d)),
+            },
+        };
         Ok(EptAgeing {
             backend,
             progs,
-            bitmap,
+            driver,
+            flags,
+            picked: HashMap::new(),
+            signals: Signals::default(),
             stride: stride.max(1),
             slots: HashMap::new(),
-            armed: HashSet::new(),
+            canaries: HashMap::new(),
         })
     }
 
@@ -69,52 +118,159 @@ impl EptAgeing {
         let ranges = gfn_ranges(vm)?;
         self.progs.clear_vm(slot).map_err(|e| err("bpf", e))?;
         self.progs
-            .set_vm(slot, Some(vm.vmm_pid), &ranges)
+            .set_vm(slot, &ranges)
             .map_err(|e| err("bpf", e))?;
         self.slots.insert(vm.id.clone(), slot);
         Ok(slot)
     }
 
-    fn sample_vm(&mut self, vm: &Vm) -> Result<Vec<TierReading>, SampleError> {
-        let slot = self.slot(vm)?;
+    /// The folios of this pass, per tier: pages, heads and extents.
+    fn pick(&self, vm: &Vm) -> Result<Picked, SampleError> {
         let path = format!("/proc/{}/pagemap", vm.vmm_pid);
         let pagemap =
             File::open(&path).map_err(|_| SampleError::ProcessGone { pid: vm.vmm_pid })?;
-        let mut sampled = Vec::with_capacity(vm.tiers.len());
-        let mut pfns = Vec::new();
+        let mut p = Picked::default();
+        let mut seen = HashSet::new();
         for t in &vm.tiers {
             let mut n = 0u64;
             for r in &t.ranges {
-                let pages = page_idle::sampled_pfns(&pagemap, r.hva_start, r.length, self.stride)
-                    .map_err(|e| err(&path, e))?;
-                n += pages.len() as u64;
-                pfns.extend(pages.into_iter().map(|p| p.pfn));
+                if r.hva_start == 0 {
+                    return Err(SampleError::NoMapping {
+                        tier: t.name.clone(),
+                    });
+                }
+                let s = page_idle::sample_range(
+                    &pagemap,
+                    &self.flags,
+                    r.hva_start,
+                    r.length,
+                    self.stride,
+                    &mut seen,
+                )
+                .map_err(|e| match e {
+                    RangeError::Io(e) => err(&path, e),
+                    refused => SampleError::Unmeasurable {
+                        reason: refused.to_string(),
+                    },
+                })?;
+                n += s.pages;
+                p.heads.extend(s.heads);
+                p.extents.extend(s.extents);
             }
-            sampled.push(n);
+            p.pages.push(n);
         }
-        {
+        p.extents.sort_unstable();
+        Ok(p)
+    }
+
+    fn sample_vm(&mut self, vm: &Vm) -> Result<Vec<TierReading>, SampleError> {
+        let slot = self.slot(vm)?;
+        let unattributed_before = self.progs.unattributed().map_err(|e| err("bpf", e))?;
+        let (sampled, exposure, rounds) = if let Driver::PageIdle(_) = &self.driver {
+            let p = self.pick(vm)?;
             let _owner = self.progs.scan_as(slot).map_err(|e| err("bpf", e))?;
-            self.bitmap
-                .mark_idle(&page_idle::words(pfns))
-                .map_err(|e| err(page_idle::BITMAP, e))?;
-        }
+            if let Driver::PageIdle(bitmap) = &self.driver {
+                bitmap
+                    .mark_idle(&page_idle::words(p.heads))
+                    .map_err(|e| err(page_idle::BITMAP, e))?;
+            }
+            (p.pages, None, 1.0)
+        } else {
+            let due = self
+                .picked
+                .get(&vm.id)
+                .is_none_or(|t| t.elapsed() >= DAMON_REPICK);
+            if due {
+                return self.arm_damon(vm, slot);
+            }
+            let Driver::Damon(d) = &mut self.driver else {
+                return Err(err("ageing driver", "not DAMON"));
+            };
+            let pages = d
+                .armed(&vm.id)
+                .map(|a| a.tier_pages.clone())
+                .unwrap_or_default();
+            (pages, Some(d.sample()), d.rounds(&vm.id))
+        };
+        let unattributed = self.progs.unattributed().map_err(|e| err("bpf", e))?;
         let counts = self.progs.take_vm_counts(slot).map_err(|e| err("bpf", e))?;
-        // The first pass only arms: young since the VMM started means nothing.
-        let first = self.armed.insert(vm.id.clone());
+        self.signals.unattributed += unattributed
+            .checked_pages
+            .wrapping_sub(unattributed_before.checked_pages);
+        self.signals.foreign_young += counts.foreign.young_pages;
+        self.signals.unmapped += counts.unmapped.checked_pages;
+        let all = counts.tiers.iter().chain([&counts.unmapped]);
+        let pass = CanaryPass {
+            sampled: sampled.iter().sum(),
+            young: all.clone().map(|c| c.young_pages).sum(),
+            events: all.map(|c| c.events).sum(),
+            unattributed: unattributed.events.wrapping_sub(unattributed_before.events),
+        };
+        let canary = self.canaries.entry(vm.id.clone()).or_default();
+        let publish = canary.observe(pass);
+        if let Some(why) = canary.reason() {
+            return Err(SampleError::Unmeasurable {
+                reason: why.to_string(),
+            });
+        }
+        if !publish {
+            // The pass that proved the VM only arms, as every first pass
+            // did: young since the VMM mapped the page means nothing.
+            return Ok(vec![TierReading::default(); sampled.len()]);
+        }
         Ok(sampled
             .iter()
             .enumerate()
             .map(|(i, &n)| TierReading {
-                sampled_pages: if first { 0 } else { n },
-                young_pages: if first {
-                    0
-                } else {
-                    counts.tiers.get(i).map_or(0, |c| c.young_pages).min(n)
-                },
-                exposure: None,
+                sampled_pages: n,
+                young_pages: per_round(counts.tiers.get(i).map_or(0, |c| c.young_pages), rounds, n),
+                exposure,
             })
             .collect())
     }
+
+    /// (Re)starts the VM's kdamond on freshly picked folios; the pass only
+    /// arms (no reading).
+    fn arm_damon(&mut self, vm: &Vm, slot: u32) -> Result<Vec<TierReading>, SampleError> {
+        let p = self.pick(vm)?;
+        let Driver::Damon(d) = &mut self.driver else {
+            return Err(err("ageing driver", "not DAMON"));
+        };
+        if let Some(tid) = d.disarm(&vm.id) {
+            let _ = self.progs.clear_scan_owner(tid);
+        }
+        let tid = d
+            .arm(&vm.id, slot, vm.vmm_pid, &p.extents, p.pages.clone())
+            .map_err(|e| SampleError::Unmeasurable {
+                reason: format!("DAMON driver: {e}"),
+            })?;
+        self.progs
+            .set_scan_owner(tid, slot)
+            .map_err(|e| err("bpf", e))?;
+        self.progs
+            .reset_vm_counts(slot)
+            .map_err(|e| err("bpf", e))?;
+        self.picked.insert(vm.id.clone(), Instant::now());
+        Ok(vec![TierReading::default(); p.pages.len()])
+    }
+}
+
+/// Neither ageing driver: both reasons, which name the kernel options.
+fn no_driver(page_idle: &std::io::Error, damon: &super::damon::DamonError) -> SampleError {
+    err(
+        "ageing driver",
+        format!("page_idle: {page_idle}; DAMON: {damon}"),
+    )
+}
+
+/// One pass's sample of a VM.
+#[derive(Debug, Default)]
+struct Picked {
+    /// Pages per tier.
+    pages: Vec<u64>,
+    heads: Vec<u64>,
+    /// Sorted `[start, end)` host virtual addresses of the folios.
+    extents: Vec<(u64, u64)>,
 }
 
 /// gfn ranges per tier index; an unknown layout (overlaps, GPA 0 for every
@@ -150,8 +306,19 @@ impl Sampler for EptAgeing {
         vms.iter().map(|vm| self.sample_vm(vm)).collect()
     }
 
+    fn take_signals(&mut self) -> Signals {
+        std::mem::take(&mut self.signals)
+    }
+
     fn forget(&mut self, vm_id: &str) {
-        self.armed.remove(vm_id);
+        self.canaries.remove(vm_id);
+        self.picked.remove(vm_id);
+        if let Driver::Damon(d) = &mut self.driver
+            && let Some(tid) = d.disarm(vm_id)
+            && let Err(e) = self.progs.clear_scan_owner(tid)
+        {
+            tracing::warn!(vm = vm_id, error = %e, "clearing the kdamond's scan owner");
+        }
         if let Some(slot) = self.slots.remove(vm_id)
             && let Err(e) = self.progs.clear_vm(slot)
         {
@@ -210,12 +377,11 @@ mod tests {
     }
 
     #[test]
-    #[cfg_attr(
-        has_page_idle,
-        ignore = "this host has page_idle: tests/ept_ageing.rs covers the driver"
-    )]
-    fn without_page_idle_the_backend_says_so() {
-        let e = EptAgeing::new(Backend::EptTracepoint, 1).unwrap_err();
-        assert!(e.to_string().contains("page_idle"), "{e}");
+    fn without_either_driver_both_reasons_are_given() {
+        let pi = Bitmap::open(Path::new("/nonexistent/page_idle/bitmap")).unwrap_err();
+        let d = crate::sampler::damon::DamonError::InUse("kdamond 0 on (pid 77)".into());
+        let e = no_driver(&pi, &d).to_string();
+        assert!(e.contains("/nonexistent/page_idle/bitmap"), "{e}");
+        assert!(e.contains("kdamond 0 on (pid 77)"), "{e}");
     }
 }

@@ -1,8 +1,11 @@
 //! Sampler backends: per interval, per VM, per tier, which pages were
 //! accessed. Each backend reads what the host saw, never the guest.
 
+pub mod canary;
+pub mod damon;
 pub mod ept;
 pub mod ept_ageing;
+pub mod folio;
 pub mod hostpte;
 pub mod page_idle;
 pub mod pmu;
@@ -32,6 +35,18 @@ pub trait Sampler: Send {
     fn sample(&mut self, vms: &[&Vm]) -> Vec<Result<Vec<TierReading>, SampleError>>;
     /// Forgets per-VM state of a VM that went away.
     fn forget(&mut self, _vm_id: &str) {}
+    /// Health signals counted since the last call (EPT backends).
+    fn take_signals(&mut self) -> Signals {
+        Signals::default()
+    }
+}
+
+/// What an EPT backend saw besides its readings, in pages.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Signals {
+    pub unattributed: u64,
+    pub foreign_young: u64,
+    pub unmapped: u64,
 }
 
 /// Why a VM could not be sampled this interval.
@@ -43,6 +58,9 @@ pub enum SampleError {
     Io { path: String, message: String },
     #[error("tier {tier}: no host mapping known (hva 0)")]
     NoMapping { tier: String },
+    /// The backend cannot measure this VM on this host, and says why.
+    #[error("{reason}")]
+    Unmeasurable { reason: String },
 }
 
 /// Why the configured backend cannot run.
@@ -56,11 +74,13 @@ pub enum SelectError {
 
 /// The sampler for a configured backend name: `auto` takes the probe's best
 /// implemented backend; a named one must be available. The ept backends age
-/// every `stride`-th page of each tier.
+/// every `stride`-th page of each tier (by folio), through page_idle or, where
+/// it is absent, DAMON ageing every `damon_sample`.
 pub fn select(
     name: &str,
     report: &crate::probe::Report,
     stride: u32,
+    damon_sample: std::time::Duration,
 ) -> Result<Option<Box<dyn Sampler>>, SelectError> {
     let wanted = match name {
         "auto" => report.best_backend(),
@@ -77,12 +97,16 @@ pub fn select(
             _ => Ok(Some(Box::new(hostpte::HostPte::new()))),
         },
         Some(b @ (Backend::EptFexit | Backend::EptTracepoint)) => {
-            for check in [b.short_name(), "page_idle"] {
-                if let Some(c) = report.get(check).filter(|c| !c.available) {
-                    return Err(SelectError::Unavailable(name.into(), c.reason.clone()));
-                }
+            if let Some(c) = report.get(b.short_name()).filter(|c| !c.available) {
+                return Err(SelectError::Unavailable(name.into(), c.reason.clone()));
             }
-            let s = ept_ageing::EptAgeing::new(b, u64::from(stride))
+            if !report.ageing_driver() {
+                return Err(SelectError::Unavailable(
+                    name.into(),
+                    report.no_ageing_driver_reason(),
+                ));
+            }
+            let s = ept_ageing::EptAgeing::new(b, u64::from(stride), damon_sample)
                 .map_err(|e| SelectError::Unavailable(name.into(), e.to_string()))?;
             Ok(Some(Box::new(s)))
         }

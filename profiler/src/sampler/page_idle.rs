@@ -5,13 +5,16 @@
 //! `kvm_tdp_mmu_spte_changed` per young SPTE) in tierd's own thread: that is
 //! what the BPF programs count, attributed to the VM tierd is ageing.
 //!
-//! PFNs come from `/proc/PID/pagemap` (needs CAP_SYS_ADMIN; without it the
-//! kernel reports PFN 0, which is treated as not present).
+//! PFNs come from `/proc/PID/pagemap` and folios from `/proc/kpageflags`
+//! (both need CAP_SYS_ADMIN; without it pagemap reports PFN 0, refused).
+//! The sample is taken by folio ([`super::folio`]).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
+
+use super::folio::{self, PageFlags, PageKind};
 
 /// The kernel's idle-page bitmap (CONFIG_IDLE_PAGE_TRACKING).
 pub const BITMAP: &str = "/sys/kernel/mm/page_idle/bitmap";
@@ -21,25 +24,98 @@ const PFN_MASK: u64 = (1 << 55) - 1;
 /// pagemap entries read per pread.
 const CHUNK: u64 = 8192;
 
-/// One sampled page: its index in the range and its PFN.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct SampledPage {
-    pub index: u64,
-    pub pfn: u64,
+/// What one ageing pass takes from a range.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RangeSample {
+    /// Pages the taken folios hold inside the range: the pages examined.
+    pub pages: u64,
+    /// Head PFN of each taken folio: what is marked idle.
+    pub heads: Vec<u64>,
+    /// Each taken folio's `[start, end)` host virtual addresses inside the
+    /// range, in address order: the DAMON driver's regions.
+    pub extents: Vec<(u64, u64)>,
 }
 
-/// PFNs of every `stride`-th page of `[hva, hva + len)` in `pagemap` (a
-/// `/proc/PID/pagemap` file); pages not present are left out.
-pub fn sampled_pfns(
+/// Why a range cannot be sampled by page_idle.
+#[derive(Debug, thiserror::Error)]
+pub enum RangeError {
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+    #[error(
+        "pagemap shows pages present without PFNs: tierd lacks CAP_SYS_ADMIN \
+         (fs/proc/task_mmu.c hides PFNs without it)"
+    )]
+    PfnsHidden,
+    #[error(
+        "guest memory is hugetlbfs-backed: page_idle ages LRU folios only \
+         (mm/page_idle.c page_idle_get_folio), hugetlb pages never \
+         (the DAMON ageing driver handles them)"
+    )]
+    Hugetlb,
+}
+
+/// Takes the folios of `[hva, hva + len)` met by every `stride`-th page and
+/// kept by [`folio::keep`]; `seen` holds heads already taken this pass (a
+/// folio met twice counts once). Pages not present, or not on the LRU,
+/// are left out.
+pub fn sample_range(
     pagemap: &File,
+    flags: &PageFlags,
     hva: u64,
     len: u64,
     stride: u64,
-) -> std::io::Result<Vec<SampledPage>> {
+    seen: &mut HashSet<u64>,
+) -> Result<RangeSample, RangeError> {
     let stride = stride.max(1);
-    let first = hva / PAGE;
     let pages = len / PAGE;
-    let mut out = Vec::new();
+    let mut out = RangeSample::default();
+    for (index, entry) in grid_entries(pagemap, hva / PAGE, pages, stride)? {
+        if entry & PRESENT == 0 {
+            continue;
+        }
+        let pfn = entry & PFN_MASK;
+        if pfn == 0 {
+            return Err(RangeError::PfnsHidden);
+        }
+        let (head, size) = match flags.kind(pfn)? {
+            PageKind::Folio { head, pages } => (head, pages),
+            PageKind::Hugetlb => return Err(RangeError::Hugetlb),
+            PageKind::NotLru => continue,
+        };
+        if !folio::keep(head, size, stride) || !seen.insert(head) {
+            continue;
+        }
+        // The folio's pages around `index`, clipped to the range.
+        let first = index.saturating_sub(pfn - head);
+        let last = (first + size).min(pages);
+        out.pages += last - first;
+        out.heads.push(head);
+        out.extents.push((hva + first * PAGE, hva + last * PAGE));
+    }
+    Ok(out)
+}
+
+/// Strides from this one on read one pagemap entry per grid page; below
+/// it, whole chunks (one syscall costs about what 32 entries do).
+const SPARSE_FROM: u64 = 32;
+
+/// (index, pagemap entry) of every `stride`-th page from `first`: the
+/// pagemap work is O(pages / stride) once the stride is large.
+fn grid_entries(
+    pagemap: &File,
+    first: u64,
+    pages: u64,
+    stride: u64,
+) -> std::io::Result<Vec<(u64, u64)>> {
+    let mut out = Vec::with_capacity((pages / stride + 1) as usize);
+    let mut w = [0u8; 8];
+    if stride >= SPARSE_FROM {
+        for index in (0..pages).step_by(stride as usize) {
+            pagemap.read_exact_at(&mut w, (first + index) * 8)?;
+            out.push((index, u64::from_ne_bytes(w)));
+        }
+        return Ok(out);
+    }
     let mut buf = vec![0u8; (CHUNK * 8) as usize];
     let mut start = 0;
     while start < pages {
@@ -48,15 +124,9 @@ pub fn sampled_pfns(
         pagemap.read_exact_at(bytes, (first + start) * 8)?;
         for (i, e) in bytes.chunks_exact(8).enumerate() {
             let index = start + i as u64;
-            if !index.is_multiple_of(stride) {
-                continue;
-            }
-            let mut w = [0u8; 8];
-            w.copy_from_slice(e);
-            let entry = u64::from_ne_bytes(w);
-            let pfn = entry & PFN_MASK;
-            if entry & PRESENT != 0 && pfn != 0 {
-                out.push(SampledPage { index, pfn });
+            if index.is_multiple_of(stride) {
+                w.copy_from_slice(e);
+                out.push((index, u64::from_ne_bytes(w)));
             }
         }
         start += n;
@@ -111,41 +181,162 @@ mod tests {
         );
     }
 
-    #[test]
-    fn pagemap_of_this_process_has_pfns_for_touched_pages_only() {
-        let pages = 64u64;
-        let mut v = vec![0u8; (pages * PAGE) as usize + PAGE as usize];
-        let base = (v.as_ptr() as u64).next_multiple_of(PAGE);
-        let off = (base - v.as_ptr() as u64) as usize;
-        // Touch the even pages only; the odd ones were never written, so
-        // a fresh anonymous mapping has them not present.
-        let len = v.len();
-        let buf = &mut v[off..len];
-        for i in (0..pages as usize).step_by(2) {
-            buf[i * PAGE as usize] = 1;
-        }
-        let pagemap = File::open("/proc/self/pagemap").unwrap();
-        let got = sampled_pfns(&pagemap, base, pages * PAGE, 1).unwrap();
-        let uid0 = is_root();
-        if uid0 {
-            // Root sees PFNs: every even page, nothing else.
-            let idx: Vec<u64> = got.iter().map(|p| p.index).collect();
-            assert!(idx.iter().all(|i| i % 2 == 0), "{idx:?}");
-            assert!(idx.len() >= (pages / 2) as usize - 1, "{idx:?}");
-        } else {
-            assert!(got.is_empty(), "PFNs are hidden without CAP_SYS_ADMIN");
-        }
-        // Stride keeps every 4th page.
-        let strided = sampled_pfns(&pagemap, base, pages * PAGE, 4).unwrap();
-        assert!(strided.iter().all(|p| p.index % 4 == 0));
+    /// An aligned, page-granular buffer of `pages` pages.
+    struct Buf {
+        v: Vec<u8>,
+        off: usize,
     }
 
-    fn is_root() -> bool {
-        std::fs::read_to_string("/proc/self/status")
+    impl Buf {
+        fn new(pages: u64, align: u64) -> Buf {
+            let v = vec![0u8; ((pages * PAGE) + align) as usize];
+            let off = ((v.as_ptr() as u64).next_multiple_of(align) - v.as_ptr() as u64) as usize;
+            Buf { v, off }
+        }
+        fn base(&self) -> u64 {
+            self.v.as_ptr() as u64 + self.off as u64
+        }
+        fn touch(&mut self, page: u64) {
+            self.v[self.off + (page * PAGE) as usize] = 1;
+        }
+    }
+
+    /// One pass over `b`'s pages with nothing taken yet.
+    fn fresh(pagemap: &File, flags: &PageFlags, b: &Buf, pages: u64, stride: u64) -> RangeSample {
+        sample_range(
+            pagemap,
+            flags,
+            b.base(),
+            pages * PAGE,
+            stride,
+            &mut HashSet::new(),
+        )
+        .unwrap()
+    }
+
+    #[test]
+    #[cfg_attr(
+        not(has_kpageflags),
+        ignore = "needs CAP_SYS_ADMIN for PFNs and /proc/kpageflags"
+    )]
+    fn touched_small_pages_are_sampled_on_the_grid() {
+        let pages = 1024u64;
+        let mut b = Buf::new(pages, PAGE);
+        // Touch the even pages only; the odd ones were never written, so
+        // a fresh anonymous mapping has them not present.
+        for i in (0..pages).step_by(2) {
+            b.touch(i);
+        }
+        let pagemap = File::open("/proc/self/pagemap").unwrap();
+        let flags = PageFlags::open().unwrap();
+        let mut seen = HashSet::new();
+        let all = sample_range(&pagemap, &flags, b.base(), pages * PAGE, 1, &mut seen).unwrap();
+        // Freshly faulted pages may still sit in a per-CPU LRU batch (not
+        // on the LRU yet, at most 15 per CPU): all but those are taken.
+        assert!(all.pages <= pages / 2, "{all:?}");
+        assert!(all.pages >= pages / 2 - 64, "{all:?}");
+        assert_eq!(all.pages, all.heads.len() as u64, "small pages: one each");
+        // A second pass over the same heads takes nothing again.
+        let again = sample_range(&pagemap, &flags, b.base(), pages * PAGE, 1, &mut seen).unwrap();
+        assert_eq!(again.pages, 0);
+        // Stride 4 meets every 4th page: at most a quarter.
+        let strided = fresh(&pagemap, &flags, &b, pages, 4);
+        assert!(strided.pages <= pages / 4, "{strided:?}");
+        // The sparse reader (one pread per grid page) agrees with chunks.
+        let (first, n) = (b.base() / PAGE, pages);
+        let sparse = grid_entries(&pagemap, first, n, SPARSE_FROM).unwrap();
+        let dense: Vec<_> = grid_entries(&pagemap, first, n, 1)
             .unwrap()
-            .lines()
-            .find_map(|l| l.strip_prefix("Uid:"))
-            .is_some_and(|u| u.split_whitespace().nth(1) == Some("0"))
+            .into_iter()
+            .filter(|(i, _)| i % SPARSE_FROM == 0)
+            .collect();
+        assert_eq!(sparse, dense);
+    }
+
+    #[test]
+    #[cfg_attr(
+        not(all(has_kpageflags, has_thp)),
+        ignore = "needs CAP_SYS_ADMIN and transparent hugepages (always or madvise)"
+    )]
+    fn a_thp_is_one_folio_of_512_pages_whatever_the_stride() {
+        let pages = 1024u64;
+        let mut b = Buf::new(pages, 2 << 20);
+        // SAFETY: the range lies inside `b`'s allocation; MADV_HUGEPAGE only
+        // changes how it is backed, not its contents.
+        let rc = unsafe {
+            libc::madvise(
+                b.base() as *mut libc::c_void,
+                (pages * PAGE) as usize,
+                libc::MADV_HUGEPAGE,
+            )
+        };
+        assert_eq!(rc, 0);
+        for i in 0..pages {
+            b.touch(i);
+        }
+        let pagemap = File::open("/proc/self/pagemap").unwrap();
+        let flags = PageFlags::open().unwrap();
+        let s1 = fresh(&pagemap, &flags, &b, pages, 1);
+        let huge = s1.heads.len() < s1.pages as usize;
+        if huge {
+            // Every page counted once, through 512-page folios.
+            assert_eq!(s1.pages, pages, "{s1:?}");
+            assert_eq!(s1.heads.len(), 2, "two 512-page folios: {s1:?}");
+            // A stride above 1 takes whole folios or nothing: a multiple
+            // of 512 pages, never 512 / stride of them.
+            for stride in [2u64, 8, 64] {
+                let s = fresh(&pagemap, &flags, &b, pages, stride);
+                assert_eq!(s.pages % 512, 0, "stride {stride}: {s:?}");
+                assert_eq!(s.pages, 512 * s.heads.len() as u64);
+            }
+        } else {
+            // No THP was given (fragmented memory): small pages, one each.
+            assert_eq!(s1.pages, s1.heads.len() as u64);
+        }
+    }
+
+    #[test]
+    #[cfg_attr(
+        not(has_kpageflags),
+        ignore = "needs root: drops CAP_SYS_ADMIN on one thread to show the refusal"
+    )]
+    fn without_cap_sys_admin_pfns_are_hidden_and_refused() {
+        let flags = PageFlags::open().unwrap();
+        // Its own thread: capabilities are per thread.
+        let got = std::thread::spawn(move || {
+            let mut b = Buf::new(8, PAGE);
+            for i in 0..8 {
+                b.touch(i);
+            }
+            drop_cap_sys_admin_on_this_thread();
+            // Opened without CAP_SYS_ADMIN: PFNs read 0
+            // (pagemap_read: `pm.show_pfn = file_ns_capable(...)`).
+            let pagemap = File::open("/proc/thread-self/pagemap").unwrap();
+            sample_range(&pagemap, &flags, b.base(), 8 * PAGE, 1, &mut HashSet::new())
+                .map(|s| s.pages)
+                .map_err(|e| e.to_string())
+        })
+        .join()
+        .unwrap();
+        let e = got.unwrap_err();
+        assert!(e.contains("CAP_SYS_ADMIN"), "{e}");
+    }
+
+    /// Clears CAP_SYS_ADMIN (21) from the calling thread's effective set.
+    fn drop_cap_sys_admin_on_this_thread() {
+        // _LINUX_CAPABILITY_VERSION_3: two 32-bit words per set.
+        let mut header = [0x2008_0522u32, 0];
+        let mut data = [0u32; 6];
+        // SAFETY: capget fills `data` (2 x {effective, permitted,
+        // inheritable}) for the calling thread (pid 0); both buffers are
+        // the sizes version 3 expects.
+        let rc = unsafe { libc::syscall(libc::SYS_capget, header.as_mut_ptr(), data.as_mut_ptr()) };
+        assert_eq!(rc, 0);
+        data[0] &= !(1 << 21);
+        // SAFETY: raw capset changes the calling thread's capabilities only
+        // (no libc broadcast to other threads); this test thread ends soon.
+        let rc = unsafe { libc::syscall(libc::SYS_capset, header.as_mut_ptr(), data.as_ptr()) };
+        assert_eq!(rc, 0);
     }
 
     #[test]

@@ -54,8 +54,12 @@ pub type Vring = VringRwLock<Mem>;
 pub const VIRTIO_BALLOON_F_STATS_VQ: u32 = 1;
 pub const VIRTIO_BALLOON_F_DEFLATE_ON_OOM: u32 = 2;
 pub const VIRTIO_BALLOON_F_TIERS: u32 = 23;
-/// Entries per queue (SPEC.md section 3: 128 on every queue with tiers).
-pub const QUEUE_SIZE: usize = 128;
+/// Most entries per queue the device accepts (SPEC.md section 3): QEMU's
+/// `VIRTQUEUE_MAX_SIZE`. The driver picks the size: cloud-hypervisor's
+/// vhost-user frontend asks 128, Linux's virtio_uml 256. Rings live in guest
+/// memory, so a larger queue costs the device nothing; chains stay bounded
+/// by `MAX_CHAIN_PFNS`.
+pub const QUEUE_SIZE: usize = 1024;
 /// Most bytes read from one stats buffer (10-byte entries; ours use at
 /// most 16 standard + 8 * 16 tier tags).
 const MAX_STATS_BYTES: usize = 64 << 10;

@@ -29,11 +29,6 @@ const READS: &[(&str, &[Arg], Option<Arg>)] = &[
         Some(Arg::Int(1)),
     ),
     (
-        "ept_fexit_test_age_gfn",
-        &[Arg::PtrTo("kvm"), Arg::PtrTo("kvm_gfn_range")],
-        Some(Arg::Int(1)),
-    ),
-    (
         "probe_fexit_age_gfn",
         &[Arg::PtrTo("kvm"), Arg::PtrTo("kvm_gfn_range")],
         Some(Arg::Int(1)),

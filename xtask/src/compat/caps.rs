@@ -96,7 +96,7 @@ pub fn derive(kernel: &Kernel, objects: &[ObjectReport]) -> Caps {
         drivers.push("page_idle".to_string());
     }
     if damon {
-        drivers.push("DAMON vaddr (sysfs; tierd does not drive it)".to_string());
+        drivers.push("DAMON vaddr (sysfs: tierd's own kdamonds when DAMON is unused)".to_string());
     }
     if on("CONFIG_LRU_GEN") {
         let default = if on("CONFIG_LRU_GEN_ENABLED") {
@@ -106,17 +106,18 @@ pub fn derive(kernel: &Kernel, objects: &[ObjectReport]) -> Caps {
         };
         drivers.push(format!("MGLRU (reclaim only, default {default})"));
     }
-    let no_driver = if page_idle {
+    let no_driver = if page_idle || damon {
         None
-    } else if damon {
-        Some(
-            "no page_idle (CONFIG_IDLE_PAGE_TRACKING off); DAMON vaddr exists but tierd only drives page_idle",
-        )
     } else {
         Some("no ageing driver: CONFIG_IDLE_PAGE_TRACKING and DAMON vaddr off")
     };
+    let driver_note = if page_idle {
+        "page_idle"
+    } else {
+        "DAMON driver (no page_idle; needs DAMON unused by others)"
+    };
     let mut backends = Vec::new();
-    // ept-fexit: trampolines, BTF of kvm.ko, both fexit programs, a driver.
+    // ept-fexit: trampolines, BTF of kvm.ko, the fexit program, a driver.
     let mut why: Vec<String> = Vec::new();
     for k in [
         "CONFIG_DEBUG_INFO_BTF",
@@ -133,12 +134,10 @@ pub fn derive(kernel: &Kernel, objects: &[ObjectReport]) -> Caps {
     if let Err(e) = object_loads(objects, "ept") {
         why.push(e);
     }
-    for p in ["ept_fexit_age_gfn", "ept_fexit_test_age_gfn"] {
-        match attach_ok(objects, "ept", p) {
-            Some((true, _)) => {}
-            Some((false, d)) => why.push(d),
-            None => why.push(format!("{p} not found")),
-        }
+    match attach_ok(objects, "ept", "ept_fexit_age_gfn") {
+        Some((true, _)) => {}
+        Some((false, d)) => why.push(d),
+        None => why.push("ept_fexit_age_gfn not found".into()),
     }
     let hooks = why.is_empty();
     why.extend(no_driver.map(String::from));
@@ -146,7 +145,7 @@ pub fn derive(kernel: &Kernel, objects: &[ObjectReport]) -> Caps {
         "ept-fexit",
         hooks,
         why,
-        "fexit on kvm_age_gfn/kvm_test_age_gfn loads",
+        &format!("fexit on kvm_age_gfn loads; ageing: {driver_note}"),
     ));
     let mut why = Vec::new();
     if !on("CONFIG_KVM") {
@@ -166,7 +165,9 @@ pub fn derive(kernel: &Kernel, objects: &[ObjectReport]) -> Caps {
         "ept-tracepoint",
         hooks,
         why,
-        "raw_tp kvm_tdp_mmu_spte_changed exists (needs kvm.tdp_mmu=Y at run time)",
+        &format!(
+            "raw_tp kvm_tdp_mmu_spte_changed exists (needs kvm.tdp_mmu=Y and EPT/NPT at run time); ageing: {driver_note}"
+        ),
     ));
     let clear_refs = on("CONFIG_PROC_PAGE_MONITOR");
     backends.push((

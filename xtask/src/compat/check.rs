@@ -25,7 +25,7 @@ pub enum Use {
 
 pub fn program_use(object: &str, program: &str) -> Use {
     match (object, program) {
-        ("pmu", "pmu_account_test") | ("ept", "raw_tp_empty") => Use::TestOnly,
+        ("pmu", "pmu_account_test") | ("ept", "raw_tp_empty" | "ept_age_test") => Use::TestOnly,
         ("pmu", _) => Use::Together,
         _ => Use::Optional,
     }

@@ -54,7 +54,7 @@ existence check and not guarded by an existence check of the same field in
 the same program (libbpf poisons it and the verifier rejects it), when a
 relocation is ambiguous, or when a strong extern is missing or has an
 incompatible prototype. Programs only tests or benchmarks load
-(`pmu_account_test`, `raw_tp_empty`) do not count. A missing attach target
+(`pmu_account_test`, `ept_age_test`, `raw_tp_empty`) do not count. A missing attach target
 is not a load failure of the object: `tierd probe` loads each probe program
 alone, the EPT sampler loads only the programs of the chosen backend and
 tries each alone when the set is refused, and the PMU sampler attaches the

@@ -78,7 +78,12 @@ fn main() -> anyhow::Result<()> {
     let mut backends: Vec<(String, Box<dyn Sampler>)> = Vec::new();
     let mut unavailable: Vec<(String, String)> = Vec::new();
     for name in ["ept-fexit", "ept-tracepoint", "hostpte"] {
-        match sampler::select(name, &probe, defaults.ept_sample_stride) {
+        match sampler::select(
+            name,
+            &probe,
+            defaults.ept_sample_stride,
+            std::time::Duration::from_millis(defaults.damon_sample_ms),
+        ) {
             Ok(Some(s)) => backends.push((name.to_string(), s)),
             Ok(None) => unavailable.push((name.into(), "no sampler".into())),
             Err(e) => unavailable.push((name.into(), e.to_string())),

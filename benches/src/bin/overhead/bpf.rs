@@ -17,7 +17,6 @@ const YOUNG: u64 = PRESENT | (1 << 8);
 pub fn exercise(p: &mut EptPrograms) -> anyhow::Result<Vec<(EptProgram, Summary)>> {
     p.set_vm(
         0,
-        None,
         &[GfnRange {
             start_gfn: 0,
             end_gfn: 0x1000,

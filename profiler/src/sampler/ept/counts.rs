@@ -47,14 +47,20 @@ impl TierCount {
 pub struct VmCounts {
     /// Indexed by tier.
     pub tiers: [TierCount; MAX_TIERS],
-    /// Pages of the VM outside every one of its ranges.
+    /// Pages of the VM outside every one of its ranges (health: the gfn
+    /// ranges tierd was given miss memory the guest uses).
     pub unmapped: TierCount,
+    /// Ageing of this VM by threads that own no scan (reclaim, MGLRU,
+    /// khugepaged, DAMON of others), seen by the fexit hook once the VM's
+    /// kvm is learned (health: accessed bits tierd's next pass will miss).
+    pub foreign: TierCount,
 }
 
 impl VmCounts {
     pub(super) fn since(&self, base: &VmCounts) -> VmCounts {
         let mut out = VmCounts {
             unmapped: self.unmapped.since(base.unmapped),
+            foreign: self.foreign.since(base.foreign),
             ..VmCounts::default()
         };
         for (o, (a, b)) in out.tiers.iter_mut().zip(self.tiers.iter().zip(&base.tiers)) {

@@ -93,8 +93,8 @@ fn open_configure_load(
         .ept_fexit_age_gfn
         .set_autoload(on(EptProgram::FexitAgeGfn));
     open.progs
-        .ept_fexit_test_age_gfn
-        .set_autoload(on(EptProgram::FexitTestAgeGfn));
+        .ept_age_test
+        .set_autoload(on(EptProgram::AgeTest));
     open.progs.raw_tp_empty.set_autoload(on(EptProgram::Empty));
     open.maps
         .heat
@@ -104,8 +104,8 @@ fn open_configure_load(
         message: "no .rodata in ept.bpf.o".into(),
     })?;
     rodata.heat_enabled = options.heat;
-    rodata.accessed_mask = options.accessed_mask;
-    rodata.present_mask = options.present_mask;
+    rodata.accessed_mask = options.masks.accessed;
+    rodata.acc_track_mask = options.masks.access_track;
     open.load().map_err(|e| {
         let (errno, message) = describe(&e);
         match programs {
@@ -194,18 +194,13 @@ impl EptPrograms {
             storage,
             status,
             options: *options,
-            pids: [None; MAX_VMS as usize],
             taken: vec![VmCounts::default(); MAX_VMS as usize],
             heat: heat::HeatSlots::new(heat_capacity(options), MAX_VMS as usize),
         }
     }
 
     fn attach_loaded(&mut self) {
-        for p in [
-            EptProgram::SpteChanged,
-            EptProgram::FexitAgeGfn,
-            EptProgram::FexitTestAgeGfn,
-        ] {
+        for p in [EptProgram::SpteChanged, EptProgram::FexitAgeGfn] {
             if self.status[p.index()] != ProgramStatus::Loaded {
                 continue;
             }
@@ -213,8 +208,7 @@ impl EptPrograms {
             let prog = match p {
                 EptProgram::SpteChanged => &progs.ept_spte_changed,
                 EptProgram::FexitAgeGfn => &progs.ept_fexit_age_gfn,
-                EptProgram::FexitTestAgeGfn => &progs.ept_fexit_test_age_gfn,
-                EptProgram::Empty => continue,
+                EptProgram::AgeTest | EptProgram::Empty => continue,
             };
             self.status[p.index()] = match prog.attach() {
                 Ok(link) => {
@@ -260,7 +254,7 @@ impl EptPrograms {
         Ok(match program {
             EptProgram::SpteChanged => &progs.ept_spte_changed,
             EptProgram::FexitAgeGfn => &progs.ept_fexit_age_gfn,
-            EptProgram::FexitTestAgeGfn => &progs.ept_fexit_test_age_gfn,
+            EptProgram::AgeTest => &progs.ept_age_test,
             EptProgram::Empty => &progs.raw_tp_empty,
         })
     }
@@ -268,7 +262,8 @@ impl EptPrograms {
     /// Runs a loaded raw_tp program once through BPF_PROG_TEST_RUN on the
     /// calling thread's CPU, with `args` as the tracepoint arguments (one
     /// u64 each; for `kvm_tdp_mmu_spte_changed`: as_id, gfn, level,
-    /// old_spte, new_spte). Returns the program's return value.
+    /// old_spte, new_spte; for `ept_age_test`: tid, kvm, as_id, start,
+    /// end, young). Returns the program's return value.
     pub fn test_run(&self, program: EptProgram, args: &[u64]) -> Result<u32, EptError> {
         self.test_run_repeat(program, args, 0).map(|(ret, _)| ret)
     }

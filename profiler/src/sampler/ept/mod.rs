@@ -6,8 +6,11 @@
 //! - `raw_tp/kvm_tdp_mmu_spte_changed`: TDP MMU ageing of a young SPTE,
 //!   attributed to the VM that tierd's scanning thread (by tid, see
 //!   [`EptPrograms::set_scan_owner`]) is ageing at that moment;
-//! - `fexit/kvm_age_gfn` and `fexit/kvm_test_age_gfn`: the result of each
-//!   ageing call, attributed by `kvm->userspace_pid` ([`EptPrograms::set_vm`]).
+//! - `fexit/kvm_age_gfn`: the result of each ageing call, attributed by the
+//!   `struct kvm *` the program learns while a scan owner ages it; ageing of
+//!   a known VM by anybody else counts as `foreign` ([`VmCounts::foreign`]).
+//!
+//! [`HostMode`] reads which MMU the host runs and gives the SPTE masks.
 //!
 //! Each VM lives in a slot (0..[`MAX_VMS`]) with up to [`MAX_RANGES`] gfn
 //! ranges, each in a tier (0..[`MAX_TIERS`]). This module does not know how
@@ -16,8 +19,10 @@
 mod counts;
 mod error;
 mod heat;
+mod host;
 mod load;
 mod maps;
+mod owners;
 mod ranges;
 
 use std::mem::{ManuallyDrop, MaybeUninit};
@@ -30,8 +35,9 @@ use crate::bpf::ept::EptSkel;
 pub use counts::{RunStats, RunStatsGuard, TierCount, VmCounts, current_tid, enable_run_stats};
 pub use error::EptError;
 use error::map_err;
+pub use host::{Ageing, HostMode, HostModeError, Vendor};
 pub use load::ProgramStatus;
-pub use maps::ScanGuard;
+pub use owners::ScanGuard;
 pub use ranges::GfnRange;
 
 /// VM slots in the maps (`MAX_VMS` in `bpf/tier_common.h`).
@@ -50,12 +56,42 @@ pub const HEAT_GRANULE_PAGES: u64 = 512;
 /// Intel EPT accessed bit: `VMX_EPT_ACCESS_BIT` (arch/x86/include/asm/vmx.h),
 /// KVM's `shadow_accessed_mask` when EPT A/D bits are on.
 pub const EPT_ACCESSED_MASK: u64 = 1 << 8;
-/// Intel EPT present bits: `VMX_EPT_RWX_MASK`.
-pub const EPT_PRESENT_MASK: u64 = 0x7;
-/// AMD NPT accessed bit: `PT_ACCESSED_MASK`.
+/// Intel EPT read/write/execute bits: `VMX_EPT_RWX_MASK`, KVM's
+/// `shadow_acc_track_mask` with EPT.
+pub const EPT_RWX_MASK: u64 = 0x7;
+/// AMD NPT accessed bit: `PT_ACCESSED_MASK` (arch/x86/kvm/mmu.h).
 pub const NPT_ACCESSED_MASK: u64 = 1 << 5;
-/// AMD NPT present bit: `PT_PRESENT_MASK`.
-pub const NPT_PRESENT_MASK: u64 = 1;
+
+/// What makes a shadow-present SPTE young, as KVM's is_accessed_spte()
+/// decides (arch/x86/kvm/mmu/spte.h): `accessed` when the SPTE has A/D
+/// bits, any of `access_track` when it carries SPTE_TDP_AD_DISABLED.
+/// KVM's own values: kvm_mmu_set_ept_masks() and
+/// kvm_mmu_reset_all_pte_masks() (arch/x86/kvm/mmu/spte.c).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SpteMasks {
+    /// `shadow_accessed_mask`.
+    pub accessed: u64,
+    /// `shadow_acc_track_mask`.
+    pub access_track: u64,
+}
+
+impl SpteMasks {
+    /// Intel EPT with A/D bits (`kvm_intel.eptad=Y`).
+    pub const EPT_AD: SpteMasks = SpteMasks {
+        accessed: EPT_ACCESSED_MASK,
+        access_track: EPT_RWX_MASK,
+    };
+    /// Intel EPT without A/D bits: ageing is access tracking.
+    pub const EPT_ACCESS_TRACK: SpteMasks = SpteMasks {
+        accessed: 0,
+        access_track: EPT_RWX_MASK,
+    };
+    /// AMD NPT (always has an accessed bit).
+    pub const NPT: SpteMasks = SpteMasks {
+        accessed: NPT_ACCESSED_MASK,
+        access_track: 0,
+    };
+}
 
 /// Byte size of `struct tier_count` (`tier_common.h`).
 const TIER_COUNT_SIZE: usize = 24;
@@ -67,8 +103,9 @@ pub enum EptProgram {
     SpteChanged,
     /// `fexit/kvm_age_gfn`.
     FexitAgeGfn,
-    /// `fexit/kvm_test_age_gfn`.
-    FexitTestAgeGfn,
+    /// `raw_tp ept_age_test`: the fexit hook's attribution on arguments
+    /// given to BPF_PROG_TEST_RUN. Loaded on request, never attached.
+    AgeTest,
     /// `raw_tp_empty`: does nothing; baseline for the cost benchmark.
     /// Loaded on request, never attached.
     Empty,
@@ -78,7 +115,7 @@ impl EptProgram {
     pub const ALL: [EptProgram; 4] = [
         EptProgram::SpteChanged,
         EptProgram::FexitAgeGfn,
-        EptProgram::FexitTestAgeGfn,
+        EptProgram::AgeTest,
         EptProgram::Empty,
     ];
 
@@ -87,7 +124,7 @@ impl EptProgram {
         match self {
             EptProgram::SpteChanged => "raw_tp/kvm_tdp_mmu_spte_changed",
             EptProgram::FexitAgeGfn => "fexit/kvm_age_gfn",
-            EptProgram::FexitTestAgeGfn => "fexit/kvm_test_age_gfn",
+            EptProgram::AgeTest => "raw_tp ept_age_test",
             EptProgram::Empty => "raw_tp_empty",
         }
     }
@@ -108,8 +145,11 @@ impl std::fmt::Display for EptProgram {
 pub struct EptOptions {
     /// Load `raw_tp/kvm_tdp_mmu_spte_changed`.
     pub tracepoint: bool,
-    /// Load `fexit/kvm_age_gfn` and `fexit/kvm_test_age_gfn`.
+    /// Load `fexit/kvm_age_gfn`.
     pub fexit: bool,
+    /// Load `ept_age_test` (tests: the fexit attribution through
+    /// BPF_PROG_TEST_RUN).
+    pub age_test: bool,
     /// Load the empty baseline program (benchmarks).
     pub empty_baseline: bool,
     /// Attach what loaded; without it programs only run through
@@ -119,10 +159,8 @@ pub struct EptOptions {
     pub heat: bool,
     /// Heat histogram capacity (entries); ignored (1) without `heat`.
     pub heat_entries: u32,
-    /// SPTE accessed bit(s) ([`EPT_ACCESSED_MASK`], [`NPT_ACCESSED_MASK`]).
-    pub accessed_mask: u64,
-    /// SPTE present bit(s) ([`EPT_PRESENT_MASK`], [`NPT_PRESENT_MASK`]).
-    pub present_mask: u64,
+    /// The host's SPTE masks ([`HostMode::tracepoint_masks`]).
+    pub masks: SpteMasks,
 }
 
 impl Default for EptOptions {
@@ -134,8 +172,8 @@ impl Default for EptOptions {
             attach: true,
             heat: false,
             heat_entries: HEAT_MAX_ENTRIES,
-            accessed_mask: EPT_ACCESSED_MASK,
-            present_mask: EPT_PRESENT_MASK,
+            age_test: false,
+            masks: SpteMasks::EPT_AD,
         }
     }
 }
@@ -146,7 +184,8 @@ impl EptOptions {
             .into_iter()
             .filter(|p| match p {
                 EptProgram::SpteChanged => self.tracepoint,
-                EptProgram::FexitAgeGfn | EptProgram::FexitTestAgeGfn => self.fexit,
+                EptProgram::FexitAgeGfn => self.fexit,
+                EptProgram::AgeTest => self.age_test,
                 EptProgram::Empty => self.empty_baseline,
             })
             .collect()
@@ -163,8 +202,6 @@ pub struct EptPrograms {
     storage: NonNull<MaybeUninit<OpenObject>>,
     status: [ProgramStatus; 4],
     options: EptOptions,
-    /// Slot -> pid registered in vm_by_pid.
-    pids: [Option<u32>; MAX_VMS as usize],
     /// Slot -> counters at the last take.
     taken: Vec<VmCounts>,
     /// Heat slots handed to each VM's ranges, and readings at the last drain.
@@ -182,7 +219,6 @@ impl std::fmt::Debug for EptPrograms {
         f.debug_struct("EptPrograms")
             .field("status", &self.status)
             .field("options", &self.options)
-            .field("pids", &self.pids)
             .finish_non_exhaustive()
     }
 }

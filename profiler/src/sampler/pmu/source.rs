@@ -387,6 +387,7 @@ impl PmuSource {
                 events,
                 lost: 0,
                 scan_cost_ns: u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX),
+                ..Default::default()
             },
         }
     }
