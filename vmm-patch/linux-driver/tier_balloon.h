@@ -33,10 +33,12 @@
 #define TB_TAG_TOTAL(i)			(0x8000 + 0x10 * (i) + 2)
 #define TB_STATS_MAX			(2 * TB_TIERS_MAX)
 /*
- * Tries per wanted page when the tier is a guest-physical span: pages
- * outside it are held until the batch ends so the allocator moves on.
+ * Tier pages are taken in blocks of up to 2^TB_BLOCK_ORDER pages (one
+ * 256-PFN descriptor), at most TB_SPAN_TRIES blocks per order and batch:
+ * blocks outside the tier are held until the batch ends, then freed.
  */
-#define TB_SPAN_TRIES_PER_PAGE		8
+#define TB_BLOCK_ORDER			8
+#define TB_SPAN_TRIES			64
 
 struct tb_tier {
 	unsigned int index;

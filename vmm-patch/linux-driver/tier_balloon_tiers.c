@@ -142,42 +142,85 @@ static int tb_probe(struct virtio_balloon *vb)
 	return 0;
 }
 
-static struct page *tb_alloc_node(struct tb_tier *t)
+/*
+ * One block of 2^order pages for tier @t. On a NUMA node: the node only
+ * (__GFP_THISNODE; without it the node is a preference and the device
+ * rejects PFNs outside the tier). Otherwise anywhere, and the caller keeps
+ * it only if it lies in the tier's span.
+ */
+static struct page *tb_alloc_block(struct tb_tier *t, unsigned int order)
 {
-	return alloc_pages_node(t->nid, balloon_mapping_gfp_mask() |
-				__GFP_THISNODE | __GFP_NOMEMALLOC |
-				__GFP_NORETRY | __GFP_NOWARN, 0);
+	gfp_t gfp = balloon_mapping_gfp_mask() | __GFP_NOMEMALLOC |
+		    __GFP_NORETRY | __GFP_NOWARN;
+
+	if (t->nid != NUMA_NO_NODE)
+		return alloc_pages_node(t->nid, gfp | __GFP_THISNODE, order);
+	return alloc_pages(gfp, order);
+}
+
+static void tb_free_held(struct list_head *held)
+{
+	struct page *page, *next;
+
+	list_for_each_entry_safe(page, next, held, lru) {
+		unsigned int order = page_private(page);
+
+		list_del(&page->lru);
+		set_page_private(page, 0);
+		__free_pages(page, order);
+	}
 }
 
 /*
- * Allocates up to @num pages of tier @t onto @pages. Pages that are not in
- * the tier (span allocation, or a node holding more than the zone) are
- * held on a side list so the allocator moves on, then freed: at most
- * TB_SPAN_TRIES_PER_PAGE tries per wanted page.
+ * Allocates up to @num pages of tier @t onto @pages. The buddy allocator
+ * hands out the most fragmented (often lowest) free pages first, so a tier
+ * high in a span would rarely see an order-0 page: blocks of up to
+ * 2^TB_BLOCK_ORDER pages are asked for first, a block in the tier is split
+ * and kept, one outside it is held until the batch ends so the allocator
+ * moves on, then freed. At most TB_SPAN_TRIES blocks are tried per order.
  */
 static unsigned int tb_alloc(struct tb_tier *t, unsigned int num,
 			     struct list_head *pages)
 {
-	unsigned int got = 0, tries = num * TB_SPAN_TRIES_PER_PAGE;
-	struct page *page, *next;
-	LIST_HEAD(outside);
+	unsigned int got = 0, order = TB_BLOCK_ORDER;
+	unsigned long last = 0;
+	LIST_HEAD(held);
 
-	while (got < num && tries--) {
-		page = t->nid != NUMA_NO_NODE ? tb_alloc_node(t) :
-						balloon_page_alloc();
-		if (!page)
-			break;
-		if (tb_page_in_tier(t, page)) {
-			balloon_page_push(pages, page);
-			got++;
-		} else {
-			list_add(&page->lru, &outside);
+	while (got < num) {
+		unsigned int tries = TB_SPAN_TRIES, i;
+		struct page *page = NULL;
+
+		while (order && (1U << order) > num - got)
+			order--;
+		while (tries--) {
+			page = tb_alloc_block(t, order);
+			if (!page)
+				break;
+			if (tb_page_in_tier(t, page) &&
+			    tb_page_in_tier(t, page + (1U << order) - 1))
+				break;
+			last = page_to_pfn(page);
+			set_page_private(page, order);
+			list_add(&page->lru, &held);
+			page = NULL;
 		}
+		if (!page) {
+			if (!order)
+				break;
+			order--;
+			continue;
+		}
+		if (order)
+			split_page(page, order);
+		for (i = 0; i < (1U << order); i++)
+			balloon_page_push(pages, page + i);
+		got += 1U << order;
 	}
-	list_for_each_entry_safe(page, next, &outside, lru) {
-		list_del(&page->lru);
-		__free_page(page);
-	}
+	if (!got && last)
+		dev_info_ratelimited(&t->vb->vdev->dev,
+				     "tier %u: no free page in it (last tried: pfn %#lx)\n",
+				     t->index, last);
+	tb_free_held(&held);
 	return got;
 }
 
@@ -190,9 +233,6 @@ static unsigned int tb_fill(struct tb_tier *t, size_t num)
 
 	num = min(num, ARRAY_SIZE(vb->pfns));
 	if (!tb_alloc(t, num, &pages)) {
-		dev_info_ratelimited(&vb->vdev->dev,
-				     "tier %u: no free page in the tier\n",
-				     t->index);
 		msleep(200);
 		return 0;
 	}
