@@ -67,8 +67,9 @@ fn tier_targets(uml: &Uml, low: u64, high: u64) {
 
 /// Both tiers reach their targets; then a smaller `high` target deflates
 /// `high` only.
-fn per_tier_targets() -> Result<Completion, Failed> {
+fn start(deflate_on_oom: bool) -> Result<Uml, Failed> {
     let mut o = Options::new(env!("CARGO_BIN_EXE_tier-balloon"));
+    o.deflate_on_oom = deflate_on_oom;
     // UML's guest-physical memory is [end of kernel image, mem); the low
     // tier covers its unmapped start, which the driver never hands out.
     o.tiers = vec![
@@ -77,7 +78,11 @@ fn per_tier_targets() -> Result<Completion, Failed> {
     ];
     o.modules = vec![module()];
     no_aslr()?;
-    let mut uml = Uml::start(&o)?;
+    Ok(Uml::start(&o)?)
+}
+
+fn per_tier_targets() -> Result<Completion, Failed> {
+    let mut uml = start(false)?;
     let st = uml.state()?;
     assert_eq!(st["tiers_negotiated"], true, "{st}");
     // Both tiers lie in the guest memory UML told the backend about.
@@ -115,8 +120,45 @@ fn per_tier_targets() -> Result<Completion, Failed> {
     Ok(Completion::Completed)
 }
 
+/// A guest command that holds `mib` MiB of tmpfs for a moment (no swap, so
+/// nothing can reclaim it), as in uml_linux.rs.
+fn hog(mib: u64) -> String {
+    format!(
+        "mountpoint -q /mnt || mount -t tmpfs -o size=200M none /mnt; \
+         dd if=/dev/zero of=/mnt/hog bs=1M count={mib} 2>/dev/null; rc=$?; \
+         stat -c %s /mnt/hog; rm -f /mnt/hog; exit $rc"
+    )
+}
+
+/// With DEFLATE_ON_OOM, a guest out of memory takes pages back from the
+/// tiers (nothing is in the legacy balloon): the device sees tier deflates
+/// it never asked for, none rejected, and the allocation succeeds.
+fn tiers_deflate_on_oom() -> Result<Completion, Failed> {
+    let mut uml = start(true)?;
+    tier_targets(&uml, 24 * MIB, 56 * MIB);
+    uml.wait_state("low 24 MiB, high 56 MiB", WAIT, |s| {
+        zone(s, "low")["actual"] == 24 * MIB && zone(s, "high")["actual"] == 56 * MIB
+    })?;
+    let (rc, out) = uml.sh_rc(&hog(40), Duration::from_secs(90))?;
+    let st = uml.state()?;
+    let (low, high) = (zone(&st, "low"), zone(&st, "high"));
+    let deflated = low["deflated_pfns"].as_u64().unwrap() + high["deflated_pfns"].as_u64().unwrap();
+    assert!(deflated > 0, "no tier deflate on OOM: {st}\n{out}");
+    let held = low["host_ballooned"].as_u64().unwrap() + high["host_ballooned"].as_u64().unwrap();
+    assert_eq!(held, 80 * MIB - deflated * 4096, "{st}");
+    assert_eq!(low["rejected_pfns"], 0, "{low}");
+    assert_eq!(high["rejected_pfns"], 0, "{high}");
+    assert_eq!(st["legacy"]["deflated_pfns"], 0, "{st}");
+    assert_eq!(rc, 0, "the allocation should succeed from the tiers: {out}");
+    assert_eq!(out.trim(), (40 * MIB).to_string(), "all of it written");
+    uml.sh("true", WAIT)?;
+    Ok(Completion::Completed)
+}
+
 fn main() {
-    let args = Arguments::from_args();
+    let mut args = Arguments::from_args();
+    // One guest at a time: each boots a kernel, and two share 2 cores badly.
+    args.test_threads.get_or_insert(1);
     let missing = tier_uml::missing().or_else(|| {
         (!module().exists()).then(|| {
             format!(
@@ -125,12 +167,16 @@ fn main() {
             )
         })
     });
-    let trials = vec![Trial::ignorable_test(
-        "tier_balloon_ko_honours_per_tier_targets",
-        move || match missing {
+    let trial = |name: &'static str, f: fn() -> Result<Completion, Failed>| {
+        let missing = missing.clone();
+        Trial::ignorable_test(name, move || match missing {
             Some(why) => Ok(Completion::ignored_with(why)),
-            None => per_tier_targets(),
-        },
-    )];
+            None => f(),
+        })
+    };
+    let trials = vec![
+        trial("tier_balloon_ko_honours_per_tier_targets", per_tier_targets),
+        trial("tier_balloon_ko_tiers_deflate_on_oom", tiers_deflate_on_oom),
+    ];
     libtest_mimic::run(&args, trials).exit();
 }
