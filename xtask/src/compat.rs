@@ -7,7 +7,7 @@ mod caps;
 mod check;
 mod core;
 mod elf;
-mod kernel;
+pub(crate) mod kernel;
 mod object;
 mod report;
 #[cfg(test)]

@@ -16,6 +16,23 @@ pub const PACKAGES: &[(&str, &str)] = &[
     ("binutils", "as/objcopy check the demo guest's machine code"),
     ("bpftool", "cargo xtask vmlinux regenerates vmlinux.h"),
     (
+        "flex",
+        "cargo xtask linux-driver: UML kernel modules_prepare",
+    ),
+    (
+        "bison",
+        "cargo xtask linux-driver: UML kernel modules_prepare",
+    ),
+    ("bc", "cargo xtask linux-driver: UML kernel modules_prepare"),
+    (
+        "patch",
+        "cargo xtask linux-driver applies virtio_balloon-*.patch",
+    ),
+    (
+        "gcc-12",
+        "cargo xtask linux-driver: Debian's headers build with gcc-12",
+    ),
+    (
         "lz4",
         "cargo xtask compat: vmlinux in Debian 6.1's vmlinuz is lz4",
     ),
