@@ -120,6 +120,62 @@ fn per_tier_targets() -> Result<Completion, Failed> {
     Ok(Completion::Completed)
 }
 
+/// Balloon compaction moves ballooned pages: each moved page must reach
+/// the device on its own tier's queues (inflate the new page, deflate the
+/// old), so every tier still holds exactly its target and nothing is
+/// rejected. `compact_memory` is the guest's own knob.
+fn compaction_rereports_on_the_tier() -> Result<Completion, Failed> {
+    let mut uml = start(false)?;
+    tier_targets(&uml, 16 * MIB, 24 * MIB);
+    uml.wait_state("low 16 MiB, high 24 MiB", WAIT, |s| {
+        zone(s, "low")["actual"] == 16 * MIB && zone(s, "high")["actual"] == 24 * MIB
+    })?;
+    let migrated = |uml: &mut Uml| -> u64 {
+        let out = uml
+            .sh(
+                "grep '^balloon_migrate ' /proc/vmstat || echo balloon_migrate 0",
+                WAIT,
+            )
+            .unwrap();
+        out.split_whitespace().nth(1).unwrap().parse().unwrap()
+    };
+    let before = migrated(&mut uml);
+    // Fragment the guest first so compaction has ballooned pages to move.
+    uml.sh("echo 1 > /proc/sys/vm/compact_memory", WAIT)?;
+    let moved = migrated(&mut uml) - before;
+    if moved == 0 {
+        return Ok(Completion::ignored_with(
+            "compaction moved no ballooned page in this guest (nothing to check)",
+        ));
+    }
+    let deflated = |s: &Value| {
+        zone(s, "low")["deflated_pfns"].as_u64().unwrap()
+            + zone(s, "high")["deflated_pfns"].as_u64().unwrap()
+    };
+    let st = uml.wait_state("every moved page re-reported", WAIT, |s| {
+        deflated(s) >= moved
+    })?;
+    for (id, bytes) in [("low", 16 * MIB), ("high", 24 * MIB)] {
+        let z = zone(&st, id);
+        let (inf, def) = (
+            z["inflated_pfns"].as_u64().unwrap(),
+            z["deflated_pfns"].as_u64().unwrap(),
+        );
+        assert_eq!((inf - def) * 4096, bytes, "{id} holds its target: {z}");
+        assert_eq!(z["host_ballooned"], bytes, "{id}: {z}");
+        assert_eq!(z["rejected_pfns"], 0, "{id}: {z}");
+    }
+    assert_eq!(
+        st["legacy"]["inflated_pfns"], 0,
+        "no legacy queue used: {st}"
+    );
+    eprintln!(
+        "compaction: balloon_migrate +{moved}, re-reported {}",
+        deflated(&st)
+    );
+    Ok(Completion::Completed)
+}
+
 /// A guest command that holds `mib` MiB of tmpfs for a moment (no swap, so
 /// nothing can reclaim it), as in uml_linux.rs.
 fn hog(mib: u64) -> String {
@@ -177,6 +233,10 @@ fn main() {
     let trials = vec![
         trial("tier_balloon_ko_honours_per_tier_targets", per_tier_targets),
         trial("tier_balloon_ko_tiers_deflate_on_oom", tiers_deflate_on_oom),
+        trial(
+            "tier_balloon_ko_compaction_rereports_on_the_tier",
+            compaction_rereports_on_the_tier,
+        ),
     ];
     libtest_mimic::run(&args, trials).exit();
 }
