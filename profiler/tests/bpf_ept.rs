@@ -751,16 +751,7 @@ fn main() {
     tier_profiler::bpf::route_libbpf_logs();
     let ready = ept_common::capability();
 
-    let raw_tp = |name: &'static str, f: fn()| {
-        let ready = ready.clone();
-        Trial::ignorable_test(name, move || match ready {
-            Err(reason) => Ok(Completion::ignored_with(reason)),
-            Ok(()) => {
-                f();
-                Ok(Completion::Completed)
-            }
-        })
-    };
+    let raw_tp = |name: &'static str, f: fn()| ept_common::trial(name, &ready, f);
     let cpus = allowed_cpus();
     let per_cpu = {
         let ready = ready.clone();

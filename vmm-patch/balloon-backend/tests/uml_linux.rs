@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use libtest_mimic::{Arguments, Completion, Failed, Trial};
 use serde_json::{Value, json};
-use tier_uml::{Options, Uml};
+use tier_uml::{Options, Uml, hog};
 
 const MIB: u64 = 1 << 20;
 const WAIT: Duration = Duration::from_secs(30);
@@ -26,16 +26,6 @@ fn legacy(uml: &Uml, bytes: u64) {
 
 fn actual(st: &Value) -> u64 {
     st["legacy_actual"].as_u64().unwrap()
-}
-
-/// A guest command that holds `mib` MiB of memory for a moment: tmpfs
-/// pages, which nothing can reclaim without swap.
-fn hog(mib: u64) -> String {
-    format!(
-        "mountpoint -q /mnt || mount -t tmpfs -o size=200M none /mnt; \
-         dd if=/dev/zero of=/mnt/hog bs=1M count={mib} 2>/dev/null; rc=$?; \
-         stat -c %s /mnt/hog; rm -f /mnt/hog; exit $rc"
-    )
 }
 
 fn mem_total_kib(uml: &mut Uml) -> u64 {

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use libtest_mimic::{Arguments, Completion, Failed, Trial};
 use serde_json::{Value, json};
-use tier_uml::{Options, Uml};
+use tier_uml::{Options, Uml, hog};
 
 const MIB: u64 = 1 << 20;
 const WAIT: Duration = Duration::from_secs(60);
@@ -174,16 +174,6 @@ fn compaction_rereports_on_the_tier() -> Result<Completion, Failed> {
         deflated(&st)
     );
     Ok(Completion::Completed)
-}
-
-/// A guest command that holds `mib` MiB of tmpfs for a moment (no swap, so
-/// nothing can reclaim it), as in uml_linux.rs.
-fn hog(mib: u64) -> String {
-    format!(
-        "mountpoint -q /mnt || mount -t tmpfs -o size=200M none /mnt; \
-         dd if=/dev/zero of=/mnt/hog bs=1M count={mib} 2>/dev/null; rc=$?; \
-         stat -c %s /mnt/hog; rm -f /mnt/hog; exit $rc"
-    )
 }
 
 /// With DEFLATE_ON_OOM, a guest out of memory takes pages back from the

@@ -118,6 +118,17 @@ pub fn missing() -> Option<String> {
     None
 }
 
+/// A guest shell command that holds `mib` MiB of memory for a moment and
+/// prints the bytes it wrote: tmpfs pages, which nothing can reclaim
+/// without swap (the guest has none), so they press on the balloon.
+pub fn hog(mib: u64) -> String {
+    format!(
+        "mountpoint -q /mnt || mount -t tmpfs -o size=200M none /mnt; \
+         dd if=/dev/zero of=/mnt/hog bs=1M count={mib} 2>/dev/null; rc=$?; \
+         stat -c %s /mnt/hog; rm -f /mnt/hog; exit $rc"
+    )
+}
+
 /// A running guest and its backend.
 pub struct Uml {
     dir: tempfile::TempDir,
