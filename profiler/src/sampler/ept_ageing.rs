@@ -12,7 +12,7 @@
 use std::collections::{HashMap, HashSet};
 use std::fs::File;
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use tier_proto::v1::{Backend, Vm};
 
@@ -45,8 +45,9 @@ pub struct EptAgeing {
     progs: EptPrograms,
     driver: Driver,
     flags: PageFlags,
-    /// When each DAMON VM's folios were picked.
-    picked: HashMap<String, Instant>,
+    /// The global unattributed counter (pages) at the last
+    /// `take_signals`: the signal covers every ager, between passes too.
+    unattributed_taken: u64,
     /// Health signals since the last `take_signals`.
     signals: Signals,
     /// One page in `stride` of each tier is aged, by whole folios (1 = all).
@@ -99,7 +100,7 @@ impl EptAgeing {
             progs,
             driver,
             flags,
-            picked: HashMap::new(),
+            unattributed_taken: 0,
             signals: Signals::default(),
             stride: stride.max(1),
             slots: HashMap::new(),
@@ -176,16 +177,14 @@ impl EptAgeing {
             }
             (p.pages, None, 1.0)
         } else {
-            let due = self
-                .picked
-                .get(&vm.id)
-                .is_none_or(|t| t.elapsed() >= DAMON_REPICK);
-            if due {
-                return self.arm_damon(vm, slot);
-            }
             let Driver::Damon(d) = &mut self.driver else {
                 return Err(err("ageing driver", "not DAMON"));
             };
+            if d.armed(&vm.id)
+                .is_none_or(|a| a.armed_at.elapsed() >= DAMON_REPICK)
+            {
+                return self.arm_damon(vm, slot);
+            }
             let pages = d
                 .armed(&vm.id)
                 .map(|a| a.tier_pages.clone())
@@ -194,9 +193,6 @@ impl EptAgeing {
         };
         let unattributed = self.progs.unattributed().map_err(|e| err("bpf", e))?;
         let counts = self.progs.take_vm_counts(slot).map_err(|e| err("bpf", e))?;
-        self.signals.unattributed += unattributed
-            .checked_pages
-            .wrapping_sub(unattributed_before.checked_pages);
         self.signals.foreign_young += counts.foreign.young_pages;
         self.signals.unmapped += counts.unmapped.checked_pages;
         let all = counts.tiers.iter().chain([&counts.unmapped]);
@@ -250,7 +246,6 @@ impl EptAgeing {
         self.progs
             .reset_vm_counts(slot)
             .map_err(|e| err("bpf", e))?;
-        self.picked.insert(vm.id.clone(), Instant::now());
         Ok(vec![TierReading::default(); p.pages.len()])
     }
 }
@@ -307,12 +302,18 @@ impl Sampler for EptAgeing {
     }
 
     fn take_signals(&mut self) -> Signals {
+        match self.progs.unattributed() {
+            Ok(u) => {
+                self.signals.unattributed = u.checked_pages.wrapping_sub(self.unattributed_taken);
+                self.unattributed_taken = u.checked_pages;
+            }
+            Err(e) => tracing::warn!(error = %e, "reading the unattributed counter"),
+        }
         std::mem::take(&mut self.signals)
     }
 
     fn forget(&mut self, vm_id: &str) {
         self.canaries.remove(vm_id);
-        self.picked.remove(vm_id);
         if let Driver::Damon(d) = &mut self.driver
             && let Some(tid) = d.disarm(vm_id)
             && let Err(e) = self.progs.clear_scan_owner(tid)

@@ -6,7 +6,9 @@
 
 use std::time::Duration;
 
-use libtest_mimic::{Arguments, Completion, Failed, Trial};
+mod uml_common;
+
+use libtest_mimic::{Completion, Failed};
 use serde_json::{Value, json};
 use tier_uml::{Options, Uml, hog};
 
@@ -98,23 +100,14 @@ fn deflate_on_oom() -> Result<Completion, Failed> {
 }
 
 fn main() {
-    let mut args = Arguments::from_args();
-    // One guest at a time: each boots a kernel, and two share 2 cores badly.
-    args.test_threads.get_or_insert(1);
-    let missing = tier_uml::missing();
-    let trial = |name: &'static str, f: fn() -> Result<Completion, Failed>| {
-        let missing = missing.clone();
-        Trial::ignorable_test(name, move || match missing {
-            Some(why) => Ok(Completion::ignored_with(why)),
-            None => f(),
-        })
-    };
-    let trials = vec![
-        trial(
-            "stock_virtio_balloon_inflates_deflates_and_gives_pages_back",
-            inflate_and_deflate,
-        ),
-        trial("stock_virtio_balloon_deflates_on_oom", deflate_on_oom),
-    ];
-    libtest_mimic::run(&args, trials).exit();
+    uml_common::run(
+        tier_uml::missing(),
+        &[
+            (
+                "stock_virtio_balloon_inflates_deflates_and_gives_pages_back",
+                inflate_and_deflate,
+            ),
+            ("stock_virtio_balloon_deflates_on_oom", deflate_on_oom),
+        ],
+    )
 }

@@ -10,7 +10,9 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use libtest_mimic::{Arguments, Completion, Failed, Trial};
+mod uml_common;
+
+use libtest_mimic::{Completion, Failed};
 use serde_json::{Value, json};
 use tier_uml::{Options, Uml, hog};
 
@@ -202,9 +204,6 @@ fn tiers_deflate_on_oom() -> Result<Completion, Failed> {
 }
 
 fn main() {
-    let mut args = Arguments::from_args();
-    // One guest at a time: each boots a kernel, and two share 2 cores badly.
-    args.test_threads.get_or_insert(1);
     let missing = tier_uml::missing().or_else(|| {
         (!module().exists()).then(|| {
             format!(
@@ -213,20 +212,15 @@ fn main() {
             )
         })
     });
-    let trial = |name: &'static str, f: fn() -> Result<Completion, Failed>| {
-        let missing = missing.clone();
-        Trial::ignorable_test(name, move || match missing {
-            Some(why) => Ok(Completion::ignored_with(why)),
-            None => f(),
-        })
-    };
-    let trials = vec![
-        trial("tier_balloon_ko_honours_per_tier_targets", per_tier_targets),
-        trial("tier_balloon_ko_tiers_deflate_on_oom", tiers_deflate_on_oom),
-        trial(
-            "tier_balloon_ko_compaction_rereports_on_the_tier",
-            compaction_rereports_on_the_tier,
-        ),
-    ];
-    libtest_mimic::run(&args, trials).exit();
+    uml_common::run(
+        missing,
+        &[
+            ("tier_balloon_ko_honours_per_tier_targets", per_tier_targets),
+            ("tier_balloon_ko_tiers_deflate_on_oom", tiers_deflate_on_oom),
+            (
+                "tier_balloon_ko_compaction_rereports_on_the_tier",
+                compaction_rereports_on_the_tier,
+            ),
+        ],
+    )
 }

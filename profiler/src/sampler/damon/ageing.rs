@@ -24,6 +24,8 @@ pub struct Armed {
     pub tid: u32,
     /// Pages the regions hold, per tier.
     pub tier_pages: Vec<u64>,
+    /// When its folios were picked and the kdamond started.
+    pub armed_at: Instant,
     /// When the counters were last read.
     pub read_at: Instant,
 }
@@ -67,6 +69,7 @@ impl DamonDriver {
                 slot,
                 tid,
                 tier_pages,
+                armed_at: Instant::now(),
                 read_at: Instant::now(),
             },
         );
