@@ -1,12 +1,12 @@
 //! Sampling by folio: which host folios an ageing pass marks idle, and how
 //! many pages each stands for.
 //!
-//! page_idle acts on whole folios and ignores tail pages
-//! (`page_idle_get_folio`, mm/page_idle.c: `PageTail` -> NULL), and KVM
-//! ages every SPTE of the folio's range. Marking every `stride`-th page of a
-//! THP-backed range idle would age each 2 MiB folio through its head alone
-//! while counting only 512/stride pages as sampled: young counts inflated up
-//! to ×stride. Here a folio is the unit: it is taken whole (all its pages
+//! page_idle acts on whole folios (6.12's `page_idle_get_folio` ignores
+//! tail pages; 6.1's `page_idle_get_page` ages the whole folio from any of
+//! them; mm/page_idle.c), and KVM ages every SPTE of the folio's range.
+//! Marking every `stride`-th page of a THP-backed range idle would age each
+//! 2 MiB folio whole while counting only 512/stride pages as sampled: young
+//! counts inflated up to ×stride. Here a folio is the unit: it is taken whole (all its pages
 //! count as sampled) with probability 1/stride, so every page still has the
 //! same chance 1/stride of being in the sample and young/sampled stays an
 //! unbiased ratio.
