@@ -302,6 +302,7 @@ impl Aggregator {
                 } else {
                     why.or_else(|| self.no_sampler.clone()).unwrap_or_default()
                 },
+                ..Default::default()
             });
             if !vms_unchanged {
                 vms.push(vm.clone());

@@ -77,6 +77,7 @@ pub fn update(n: usize, seq: u64) -> StatsUpdate {
                 dram_hit_target: i.is_multiple_of(4).then_some(0.8),
                 guest_reported_accesses: Vec::new(),
                 not_measured: String::new(),
+                ..Default::default()
             }
         })
         .collect();
