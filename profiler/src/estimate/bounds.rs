@@ -24,11 +24,15 @@
 //! passes) the bounds widen to what does fit, by half again.
 
 use super::CAP;
-use super::simplex::{Outcome, maximize};
+use super::simplex::{Feasible, Outcome, maximize};
+
+/// Objective weight that keeps the open column out of the upper end's
+/// program (far above any column's accesses per page).
+const PRICED_OUT: f64 = 1e7;
 
 /// Rates on the grid, log-spaced from a hundredth of a touch per longest
 /// pass to [`CAP`] per shortest one.
-const GRID: usize = 14;
+const GRID: usize = 10;
 
 /// Per shortest pass: pages touched this often or more count as saturated
 /// when the passes cannot do without them (see the module text). Low on
@@ -166,46 +170,55 @@ pub fn bounds(passes: &[(f64, f64)], pages: f64, fraction: f64, alpha: f64) -> O
     let scale = ys.iter().copied().fold(1.0, f64::max);
     let misfit = misfit(&cols, &ys, &sigma, pages, scale)?;
     let z = z.max(MISFIT_WIDEN * misfit);
-    let program = |keep: &dyn Fn(usize) -> bool| {
-        let n = cols.g.len();
-        let mut a = Vec::with_capacity(2 * ys.len() + 1);
-        let mut b = Vec::with_capacity(2 * ys.len() + 1);
-        for (j, (&y, s)) in ys.iter().zip(&sigma).enumerate() {
-            let row: Vec<f64> = (0..n)
-                .map(|k| if keep(k) { cols.g[k][j] } else { 0.0 })
-                .collect();
-            a.push(row.iter().map(|v| -v).collect());
-            b.push(-(y - z * s) / scale);
-            a.push(row);
-            b.push((y + z * s) / scale);
-        }
-        a.push((0..n).map(|k| if keep(k) { 1.0 } else { 0.0 }).collect());
-        b.push(pages / scale);
-        (a, b)
-    };
-    let all = |_: usize| true;
-    let (a, b) = program(&all);
-    let solve = |c: &[f64], a: &[Vec<f64>], b: &[f64]| match maximize(c, a, b) {
+    // Each pass within z standard errors, and no more pages than examined.
+    let n = cols.g.len();
+    let mut a = Vec::with_capacity(2 * ys.len() + 1);
+    let mut b = Vec::with_capacity(2 * ys.len() + 1);
+    for (j, (&y, s)) in ys.iter().zip(&sigma).enumerate() {
+        let row: Vec<f64> = (0..n).map(|k| cols.g[k][j]).collect();
+        a.push(row.iter().map(|v| -v).collect());
+        b.push(-(y - z * s) / scale);
+        a.push(row);
+        b.push((y + z * s) / scale);
+    }
+    a.push(vec![1.0; n]);
+    b.push(pages / scale);
+    let value = |o: Outcome| match o {
         Outcome::Optimal(v, _) => Some(v * scale),
         _ => None,
     };
+    // One phase one for both objectives over all columns.
+    let feasible = Feasible::new(n, &a, &b).ok()?;
     let neg_cost: Vec<f64> = cols.cost.iter().map(|c| -c).collect();
-    let low = -solve(&neg_cost, &a, &b)?;
+    let low = -value(feasible.maximize(&neg_cost))?;
     let sat_mass: Vec<f64> = cols
         .saturated
         .iter()
         .map(|s| if *s { -1.0 } else { 0.0 })
         .collect();
-    let saturated = -solve(&sat_mass, &a, &b)?;
+    let saturated = -value(feasible.maximize(&sat_mass))?;
+    // The most accesses without the open column: priced out rather than
+    // removed, so the same basis serves; a program that cannot do without
+    // it is open too.
     let high = if saturated >= SATURATED_MIN {
         None
     } else {
-        let kept = |k: usize| !cols.open[k];
-        let (a, b) = program(&kept);
         let cost: Vec<f64> = (0..cols.cost.len())
-            .map(|k| if kept(k) { cols.cost[k] } else { 0.0 })
+            .map(|k| {
+                if cols.open[k] {
+                    -PRICED_OUT
+                } else {
+                    cols.cost[k]
+                }
+            })
             .collect();
-        Some(solve(&cost, &a, &b)?)
+        match feasible.maximize(&cost) {
+            Outcome::Optimal(v, x) if cols.open.iter().zip(&x).all(|(o, x)| !*o || *x <= 1e-9) => {
+                Some(v * scale)
+            }
+            Outcome::Optimal(..) => None,
+            _ => return None,
+        }
     };
     // Firm whatever the timing: each young page was touched in its pass.
     let firm: f64 = ys

@@ -18,6 +18,7 @@ pub enum Outcome {
     Stalled,
 }
 
+#[derive(Clone)]
 struct Tableau {
     /// `m` constraint rows then the objective row; the last column is the
     /// right-hand side (objective row: the current value).
@@ -37,15 +38,17 @@ impl Tableau {
         for v in &mut self.t[r] {
             *v /= p;
         }
-        let row = self.t[r].clone();
-        for (i, other) in self.t.iter_mut().enumerate() {
-            let f = other[c];
-            if i != r && f != 0.0 {
+        let row = std::mem::take(&mut self.t[r]);
+        for other in self.t.iter_mut() {
+            // The pivot row itself is the empty one taken out.
+            let f = other.get(c).copied().unwrap_or(0.0);
+            if f != 0.0 {
                 for (o, v) in other.iter_mut().zip(&row) {
                     *o -= f * v;
                 }
             }
         }
+        self.t[r] = row;
         self.basis[r] = c;
     }
 
@@ -85,72 +88,96 @@ impl Tableau {
 
 /// Maximises `c x` subject to `a x <= b` (rows of `a`) and `x >= 0`.
 pub fn maximize(c: &[f64], a: &[Vec<f64>], b: &[f64]) -> Outcome {
-    let (m, n) = (a.len(), c.len());
-    // Columns: x (n), slacks (m), the phase-one column x0, rhs.
-    let x0 = n + m;
-    let width = n + m + 2;
-    let mut t = Vec::with_capacity(m + 1);
-    for (i, (row, bi)) in a.iter().zip(b).enumerate() {
-        let mut r = vec![0.0; width];
-        r[..n].copy_from_slice(&row[..n]);
-        r[n + i] = 1.0;
-        r[x0] = -1.0;
-        r[width - 1] = *bi;
-        t.push(r);
+    match Feasible::new(c.len(), a, b) {
+        Ok(f) => f.maximize(c),
+        Err(e) => e,
     }
-    // Phase one: maximise -x0.
-    let mut obj = vec![0.0; width];
-    obj[x0] = 1.0;
-    t.push(obj);
-    let mut tab = Tableau {
-        t,
-        basis: (n..n + m).collect(),
-        allowed: vec![true; width - 1],
-    };
-    let worst = (0..m).min_by(|&i, &j| b[i].total_cmp(&b[j]));
-    if let Some(r) = worst.filter(|&r| b[r] < 0.0) {
-        tab.pivot(r, x0);
+}
+
+/// A feasible basis of `a x <= b`, `x >= 0` (phase one done once), from
+/// which several objectives are maximised.
+#[derive(Clone)]
+pub struct Feasible {
+    tab: Tableau,
+    n: usize,
+}
+
+impl Feasible {
+    /// Phase one over `n` columns; `Err` when infeasible (or stalled).
+    pub fn new(n: usize, a: &[Vec<f64>], b: &[f64]) -> Result<Feasible, Outcome> {
+        let m = a.len();
+        // Columns: x (n), slacks (m), the phase-one column x0, rhs.
+        let x0 = n + m;
+        let width = n + m + 2;
+        let mut t = Vec::with_capacity(m + 1);
+        for (i, (row, bi)) in a.iter().zip(b).enumerate() {
+            let mut r = vec![0.0; width];
+            r[..n].copy_from_slice(&row[..n]);
+            r[n + i] = 1.0;
+            r[x0] = -1.0;
+            r[width - 1] = *bi;
+            t.push(r);
+        }
+        // Phase one: maximise -x0.
+        let mut obj = vec![0.0; width];
+        obj[x0] = 1.0;
+        t.push(obj);
+        let mut tab = Tableau {
+            t,
+            basis: (n..n + m).collect(),
+            allowed: vec![true; width - 1],
+        };
+        let worst = (0..m).min_by(|&i, &j| b[i].total_cmp(&b[j]));
+        if let Some(r) = worst.filter(|&r| b[r] < 0.0) {
+            tab.pivot(r, x0);
+            tab.optimize()?;
+            if tab.t[m][width - 1] < -1e-7 {
+                return Err(Outcome::Infeasible);
+            }
+            // x0 at zero: pivot it out of the basis if it is still in.
+            if let Some(r) = tab.basis.iter().position(|&c| c == x0)
+                && let Some(c) = (0..x0).find(|&j| tab.t[r][j].abs() > EPS)
+            {
+                tab.pivot(r, c);
+            }
+        }
+        tab.allowed[x0] = false;
+        for row in &mut tab.t[..m] {
+            row[x0] = 0.0;
+        }
+        Ok(Feasible { tab, n })
+    }
+
+    /// Phase two from the feasible basis: maximises `c x`.
+    pub fn maximize(&self, c: &[f64]) -> Outcome {
+        let mut tab = self.tab.clone();
+        let (n, m) = (self.n, tab.basis.len());
+        let width = tab.t[0].len();
+        // The objective in terms of the non-basic columns.
+        let mut obj = vec![0.0; width];
+        for (o, cj) in obj.iter_mut().zip(c) {
+            *o = -cj;
+        }
+        for (i, &bc) in tab.basis.iter().enumerate() {
+            let f = obj[bc];
+            if f != 0.0 {
+                for (o, v) in obj.iter_mut().zip(&tab.t[i]) {
+                    *o -= f * v;
+                }
+            }
+        }
+        tab.t[m] = obj;
         if let Err(e) = tab.optimize() {
             return e;
         }
-        if tab.t[m][width - 1] < -1e-7 {
-            return Outcome::Infeasible;
-        }
-        // x0 at zero: pivot it out of the basis if it is still in.
-        if let Some(r) = tab.basis.iter().position(|&c| c == x0)
-            && let Some(c) = (0..x0).find(|&j| tab.t[r][j].abs() > EPS)
-        {
-            tab.pivot(r, c);
-        }
-    }
-    tab.allowed[x0] = false;
-    for row in &mut tab.t[..m] {
-        row[x0] = 0.0;
-    }
-    // Phase two: the real objective in terms of the non-basic columns.
-    let mut obj = vec![0.0; width];
-    for (o, cj) in obj.iter_mut().zip(c) {
-        *o = -cj;
-    }
-    for (i, &bc) in tab.basis.iter().enumerate() {
-        let f = obj[bc];
-        if f != 0.0 {
-            for (o, v) in obj.iter_mut().zip(&tab.t[i]) {
-                *o -= f * v;
+        let mut x = vec![0.0; n];
+        for (i, &bc) in tab.basis.iter().enumerate() {
+            if bc < n {
+                x[bc] = tab.t[i][width - 1];
             }
         }
+        Outcome::Optimal(tab.t[m][width - 1], x)
     }
-    tab.t[m] = obj;
-    if let Err(e) = tab.optimize() {
-        return e;
-    }
-    let mut x = vec![0.0; n];
-    for (i, &bc) in tab.basis.iter().enumerate() {
-        if bc < n {
-            x[bc] = tab.t[i][width - 1];
-        }
-    }
-    Outcome::Optimal(tab.t[m][width - 1], x)
 }
 
 #[cfg(test)]
