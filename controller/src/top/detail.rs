@@ -7,7 +7,7 @@ use ratatui::layout::Rect;
 use ratatui::style::{Color, Modifier, Style};
 use ratatui::text::{Line, Span};
 use ratatui::widgets::{Block, Paragraph};
-use tier_proto::v1::{DecisionOutcome, TierKind};
+use tier_proto::v1::{DecisionOutcome, TierKind, TierSample, VmStats};
 
 use super::app::App;
 use super::format::{action, ago, delta, pct, spark};
@@ -17,7 +17,7 @@ use super::render::delta_style;
 /// Saturation at tierd's fit cap (1 - e^-3, docs/estimate.md): the tier's
 /// touches are no longer counted, only its pages.
 const SATURATED: f64 = 0.95;
-use crate::view::{guest_hit, human_bytes, pmu_rate, pmu_source, rate, source_name};
+use crate::view::{guest_hit, hit_range, human_bytes, pmu_rate, pmu_source, rate, source_name};
 
 /// Widths of the label and of the now/min/max columns of the sparklines.
 const LABEL: usize = 16;
@@ -73,13 +73,7 @@ fn header_lines(app: &App, v: &VmView, width: usize) -> Vec<Line<'static>> {
             format!("  api {}", v.vm.api_socket)
         }
     ))];
-    let err = v
-        .stats
-        .as_ref()
-        .filter(|s| s.has_accesses)
-        .map_or(String::new(), |s| {
-            format!(" ±{:.1}", s.dram_hit_error * 100.0)
-        });
+    let hit = v.stats.as_ref().map_or("-".into(), |s| hit_range(s, true));
     let own = v.stats.as_ref().and_then(|s| s.dram_hit_target).is_some();
     let guest = v
         .stats
@@ -88,8 +82,7 @@ fn header_lines(app: &App, v: &VmView, width: usize) -> Vec<Line<'static>> {
     let d = v.delta(default);
     out.push(Line::from(vec![
         Span::raw(format!(
-            "DRAM-hit {}{err}  target {} ",
-            pct(v.hit()),
+            "DRAM-hit {hit}  target {} ",
             pct(v.target(default))
         )),
         Span::raw(if own {
@@ -101,6 +94,12 @@ fn header_lines(app: &App, v: &VmView, width: usize) -> Vec<Line<'static>> {
         Span::styled(delta(d), delta_style(d, app.epsilon())),
         Span::raw(format!("  guest-reported hit {}", pct(guest))),
     ]));
+    if let Some(s) = &v.stats {
+        out.push(Line::styled(
+            estimate_line(s),
+            Style::new().fg(Color::DarkGray),
+        ));
+    }
     match &v.last_decision {
         None => out.push(Line::raw(
             "last action: - (no controller decision for this VM yet)",
@@ -238,6 +237,12 @@ fn tier_table(app: &App, v: &VmView, width: usize) -> Vec<Line<'static>> {
             s.map_or("-", |s| s.source().short_name()),
         )));
     }
+    // The accesses' ~95 % intervals (issue 21), where the sampler sent them.
+    for (i, t) in v.vm.tiers.iter().enumerate() {
+        if let Some(l) = v.sample(i).and_then(|s| tier_estimate(&t.name, s, secs)) {
+            out.push(Line::raw(l));
+        }
+    }
     // Why a VM or a tier reads n/m, and what a count rests on: never a
     // silent 0.
     if let Some(why) = v.not_measured() {
@@ -364,4 +369,59 @@ mod tests {
         assert_eq!(wrap("why: ", "aaa bbb ccc ddd eee", 13, 2).len(), 2);
         assert!(wrap("why: ", "", 13, 2).is_empty());
     }
+}
+
+/// What the ratio rests on: the interval's point and open ends, the
+/// sampling error, or the PMU's count beside the accessed-bit estimate.
+fn estimate_line(s: &VmStats) -> String {
+    let p = |v: f64| format!("{:.1} %", v * 100.0);
+    let bits = if !s.has_accesses {
+        "accessed bits: no accesses".to_string()
+    } else {
+        let sampling = if s.dram_hit_error > 0.0 {
+            format!(", page sampling alone ±{:.1}", s.dram_hit_error * 100.0)
+        } else {
+            String::new()
+        };
+        let open = match (s.dram_hit_low_open, s.dram_hit_high_open) {
+            (true, true) => "; both ends open: hot pages in every tier cannot be counted",
+            (false, true) => "; open above: DRAM holds pages too hot to count",
+            (true, false) => "; open below: slow memory holds pages too hot to count",
+            (false, false) => "",
+        };
+        match (s.dram_hit_low, s.dram_hit_high) {
+            (Some(lo), Some(hi)) => format!(
+                "accessed bits: {}-{} (point {}{sampling}){open}",
+                p(lo),
+                p(hi),
+                p(s.dram_hit_ratio)
+            ),
+            _ => format!(
+                "accessed bits: point {} (no interval from this tierd{sampling})",
+                p(s.dram_hit_ratio)
+            ),
+        }
+    };
+    match s.counted_dram_hit_ratio {
+        Some(c) => format!("PMU-counted {} on every tier (acted on); {bits}", p(c)),
+        None => bits,
+    }
+}
+
+/// One tier's estimate: the accesses' interval, pages too hot to count,
+/// and how well the rate mixture fits.
+fn tier_estimate(name: &str, s: &TierSample, secs: f64) -> Option<String> {
+    let lo = s.accesses_low?;
+    let per_s = |v: f64| rate((secs > 0.0).then(|| v / secs));
+    let range = match s.accesses_high {
+        Some(hi) if !s.accesses_high_open => format!("{}-{}", per_s(lo), per_s(hi)),
+        _ => format!("≥{} (no upper bound from accessed bits)", per_s(lo)),
+    };
+    let misfit = s.fit_misfit.map_or("-".into(), |m| {
+        format!("{m:.1}{}", if m > 3.0 { "!" } else { "" })
+    });
+    Some(format!(
+        "{name}: acc/s {range}  saturated pages {:.0}  misfit {misfit}",
+        s.saturated_pages
+    ))
 }

@@ -152,7 +152,12 @@ impl Bounds {
     }
 
     pub(super) fn forget_tier(&self, tl: &TierLabels) {
-        for f in [&self.rate_low, &self.rate_high, &self.saturated, &self.misfit] {
+        for f in [
+            &self.rate_low,
+            &self.rate_high,
+            &self.saturated,
+            &self.misfit,
+        ] {
             f.remove(tl);
         }
         self.high_open.remove(tl);
@@ -248,13 +253,22 @@ mod tests {
         m.update(&update(dram, slow, vm));
         let body = m.encode();
         let v = |name: &str, l: &str| value(&body, &format!("tierd_{name}{l}"));
-        assert_eq!(v("tier_estimated_accesses_per_second_low", DRAM), Some(200.0));
+        assert_eq!(
+            v("tier_estimated_accesses_per_second_low", DRAM),
+            Some(200.0)
+        );
         assert_eq!(v("tier_estimated_accesses_per_second_high", DRAM), None);
         assert_eq!(v("tier_estimated_accesses_high_open", DRAM), Some(1.0));
         assert_eq!(v("tier_saturated_pages", DRAM), Some(12.5));
         assert_eq!(v("tier_fit_misfit", DRAM), Some(1.3));
-        assert_eq!(v("tier_estimated_accesses_per_second_low", SLOW), Some(80.0));
-        assert_eq!(v("tier_estimated_accesses_per_second_high", SLOW), Some(180.0));
+        assert_eq!(
+            v("tier_estimated_accesses_per_second_low", SLOW),
+            Some(80.0)
+        );
+        assert_eq!(
+            v("tier_estimated_accesses_per_second_high", SLOW),
+            Some(180.0)
+        );
         assert_eq!(v("tier_estimated_accesses_high_open", SLOW), Some(0.0));
         assert_eq!(v("tier_saturated_pages", SLOW), Some(0.0));
         assert_eq!(v("vm_dram_hit_ratio_low", VM), Some(0.34));
