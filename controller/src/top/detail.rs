@@ -7,9 +7,10 @@ use ratatui::layout::Rect;
 use ratatui::style::{Color, Modifier, Style};
 use ratatui::text::{Line, Span};
 use ratatui::widgets::{Block, Paragraph};
-use tier_proto::v1::{DecisionOutcome, TierKind, TierSample, VmStats};
+use tier_proto::v1::{DecisionOutcome, TierKind};
 
 use super::app::App;
+use super::estimate::{estimate_line, tier_estimate};
 use super::format::{action, ago, delta, pct, spark};
 use super::model::{VmView, WINDOW_NS};
 use super::render::delta_style;
@@ -369,59 +370,4 @@ mod tests {
         assert_eq!(wrap("why: ", "aaa bbb ccc ddd eee", 13, 2).len(), 2);
         assert!(wrap("why: ", "", 13, 2).is_empty());
     }
-}
-
-/// What the ratio rests on: the interval's point and open ends, the
-/// sampling error, or the PMU's count beside the accessed-bit estimate.
-fn estimate_line(s: &VmStats) -> String {
-    let p = |v: f64| format!("{:.1} %", v * 100.0);
-    let bits = if !s.has_accesses {
-        "accessed bits: no accesses".to_string()
-    } else {
-        let sampling = if s.dram_hit_error > 0.0 {
-            format!(", page sampling alone ±{:.1}", s.dram_hit_error * 100.0)
-        } else {
-            String::new()
-        };
-        let open = match (s.dram_hit_low_open, s.dram_hit_high_open) {
-            (true, true) => "; both ends open: hot pages in every tier cannot be counted",
-            (false, true) => "; open above: DRAM holds pages too hot to count",
-            (true, false) => "; open below: slow memory holds pages too hot to count",
-            (false, false) => "",
-        };
-        match (s.dram_hit_low, s.dram_hit_high) {
-            (Some(lo), Some(hi)) => format!(
-                "accessed bits: {}-{} (point {}{sampling}){open}",
-                p(lo),
-                p(hi),
-                p(s.dram_hit_ratio)
-            ),
-            _ => format!(
-                "accessed bits: point {} (no interval from this tierd{sampling})",
-                p(s.dram_hit_ratio)
-            ),
-        }
-    };
-    match s.counted_dram_hit_ratio {
-        Some(c) => format!("PMU-counted {} on every tier (acted on); {bits}", p(c)),
-        None => bits,
-    }
-}
-
-/// One tier's estimate: the accesses' interval, pages too hot to count,
-/// and how well the rate mixture fits.
-fn tier_estimate(name: &str, s: &TierSample, secs: f64) -> Option<String> {
-    let lo = s.accesses_low?;
-    let per_s = |v: f64| rate((secs > 0.0).then(|| v / secs));
-    let range = match s.accesses_high {
-        Some(hi) if !s.accesses_high_open => format!("{}-{}", per_s(lo), per_s(hi)),
-        _ => format!("≥{} (no upper bound from accessed bits)", per_s(lo)),
-    };
-    let misfit = s.fit_misfit.map_or("-".into(), |m| {
-        format!("{m:.1}{}", if m > 3.0 { "!" } else { "" })
-    });
-    Some(format!(
-        "{name}: acc/s {range}  saturated pages {:.0}  misfit {misfit}",
-        s.saturated_pages
-    ))
 }
