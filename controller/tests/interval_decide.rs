@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use tier_controller::policy::{
     ActOn, Config, Controller, HitEvidence, Limits, Plan, TierObs, Tuning, VmObs, VmOverride,
 };
-use tier_proto::v1::{Decision, DecisionReason, VmStats};
+use tier_proto::v1::{Decision, DecisionOutcome, DecisionReason, VmStats};
 
 const M: u64 = 1 << 20;
 const G: u64 = 1 << 30;
@@ -75,9 +75,24 @@ fn no_move_while_the_interval_straddles_the_band() {
     // Point 0.5, far below the band, but the interval (hot DRAM pages
     // under-read) reaches above it: held; the point alone would grant.
     let v = vm("a", 500.0, 500.0, interval(0.45, 1.0, false, true));
-    let p = decide(ActOn::Interval, std::slice::from_ref(&v));
-    assert!(decision(&p, "a").is_none(), "{:?}", p.decisions);
+    let mut c = Controller::new(config(ActOn::Interval));
+    let p = c.decide(std::slice::from_ref(&v), 1);
     assert_eq!(p.targets[0].dram, v.dram.balloon_target);
+    // Said once per episode: skipped, nothing changed, why.
+    let d = decision(&p, "a").unwrap();
+    assert_eq!(
+        (d.reason(), d.outcome()),
+        (DecisionReason::BelowTarget, DecisionOutcome::Skipped)
+    );
+    assert!(d.changes.is_empty());
+    assert!(
+        d.detail.starts_with(
+            "dram-hit 45-100 % (open above; point 50 %) straddles the band 70.3-79.7 %: the point alone says below, the interval cannot place it below the band; held"
+        ),
+        "{}",
+        d.detail
+    );
+    assert!(c.decide(std::slice::from_ref(&v), 2).decisions.is_empty());
     let p = decide(ActOn::Point, std::slice::from_ref(&v));
     let d = decision(&p, "a").unwrap();
     assert_eq!(d.reason(), DecisionReason::BelowTarget);
@@ -141,10 +156,16 @@ fn a_pmu_count_is_acted_on_not_the_accessed_bits() {
 
 #[test]
 fn an_older_sender_falls_back_to_the_sampling_error_and_says_so() {
-    // Point 0.69 +- 0.02 reaches into the band (0.703): held.
+    // Point 0.69 +- 0.02 reaches into the band (0.703): held, and said.
     let near = vm("a", 690.0, 310.0, HitEvidence::Sampling { error: 0.02 });
     let p = decide(ActOn::Interval, &[near]);
-    assert!(decision(&p, "a").is_none(), "{:?}", p.decisions);
+    let d = decision(&p, "a").unwrap();
+    assert!(d.changes.is_empty());
+    assert!(
+        d.detail.starts_with("dram-hit 69 % +-2.0 (no interval from the sampler: sampling error only) straddles the band"),
+        "{}",
+        d.detail
+    );
     let far = vm("b", 500.0, 500.0, HitEvidence::Sampling { error: 0.012 });
     let p = decide(ActOn::Interval, &[far]);
     let d = decision(&p, "b").unwrap();

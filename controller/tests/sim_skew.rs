@@ -87,14 +87,17 @@ fn run(seed: u64, act_on: ActOn) -> Seen {
             let straddles = h.low <= v.target - band && h.high >= v.target + band;
             for d in step.decisions.iter().filter(|d| d.vm_id == o.id) {
                 seen.decisions += 1;
-                let ratio_move = matches!(
-                    d.reason(),
-                    DecisionReason::BelowTarget | DecisionReason::AboveTarget
-                );
+                // Not the skipped note of a hold (no change).
+                let ratio_move = !d.changes.is_empty()
+                    && matches!(
+                        d.reason(),
+                        DecisionReason::BelowTarget | DecisionReason::AboveTarget
+                    );
                 if ratio_move && straddles {
                     seen.straddled_moves += 1;
                 }
-                if settled && d.reason() == DecisionReason::BelowTarget && truth >= v.target {
+                let grant = d.reason() == DecisionReason::BelowTarget && !d.changes.is_empty();
+                if settled && grant && truth >= v.target {
                     seen.wrong_grants += 1;
                 }
             }

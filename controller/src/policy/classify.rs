@@ -7,7 +7,7 @@
 
 use super::config::{Config, PAGE};
 use super::input::VmObs;
-use super::interval::Hit;
+use super::interval::{ActOn, Hit};
 use super::model::Load;
 use super::state::{Dir, Move};
 
@@ -134,6 +134,21 @@ pub fn resume(vm: &VmObs, load: &Load, ctx: &Ctx, cfg: &Config, mv: &Move) -> Op
         Dir::Up => Want::Need { why, raw, bytes },
         Dir::Down => Want::Release { why, raw, bytes },
     })
+}
+
+/// The direction the point alone would move a VM whose interval (as
+/// `act_on` reads it) cannot be placed outside the band; None when both
+/// agree. Such a hold is reported once per episode (`decision`).
+pub fn unplaced(vm: &VmObs, load: &Load, target: f64, cfg: &Config) -> Option<Dir> {
+    let h = Hit::of(vm.hit, load.ratio())?;
+    let (e, on) = (cfg.hold_epsilon(), cfg.tuning.act_on);
+    if h.below(target - e, ActOn::Point) && !h.below(target - e, on) {
+        return Some(Dir::Up);
+    }
+    if h.above(target + e, ActOn::Point) && !h.above(target + e, on) {
+        return Some(Dir::Down);
+    }
+    None
 }
 
 pub fn classify(vm: &VmObs, load: &Load, ctx: &Ctx, cfg: &Config) -> Want {

@@ -130,13 +130,31 @@ fn why_text(cfg: &Config, vm: &VmObs, w: &Work, pool: Pool) -> String {
             hb(pool.budget),
             hb(pool.committed)
         ),
-        Want::Hold => write!(
-            s,
-            "slow given {} outside [{}, {}]",
-            hb(vm.slow.given()),
-            hb(w.slow_lo),
-            hb(w.slow_hi)
-        ),
+        Want::Hold => {
+            if let Some(dir) = w.unplaced {
+                let side = match dir {
+                    Dir::Up => "below",
+                    Dir::Down => "above",
+                };
+                let _ = write!(
+                    s,
+                    "{q} straddles the band {}: the point alone says {side}, the interval cannot place it {side} the band; held (a PMU count, or act_on protective, would decide)",
+                    band(t, e)
+                );
+            }
+            let g = vm.slow.given();
+            if g < w.slow_lo || g > w.slow_hi {
+                let sep = if s.is_empty() { "" } else { "; " };
+                let _ = write!(
+                    s,
+                    "{sep}slow given {} outside [{}, {}]",
+                    hb(g),
+                    hb(w.slow_lo),
+                    hb(w.slow_hi)
+                );
+            }
+            Ok(())
+        }
     };
     if w.forced > 0 {
         let _ = write!(
@@ -285,10 +303,16 @@ pub(super) fn record(
         }
     ) && w.granted == 0
         && !w.was_budget_limited;
-    if changes.is_empty() && !newly_short {
+    // So is a VM held on an interval the point alone would have moved.
+    let newly_unplaced = w.unplaced.filter(|_| !w.was_unplaced);
+    if changes.is_empty() && !newly_short && newly_unplaced.is_none() {
         return None;
     }
-    d.reason = reason(w) as i32;
+    d.reason = match (changes.is_empty(), newly_unplaced) {
+        (true, Some(Dir::Up)) => DecisionReason::BelowTarget,
+        (true, Some(Dir::Down)) => DecisionReason::AboveTarget,
+        _ => reason(w),
+    } as i32;
     d.outcome = if changes.is_empty() {
         DecisionOutcome::Skipped
     } else if cfg.dry_run {
@@ -306,6 +330,7 @@ pub(super) fn record(
     // Limits and the slow tier's bounds do not read the ratio: quoted all
     // the same, so every decision says what the ratio was.
     let read_ratio = w.resumed.is_some()
+        || w.unplaced.is_some()
         || matches!(
             w.want,
             Want::Release {
