@@ -5,7 +5,7 @@
 use std::fmt::Write as _;
 
 use serde::Serialize;
-use tier_proto::v1::{StatsUpdate, TierKind, VmSource};
+use tier_proto::v1::{StatsUpdate, TierKind, VmSource, VmStats};
 
 /// One tier of one VM in one interval.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -52,6 +52,61 @@ pub struct TierRow {
     /// Why the host sampler has no reading of the VM this interval (same on
     /// every row of a VM); None when it was read or no sampler runs.
     pub not_measured: Option<String>,
+    /// ~95 % interval of `dram_hit_ratio` (same on every row): model
+    /// misfit and pages too hot to count included. None without one (older
+    /// tierd, untimed passes, no accesses).
+    pub dram_hit_low: Option<f64>,
+    pub dram_hit_high: Option<f64>,
+    /// That end is 0 (low) or 1 (high) only because a tier's accesses have
+    /// no upper bound from accessed bits.
+    pub dram_hit_low_open: bool,
+    pub dram_hit_high_open: bool,
+    /// DRAM-hit ratio the pmu source counted on every tier (exact; the
+    /// controller acts on it); None unless every tier was counted.
+    pub counted_dram_hit_ratio: Option<f64>,
+    /// ~95 % interval of `accesses_per_s`; the high end None when open or
+    /// without an interval.
+    pub accesses_low_per_s: Option<f64>,
+    pub accesses_high_per_s: Option<f64>,
+    /// Accessed bits set no upper bound on the tier's accesses.
+    pub accesses_high_open: bool,
+    /// Pages (scaled to the tier) touched faster than the shortest pass
+    /// resolves.
+    pub saturated_pages: Option<f64>,
+    /// Misfit of the per-page rate mixture in standard errors (below ~2
+    /// fits); None without an interval.
+    pub fit_misfit: Option<f64>,
+}
+
+/// The DRAM-hit ratio as `top` and the table show it: `34-71 %`, `≥34 %`
+/// (no upper bound), `≤71 %` (no lower bound), `0-100 % ?` (neither),
+/// `66.7 % pmu` (counted on every tier), `~34.3 %` (a point without an
+/// interval: an older tierd; `long` says `34.3 % (no interval)`), `-`
+/// without accesses. Never `±0.0`.
+pub fn hit_range(s: &VmStats, long: bool) -> String {
+    if let Some(c) = s.counted_dram_hit_ratio {
+        return format!("{:.1} % pmu", c * 100.0);
+    }
+    if !s.has_accesses {
+        return "-".into();
+    }
+    match (s.dram_hit_low, s.dram_hit_high) {
+        (Some(lo), Some(hi)) => range(lo, hi, s.dram_hit_low_open, s.dram_hit_high_open),
+        _ if long => format!("{:.1} % (no interval)", s.dram_hit_ratio * 100.0),
+        _ => format!("~{:.1} %", s.dram_hit_ratio * 100.0),
+    }
+}
+
+/// `34-71 %`; one decimal when the ends are within 5 points.
+fn range(lo: f64, hi: f64, lo_open: bool, hi_open: bool) -> String {
+    let d = if hi - lo < 0.05 { 1 } else { 0 };
+    let p = |v: f64| format!("{:.d$}", v * 100.0);
+    match (lo_open, hi_open) {
+        (true, true) => "0-100 % ?".into(),
+        (false, true) => format!("≥{} %", p(lo)),
+        (true, false) => format!("≤{} %", p(hi)),
+        (false, false) => format!("{}-{} %", p(lo), p(hi)),
+    }
 }
 
 /// DRAM share of guest-reported accesses, if the guest reported any.
@@ -77,6 +132,10 @@ pub fn rows(update: &StatsUpdate) -> Vec<TierRow> {
     for vm in &update.vms {
         let stats = update.stats.iter().find(|s| s.vm_id == vm.id);
         let guest_hit_ratio = stats.and_then(|s| guest_hit(vm, &s.guest_reported_accesses));
+        let interval = stats.filter(|s| s.has_accesses).and_then(|s| {
+            let (lo, hi) = (s.dram_hit_low?, s.dram_hit_high?);
+            Some((lo, hi, s.dram_hit_low_open, s.dram_hit_high_open))
+        });
         for (i, tier) in vm.tiers.iter().enumerate() {
             let sample = stats.and_then(|s| s.tiers.iter().find(|t| t.tier == tier.name));
             let pmu = sample.and_then(pmu_source);
@@ -120,6 +179,23 @@ pub fn rows(update: &StatsUpdate) -> Vec<TierRow> {
                 not_measured: stats
                     .filter(|s| !s.not_measured.is_empty())
                     .map(|s| s.not_measured.clone()),
+                dram_hit_low: interval.map(|s| s.0),
+                dram_hit_high: interval.map(|s| s.1),
+                dram_hit_low_open: interval.is_some_and(|s| s.2),
+                dram_hit_high_open: interval.is_some_and(|s| s.3),
+                counted_dram_hit_ratio: stats.and_then(|s| s.counted_dram_hit_ratio),
+                accesses_low_per_s: sample
+                    .filter(|_| secs > 0.0)
+                    .and_then(|s| s.accesses_low)
+                    .map(|v| v / secs),
+                accesses_high_per_s: sample
+                    .filter(|s| secs > 0.0 && s.accesses_low.is_some() && !s.accesses_high_open)
+                    .and_then(|s| s.accesses_high)
+                    .map(|v| v / secs),
+                accesses_high_open: sample
+                    .is_some_and(|s| s.accesses_low.is_some() && s.accesses_high_open),
+                saturated_pages: sample.map(|s| s.saturated_pages),
+                fit_misfit: sample.and_then(|s| s.fit_misfit),
             });
         }
     }
@@ -205,7 +281,12 @@ pub fn table(rows: &[TierRow]) -> String {
             (true, None) => "-".into(),
             (false, _) => String::new(),
         };
-        let (hit, guest_hit) = (pct(r.dram_hit_ratio), pct(r.guest_hit_ratio));
+        let hit = match (first, stats_of(r)) {
+            (true, Some(s)) => hit_range(&s, true),
+            (true, None) => "-".into(),
+            (false, _) => String::new(),
+        };
+        let guest_hit = pct(r.guest_hit_ratio);
         let young = if r.sampled_pages == 0 {
             "-".into()
         } else {
@@ -233,7 +314,7 @@ pub fn table(rows: &[TierRow]) -> String {
     let mut width = HEADER.map(str::len);
     for row in &cells {
         for (w, c) in width.iter_mut().zip(row) {
-            *w = (*w).max(c.len());
+            *w = (*w).max(c.chars().count());
         }
     }
     let mut out = String::new();
@@ -252,16 +333,31 @@ pub fn table(rows: &[TierRow]) -> String {
     out
 }
 
+/// The VM-level fields of a row, as `hit_range` reads them.
+fn stats_of(r: &TierRow) -> Option<VmStats> {
+    let any = r.dram_hit_ratio.is_some() || r.counted_dram_hit_ratio.is_some();
+    any.then(|| VmStats {
+        has_accesses: r.dram_hit_ratio.is_some(),
+        dram_hit_ratio: r.dram_hit_ratio.unwrap_or(0.0),
+        dram_hit_low: r.dram_hit_low,
+        dram_hit_high: r.dram_hit_high,
+        dram_hit_low_open: r.dram_hit_low_open,
+        dram_hit_high_open: r.dram_hit_high_open,
+        counted_dram_hit_ratio: r.counted_dram_hit_ratio,
+        ..Default::default()
+    })
+}
+
 /// CSV with a header row; numbers unformatted.
 pub fn csv(rows: &[TierRow]) -> String {
     let mut out = String::from(
-        "vm_id,vm_name,vcpus,tier,kind,size_bytes,resident_bytes,balloon_target_bytes,balloon_actual_bytes,young_pages,sampled_pages,source,guest_accesses_per_s,dram_hit_ratio,guest_hit_ratio,accesses_per_s,dram_hit_error,dram_hit_target,rate_saturation,pmu_events_per_s,pmu_not_measured,pmu_running_ratio,not_measured\n",
+        "vm_id,vm_name,vcpus,tier,kind,size_bytes,resident_bytes,balloon_target_bytes,balloon_actual_bytes,young_pages,sampled_pages,source,guest_accesses_per_s,dram_hit_ratio,guest_hit_ratio,accesses_per_s,dram_hit_error,dram_hit_target,rate_saturation,pmu_events_per_s,pmu_not_measured,pmu_running_ratio,not_measured,dram_hit_low,dram_hit_high,dram_hit_low_open,dram_hit_high_open,counted_dram_hit_ratio,accesses_low_per_s,accesses_high_per_s,accesses_high_open,saturated_pages,fit_misfit\n",
     );
     let opt = |v: Option<f64>| v.map(|x| format!("{x}")).unwrap_or_default();
     for r in rows {
         let _ = writeln!(
             out,
-            "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}",
+            "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}",
             csv_field(&r.vm_id),
             csv_field(&r.vm_name),
             r.vcpus,
@@ -285,6 +381,16 @@ pub fn csv(rows: &[TierRow]) -> String {
             csv_field(r.pmu_not_measured.as_deref().unwrap_or_default()),
             opt(r.pmu_running_ratio),
             csv_field(r.not_measured.as_deref().unwrap_or_default()),
+            opt(r.dram_hit_low),
+            opt(r.dram_hit_high),
+            r.dram_hit_low_open,
+            r.dram_hit_high_open,
+            opt(r.counted_dram_hit_ratio),
+            opt(r.accesses_low_per_s),
+            opt(r.accesses_high_per_s),
+            r.accesses_high_open,
+            opt(r.saturated_pages),
+            opt(r.fit_misfit),
         );
     }
     out
@@ -441,6 +547,86 @@ mod tests {
             "{first}"
         );
         assert_eq!(c.lines().count(), 3);
+    }
+
+    #[test]
+    fn hit_ranges_mark_open_ends_and_never_say_plus_minus_zero() {
+        let s = |lo: Option<f64>, hi: Option<f64>, lo_open, hi_open| VmStats {
+            has_accesses: true,
+            dram_hit_ratio: 0.343,
+            dram_hit_low: lo,
+            dram_hit_high: hi,
+            dram_hit_low_open: lo_open,
+            dram_hit_high_open: hi_open,
+            ..Default::default()
+        };
+        let r = |st: &VmStats| hit_range(st, false);
+        assert_eq!(r(&s(Some(0.34), Some(0.71), false, false)), "34-71 %");
+        assert_eq!(r(&s(Some(0.34), Some(1.0), false, true)), "≥34 %");
+        assert_eq!(r(&s(Some(0.0), Some(0.71), true, false)), "≤71 %");
+        assert_eq!(r(&s(Some(0.0), Some(1.0), true, true)), "0-100 % ?");
+        assert_eq!(r(&s(Some(0.892), Some(0.901), false, false)), "89.2-90.1 %");
+        // An older tierd: a point, marked, never "±0.0".
+        let old = s(None, None, false, false);
+        assert_eq!(r(&old), "~34.3 %");
+        assert_eq!(hit_range(&old, true), "34.3 % (no interval)");
+        let counted = VmStats {
+            counted_dram_hit_ratio: Some(0.667),
+            ..old.clone()
+        };
+        assert_eq!(r(&counted), "66.7 % pmu");
+        let quiet = VmStats {
+            has_accesses: false,
+            ..old
+        };
+        assert_eq!(r(&quiet), "-");
+    }
+
+    #[test]
+    fn rows_carry_the_intervals() {
+        let mut u = update();
+        let st = &mut u.stats[0];
+        st.has_accesses = true;
+        st.dram_hit_ratio = 0.343;
+        (st.dram_hit_low, st.dram_hit_high) = (Some(0.34), Some(1.0));
+        st.dram_hit_high_open = true;
+        st.tiers[0].accesses_low = Some(100.0);
+        st.tiers[0].accesses_high = Some(500.0);
+        st.tiers[0].accesses_high_open = true;
+        st.tiers[0].saturated_pages = 12.0;
+        st.tiers[0].fit_misfit = Some(1.5);
+        st.tiers[1].accesses_low = Some(40.0);
+        st.tiers[1].accesses_high = Some(90.0);
+        let r = rows(&u);
+        assert_eq!(
+            (r[0].dram_hit_low, r[0].dram_hit_high),
+            (Some(0.34), Some(1.0))
+        );
+        assert!(r[1].dram_hit_high_open && !r[1].dram_hit_low_open);
+        // Per second over 0.5 s; an open end is null, never a number.
+        assert_eq!(r[0].accesses_low_per_s, Some(200.0));
+        assert_eq!(r[0].accesses_high_per_s, None);
+        assert!(r[0].accesses_high_open);
+        assert_eq!(r[1].accesses_high_per_s, Some(180.0));
+        assert_eq!(
+            (r[0].saturated_pages, r[0].fit_misfit),
+            (Some(12.0), Some(1.5))
+        );
+        let t = table(&r);
+        assert!(t.lines().nth(1).unwrap().contains("≥34 %"), "{t}");
+        let c = csv(&r);
+        let fields = |l: &str| l.split(',').count();
+        let header = c.lines().next().unwrap();
+        assert!(header.ends_with("saturated_pages,fit_misfit"));
+        // Row 1 has a quoted comma in the VM name: one more split.
+        assert_eq!(fields(c.lines().nth(2).unwrap()), fields(header) + 1);
+        assert!(
+            c.lines()
+                .nth(1)
+                .unwrap()
+                .ends_with(",true,,200,,true,12,1.5"),
+            "{c}"
+        );
     }
 
     #[test]

@@ -47,6 +47,7 @@ fn vm(id: &str, given: u64, hot: u64, acc: f64, slow_hot: u64, slow_acc: f64) ->
         slow: tier("slow", 2 * G - given, slow_hot, slow_acc),
         balloon_ok: true,
         guest_accesses: None,
+        hit: Default::default(),
     }
 }
 
@@ -401,7 +402,13 @@ fn a_move_larger_than_the_step_continues_without_waiting() {
     let d = decision(&p, "m");
     assert_eq!(p.targets[0].dram, 2 * G - 1792 * M);
     assert_eq!(d.expected_ratio, 0.875);
-    assert!(d.detail.starts_with("ratio 0.625 < 0.875"), "{}", d.detail);
+    assert!(
+        d.detail.starts_with(
+            "dram-hit 62.5 % (no interval from the sampler) below the band 82.8-92.2 %"
+        ),
+        "{}",
+        d.detail
+    );
 }
 
 #[test]
@@ -447,7 +454,7 @@ fn a_fit_less_growth_is_not_carried_on_blindly() {
     let d = decision(&p, "m");
     assert!(
         d.detail
-            .starts_with("ratio 0.850 < 0.875, the last rise was cut short by the step"),
+            .starts_with("dram-hit 85 % (no interval from the sampler) below the target 87.5 %, the last rise was cut short by the step"),
         "{}",
         d.detail
     );

@@ -9,7 +9,8 @@ mod scenario;
 use std::collections::{HashMap, HashSet};
 
 use proptest::prelude::*;
-use tier_controller::policy::{Config, Controller, Plan, Tuning, VmObs, VmStatus};
+use tier_controller::policy::model::Load;
+use tier_controller::policy::{ActOn, Config, Controller, Hit, Plan, Tuning, VmObs, VmStatus};
 use tier_controller::sim::fleet::{FleetSpec, fleet};
 use tier_controller::sim::metrics::{
     assessed_while_moving, directions, flip_backs, flip_backs_within,
@@ -23,6 +24,7 @@ const CASES_LIMITS: u32 = 60_000;
 const CASES_DRY_RUN: u32 = 25_000;
 const CASES_UNCOOPERATIVE: u32 = 30_000;
 const CASES_OSCILLATION: u32 = 20_000;
+const CASES_STRADDLE: u32 = 20_000;
 /// Intervals per oscillation scenario.
 const INTERVALS: u64 = 40;
 
@@ -261,5 +263,61 @@ proptest! {
         }
         let mixed = assessed_while_moving(&sim.vms, &steps, sim.controller.config().tuning.balloon_tolerance);
         prop_assert!(mixed.is_empty(), "assessed while moving: {:?}", mixed);
+    }
+}
+
+/// The VM's ratio interval as the policy sees it straddles its hold band.
+fn straddles(cfg: &Config, o: &VmObs) -> bool {
+    let target = cfg
+        .vm(&o.id, &o.name)
+        .and_then(|v| v.target)
+        .unwrap_or(cfg.default_target);
+    let e = cfg.hold_epsilon();
+    Hit::of(o.hit, Load::of(o).ratio()).is_some_and(|h| h.low <= target - e && h.high >= target + e)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(CASES_STRADDLE))]
+
+    /// Acting on the interval (the default), no ratio-driven move while the
+    /// VM's interval straddles its band: its DRAM grows only up to its
+    /// floor, and no cut is for being above target. Whatever the evidence
+    /// (no interval, estimator intervals open or not, PMU counts), the
+    /// invariants of `limits_budget_step_and_conservation` hold.
+    #[test]
+    fn no_move_while_the_interval_straddles_the_band(mut s in scenario()) {
+        s.config.tuning.act_on = ActOn::Interval;
+        let mut c = Controller::new(s.config.clone());
+        run(&s, &mut c, |obs, plan| {
+            check_round(&s, obs, plan)?;
+            check_decisions(obs, plan, false)?;
+            for (o, t) in obs.iter().zip(&plan.targets) {
+                if !straddles(&s.config, o) {
+                    continue;
+                }
+                let floor = bounds(&s.config, o, &o.dram).0;
+                let (g0, g1) = (o.dram.given(), o.dram.size.saturating_sub(t.dram));
+                prop_assert!(
+                    g1 <= g0 || g1 <= floor,
+                    "{}: {:?} straddles, yet dram {} -> {} (floor {})",
+                    o.id, o.hit, g0, g1, floor
+                );
+                let quoted = |d: &&tier_proto::v1::Decision| {
+                    d.vm_id == o.id && d.reason() != DecisionReason::Uncooperative
+                };
+                for d in plan.decisions.iter().filter(quoted) {
+                    // A ratio reason only on the once-per-episode note of a
+                    // hold the point alone would have moved.
+                    if matches!(d.reason(), DecisionReason::AboveTarget | DecisionReason::BelowTarget) {
+                        prop_assert_eq!(d.outcome(), DecisionOutcome::Skipped, "{}", d.detail);
+                        prop_assert!(d.changes.is_empty(), "{}", d.detail);
+                        prop_assert!(d.detail.contains("straddles the band"), "{}", d.detail);
+                    }
+                    prop_assert!(d.detail.contains("dram-hit"), "{}", d.detail);
+                    prop_assert!(!d.detail.contains("+-0.0"), "{}", d.detail);
+                }
+            }
+            Ok(())
+        })?;
     }
 }

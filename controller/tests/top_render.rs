@@ -80,9 +80,15 @@ fn one_row_per_vm_with_a_line_per_tier() {
     // A decision: the guest got 64M of DRAM back, 3 s ago.
     assert!(l[3].contains("3s below dram+64.0M applied"), "{}", l[3]);
     assert!(l[5].trim_end().ends_with('-'), "no decision: {}", l[5]);
-    // A minute of history is a full sparkline.
+    // A minute of history is a full sparkline (what the 160 columns leave).
     let spark: String = l[3].chars().filter(|c| ('▁'..='█').contains(c)).collect();
-    assert_eq!(spark.chars().count(), 30, "{}", l[3]);
+    assert_eq!(spark.chars().count(), 28, "{}", l[3]);
+    // The ratio as a range: closed (vm-0000), open above (vm-0001), a
+    // point without an interval from an older tierd (vm-0002).
+    assert!(l[3].contains("38-62 %"), "{}", l[3]);
+    assert!(l[5].contains("≥"), "{}", l[5]);
+    assert!(l[8].contains("~"), "{}", l[8]);
+    assert!(!l.iter().any(|x| x.contains("±0.0")));
     assert!(l[39].starts_with("q quit  ? help"));
 }
 
@@ -209,6 +215,11 @@ fn detail_pane_help_and_disconnect() {
         "target 80.0% (controller)",
         "last action: 3s below dram+64.0M applied  (observed 60.0%, expected 70.0%)",
         "why: synthetic",
+        // The interval, what it rests on, and each tier's accesses.
+        "accessed bits: ",
+        "page sampling alone ±1.0",
+        "dram: acc/s ",
+        "saturated pages 0  misfit 1.2",
         "over the last minute (20 points, oldest left)",
         "dram acc/s",
         "cxl resident",

@@ -1,10 +1,13 @@
 //! What one managed VM wants this interval, before the host-level allocator
 //! and the budget have their say. Checks in order: tier limits, above
 //! target, idle memory, below target. A move under way (`state::Move`)
-//! takes its next step instead (`resume`).
+//! takes its next step instead (`resume`). The ratio is judged by its
+//! interval (`interval::Hit`, `Tuning::act_on`): while the interval
+//! straddles the band no ratio-driven move starts or continues.
 
 use super::config::{Config, PAGE};
 use super::input::VmObs;
+use super::interval::{ActOn, Hit};
 use super::model::Load;
 use super::state::{Dir, Move};
 
@@ -107,17 +110,20 @@ pub fn resume(vm: &VmObs, load: &Load, ctx: &Ctx, cfg: &Config, mv: &Move) -> Op
     if g > ctx.hi || g < ctx.lo {
         return None;
     }
-    let r = load.ratio()?;
+    let h = Hit::of(vm.hit, load.ratio())?;
+    let on = cfg.tuning.act_on;
     let step = cfg.max_step;
+    // A rise goes on while the ratio is known below the target, a cut
+    // while it is known above.
     let (done, room) = match mv.dir {
-        Dir::Up => (r >= ctx.target, ctx.hi - g),
+        Dir::Up => (!h.below(ctx.target, on), ctx.hi - g),
         // An idle reclaim stops once the VM falls below its band, as it
         // would not start there (`classify`).
         Dir::Down if mv.why == Why::Idle => (
-            r < ctx.target - cfg.hold_epsilon(),
+            h.below(ctx.target - cfg.hold_epsilon(), on),
             (g - ctx.lo).min(vm.dram.idle_bytes),
         ),
-        Dir::Down => (r <= ctx.target, g - ctx.lo),
+        Dir::Down => (!h.above(ctx.target, on), g - ctx.lo),
     };
     let bytes = mv.left.min(step).min(room) / PAGE * PAGE;
     if done || bytes < cfg.min_step() {
@@ -128,6 +134,21 @@ pub fn resume(vm: &VmObs, load: &Load, ctx: &Ctx, cfg: &Config, mv: &Move) -> Op
         Dir::Up => Want::Need { why, raw, bytes },
         Dir::Down => Want::Release { why, raw, bytes },
     })
+}
+
+/// The direction the point alone would move a VM whose interval (as
+/// `act_on` reads it) cannot be placed outside the band; None when both
+/// agree. Such a hold is reported once per episode (`decision`).
+pub fn unplaced(vm: &VmObs, load: &Load, target: f64, cfg: &Config) -> Option<Dir> {
+    let h = Hit::of(vm.hit, load.ratio())?;
+    let (e, on) = (cfg.hold_epsilon(), cfg.tuning.act_on);
+    if h.below(target - e, ActOn::Point) && !h.below(target - e, on) {
+        return Some(Dir::Up);
+    }
+    if h.above(target + e, ActOn::Point) && !h.above(target + e, on) {
+        return Some(Dir::Down);
+    }
+    None
 }
 
 pub fn classify(vm: &VmObs, load: &Load, ctx: &Ctx, cfg: &Config) -> Want {
@@ -141,7 +162,8 @@ pub fn classify(vm: &VmObs, load: &Load, ctx: &Ctx, cfg: &Config) -> Want {
     } else {
         (g - ctx.lo).min(step)
     };
-    let ratio = load.ratio();
+    let hit = Hit::of(vm.hit, load.ratio());
+    let on = cfg.tuning.act_on;
     // After a move cut short by the step, the band does not stop the next
     // one in the same direction short of the target: landing just inside
     // the band's edge, sampling noise would otherwise decide.
@@ -159,7 +181,7 @@ pub fn classify(vm: &VmObs, load: &Load, ctx: &Ctx, cfg: &Config) -> Want {
         Some(Dir::Up) => (ctx.target + band(Dir::Down), ctx.target),
         None => (ctx.target + band(Dir::Down), ctx.target - band(Dir::Up)),
     };
-    if let Some(r) = ratio.filter(|&r| r > above) {
+    if let Some(h) = hit.filter(|h| h.above(above, on)) {
         let raw = load.shrink_for(ctx.target);
         let bytes = raw.min(room_down);
         if bytes >= cfg.min_step() {
@@ -169,14 +191,16 @@ pub fn classify(vm: &VmObs, load: &Load, ctx: &Ctx, cfg: &Config) -> Want {
                 bytes,
             };
         }
-        if r > ctx.target + band(Dir::Down) {
+        if h.above(ctx.target + band(Dir::Down), on) {
             return Want::Hold;
         }
     }
     // No idle reclaim from a VM below its band: its ratio says the DRAM it
     // holds is not enough, so what looks idle is memory it still touches,
     // only less often than one ageing pass sees (accessed bits cannot tell).
-    let below_band = ratio.is_some_and(|r| r < below);
+    // An idle reclaim is measured, not a reading of the ratio: it goes on
+    // while the interval straddles the band.
+    let below_band = hit.is_some_and(|h| h.below(below, on));
     let raw = if below_band {
         0
     } else {
@@ -190,11 +214,11 @@ pub fn classify(vm: &VmObs, load: &Load, ctx: &Ctx, cfg: &Config) -> Want {
             bytes,
         };
     }
-    match ratio {
-        Some(r) if r < below && !flips_back(ctx, Dir::Up) => {
+    match hit {
+        Some(h) if h.below(below, on) && !flips_back(ctx, Dir::Up) => {
             let grow = load.grow_for(ctx.target);
             // Inside the band (after a short move) only a worthwhile step.
-            if r >= ctx.target - band(Dir::Up) && grow < cfg.min_step() {
+            if !h.below(ctx.target - band(Dir::Up), on) && grow < cfg.min_step() {
                 return Want::Hold;
             }
             let raw = grow.max(cfg.min_step());

@@ -5,6 +5,8 @@ use std::collections::HashMap;
 
 use tier_proto::v1::Policy;
 
+use super::interval::ActOn;
+
 /// Balloon granularity; sizes, steps and limits are multiples of it.
 pub const PAGE: u64 = 4096;
 
@@ -75,6 +77,9 @@ pub struct Tuning {
     /// share since a reversal is a new load, not an oscillation: the
     /// flip-back guard is lifted.
     pub new_load: f64,
+    /// Which part of the DRAM-hit interval decides a move (default: the
+    /// whole interval must lie outside the band).
+    pub act_on: ActOn,
 }
 
 impl Default for Tuning {
@@ -87,6 +92,7 @@ impl Default for Tuning {
             move_reserve: 0.2,
             hold_band: 0.75,
             new_load: 0.25,
+            act_on: ActOn::Interval,
         }
     }
 }

@@ -3,7 +3,7 @@
 //! changes on the slow tier, and write decisions.
 
 use super::allocate::{Claim, water_fill};
-use super::classify::{Ctx, Want, Why, classify, resume};
+use super::classify::{Ctx, Want, Why, classify, resume, unplaced};
 use super::config::{Config, Limits, PAGE};
 use super::decision;
 use super::input::VmObs;
@@ -31,6 +31,10 @@ pub(super) struct Work {
     pub delta: i64,
     pub slow_delta: i64,
     pub was_budget_limited: bool,
+    /// Held although the point alone would move it this way: the interval
+    /// cannot place the ratio outside the band.
+    pub unplaced: Option<Dir>,
+    pub was_unplaced: bool,
     /// The want is the next step of this move under way (before the round).
     pub resumed: Option<Move>,
 }
@@ -156,6 +160,12 @@ fn look(cfg: &Config, vm: &VmObs, st: &mut VmState, round: u64) -> Work {
     } else {
         Want::Hold
     };
+    let held = status == VmStatus::Managed && want == Want::Hold && resumed.is_none();
+    let unplaced = if held {
+        unplaced(vm, &load, target, cfg)
+    } else {
+        None
+    };
     Work {
         status,
         newly_uncooperative,
@@ -171,6 +181,8 @@ fn look(cfg: &Config, vm: &VmObs, st: &mut VmState, round: u64) -> Work {
         delta: 0,
         slow_delta: 0,
         was_budget_limited: st.budget_limited,
+        unplaced,
+        was_unplaced: st.unplaced,
         resumed,
     }
 }
@@ -426,6 +438,7 @@ pub(super) fn run(c: &mut Controller, vms: &[VmObs], now_unix_ns: u64) -> Plan {
                 (st.moving, st.short) = follow_up(cfg, w, round);
             }
             if w.status == VmStatus::Managed {
+                st.unplaced = w.unplaced.is_some();
                 st.budget_limited = matches!(
                     w.want,
                     Want::Need {

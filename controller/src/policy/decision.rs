@@ -10,16 +10,43 @@ use super::classify::{Want, Why};
 use super::config::Config;
 use super::decide::{Pool, Work};
 use super::input::VmObs;
+use super::interval::{ActOn, Hit};
 use super::state::{Dir, Move};
 use crate::view::human_bytes as hb;
+
+/// The ratio as judged: its interval, and what the policy acts on when
+/// that is not the interval.
+fn hit_text(cfg: &Config, vm: &VmObs, w: &Work) -> String {
+    let Some(h) = Hit::of(vm.hit, w.load.ratio()) else {
+        return "dram-hit unknown (no accesses)".into();
+    };
+    let on = match cfg.tuning.act_on {
+        ActOn::Interval => "",
+        ActOn::Point => " [acting on the point]",
+        ActOn::Protective => " [acting on the low end]",
+    };
+    format!("{}{on}", h.quote())
+}
+
+/// A ratio edge in percent.
+fn pc(v: f64) -> String {
+    format!("{:.1} %", v * 100.0)
+}
+
+/// The hold band in percent.
+fn band(t: f64, e: f64) -> String {
+    format!("{:.1}-{:.1} %", (t - e) * 100.0, (t + e) * 100.0)
+}
 
 fn why_text(cfg: &Config, vm: &VmObs, w: &Work, pool: Pool) -> String {
     let g = vm.dram.given();
     let (t, e) = (w.target, cfg.hold_epsilon());
-    let r = w.load.ratio().unwrap_or(0.0);
+    let hit = Hit::of(vm.hit, w.load.ratio());
+    let on = cfg.tuning.act_on;
+    let q = hit_text(cfg, vm, w);
     let mut s = String::new();
     if let Some(m) = w.resumed {
-        continuing(&mut s, vm, w, pool, &m);
+        continuing(&mut s, cfg, vm, w, pool, &m);
         return s;
     }
     let _ = match w.want {
@@ -57,7 +84,7 @@ fn why_text(cfg: &Config, vm: &VmObs, w: &Work, pool: Pool) -> String {
             let th = cfg.idle_threshold;
             write!(
                 s,
-                "dram idle {} of {} held = {:.3} > {th:.3}: reclaim ({} - {th:.3} x {}) / (1 - {th:.3}) = {} -> {}",
+                "dram idle {} of {} held = {:.3} > {th:.3} ({q}, not below the band): reclaim ({} - {th:.3} x {}) / (1 - {th:.3}) = {} -> {}",
                 hb(idle),
                 hb(held),
                 idle as f64 / held.max(1) as f64,
@@ -70,10 +97,13 @@ fn why_text(cfg: &Config, vm: &VmObs, w: &Work, pool: Pool) -> String {
         Want::Release { why: _, raw, bytes } => write!(
             s,
             "{}: {}; {} can go (idle {} first) -> {}",
-            if r > t + e {
-                format!("ratio {r:.3} > {t:.3} + {e:.3}")
+            if hit.is_some_and(|h| h.above(t + e, on)) {
+                format!("{q} above the band {}", band(t, e))
             } else {
-                format!("ratio {r:.3} > {t:.3}, the last cut was cut short by the step")
+                format!(
+                    "{q} above the target {}, the last cut was cut short by the step",
+                    pc(t)
+                )
             },
             w.load.explain(t),
             hb(raw),
@@ -83,10 +113,13 @@ fn why_text(cfg: &Config, vm: &VmObs, w: &Work, pool: Pool) -> String {
         Want::Need { why: _, raw, bytes } => write!(
             s,
             "{}: {}; need {} (min step {}) cap {} -> granted {} of pool {} (budget {}, committed {})",
-            if r < t - e {
-                format!("ratio {r:.3} < {t:.3} - {e:.3}")
+            if hit.is_some_and(|h| h.below(t - e, on)) {
+                format!("{q} below the band {}", band(t, e))
             } else {
-                format!("ratio {r:.3} < {t:.3}, the last rise was cut short by the step")
+                format!(
+                    "{q} below the target {}, the last rise was cut short by the step",
+                    pc(t)
+                )
             },
             w.load.explain(t),
             hb(raw),
@@ -97,13 +130,31 @@ fn why_text(cfg: &Config, vm: &VmObs, w: &Work, pool: Pool) -> String {
             hb(pool.budget),
             hb(pool.committed)
         ),
-        Want::Hold => write!(
-            s,
-            "slow given {} outside [{}, {}]",
-            hb(vm.slow.given()),
-            hb(w.slow_lo),
-            hb(w.slow_hi)
-        ),
+        Want::Hold => {
+            if let Some(dir) = w.unplaced {
+                let side = match dir {
+                    Dir::Up => "below",
+                    Dir::Down => "above",
+                };
+                let _ = write!(
+                    s,
+                    "{q} straddles the band {}: the point alone says {side}, the interval cannot place it {side} the band; held (a PMU count, or act_on protective, would decide)",
+                    band(t, e)
+                );
+            }
+            let g = vm.slow.given();
+            if g < w.slow_lo || g > w.slow_hi {
+                let sep = if s.is_empty() { "" } else { "; " };
+                let _ = write!(
+                    s,
+                    "{sep}slow given {} outside [{}, {}]",
+                    hb(g),
+                    hb(w.slow_lo),
+                    hb(w.slow_hi)
+                );
+            }
+            Ok(())
+        }
     };
     if w.forced > 0 {
         let _ = write!(
@@ -119,8 +170,8 @@ fn why_text(cfg: &Config, vm: &VmObs, w: &Work, pool: Pool) -> String {
 
 /// The next step of a move under way: what was planned, what is left, and
 /// why this interval's sample only serves to stop it.
-fn continuing(s: &mut String, vm: &VmObs, w: &Work, pool: Pool, m: &Move) {
-    let r = w.load.ratio().unwrap_or(0.0);
+fn continuing(s: &mut String, cfg: &Config, vm: &VmObs, w: &Work, pool: Pool, m: &Move) {
+    let q = hit_text(cfg, vm, w);
     let what = match (m.dir, m.why) {
         (_, Why::Idle) => "idle reclaim",
         (Dir::Up, _) => "rise",
@@ -138,8 +189,8 @@ fn continuing(s: &mut String, vm: &VmObs, w: &Work, pool: Pool, m: &Move) {
     let _ = match w.want {
         Want::Need { bytes, .. } => write!(
             s,
-            "; sampled during the last step, ratio {r:.3} still < {:.3}: step {} -> granted {} of pool {} (budget {}, committed {})",
-            w.target,
+            "; sampled during the last step, {q} still below {}: step {} -> granted {} of pool {} (budget {}, committed {})",
+            pc(w.target),
             hb(bytes),
             hb(w.granted),
             hb(pool.size),
@@ -150,11 +201,16 @@ fn continuing(s: &mut String, vm: &VmObs, w: &Work, pool: Pool, m: &Move) {
             why: Why::Idle,
             bytes,
             ..
-        } => write!(s, "; {} idle now -> {}", hb(vm.dram.idle_bytes), hb(bytes)),
+        } => write!(
+            s,
+            "; {} idle now, {q} -> {}",
+            hb(vm.dram.idle_bytes),
+            hb(bytes)
+        ),
         Want::Release { bytes, .. } => write!(
             s,
-            "; sampled during the last step, ratio {r:.3} still > {:.3}: step {}",
-            w.target,
+            "; sampled during the last step, {q} still above {}: step {}",
+            pc(w.target),
             hb(bytes)
         ),
         Want::Hold => Ok(()),
@@ -247,10 +303,16 @@ pub(super) fn record(
         }
     ) && w.granted == 0
         && !w.was_budget_limited;
-    if changes.is_empty() && !newly_short {
+    // So is a VM held on an interval the point alone would have moved.
+    let newly_unplaced = w.unplaced.filter(|_| !w.was_unplaced);
+    if changes.is_empty() && !newly_short && newly_unplaced.is_none() {
         return None;
     }
-    d.reason = reason(w) as i32;
+    d.reason = match (changes.is_empty(), newly_unplaced) {
+        (true, Some(Dir::Up)) => DecisionReason::BelowTarget,
+        (true, Some(Dir::Down)) => DecisionReason::AboveTarget,
+        _ => reason(w),
+    } as i32;
     d.outcome = if changes.is_empty() {
         DecisionOutcome::Skipped
     } else if cfg.dry_run {
@@ -265,6 +327,23 @@ pub(super) fn record(
         None => w.load.expected_ratio(w.delta).unwrap_or(d.observed_ratio),
     };
     let mut detail = why_text(cfg, vm, w, pool);
+    // Limits and the slow tier's bounds do not read the ratio: quoted all
+    // the same, so every decision says what the ratio was.
+    let read_ratio = w.resumed.is_some()
+        || w.unplaced.is_some()
+        || matches!(
+            w.want,
+            Want::Release {
+                why: Why::Idle | Why::Above,
+                ..
+            } | Want::Need {
+                why: Why::Below,
+                ..
+            }
+        );
+    if !read_ratio {
+        let _ = write!(detail, "; {}", hit_text(cfg, vm, w));
+    }
     let _ = write!(
         detail,
         "; dram given {} -> {}, slow given {} -> {}; expected {:.3}",

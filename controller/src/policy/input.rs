@@ -3,6 +3,8 @@
 
 use tier_proto::v1::{TierKind, Vm, VmStats};
 
+use super::interval::HitEvidence;
+
 /// One tier of one VM over one interval.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct TierObs {
@@ -55,6 +57,9 @@ pub struct VmObs {
     pub balloon_ok: bool,
     /// Guest-reported accesses `[dram, slow]`: shown, never acted on.
     pub guest_accesses: Option<[u64; 2]>,
+    /// The ratio's interval, or the PMU's count (`Load::of` then splits
+    /// the accesses by it).
+    pub hit: HitEvidence,
 }
 
 impl VmObs {
@@ -131,7 +136,30 @@ pub fn from_proto(vm: &Vm, stats: &VmStats) -> Result<VmObs, InputError> {
         slow,
         balloon_ok: true,
         guest_accesses,
+        hit: evidence(stats),
     })
+}
+
+/// The PMU's count where it counted every tier, else the estimator's
+/// interval, else (older senders) the sampling error alone.
+pub fn evidence(stats: &VmStats) -> HitEvidence {
+    let unit = |v: f64| v.is_finite() && (0.0..=1.0).contains(&v);
+    if let Some(c) = stats.counted_dram_hit_ratio.filter(|&c| unit(c)) {
+        return HitEvidence::Counted(c);
+    }
+    match (stats.dram_hit_low, stats.dram_hit_high) {
+        (Some(low), Some(high)) if unit(low) && unit(high) && low <= high => {
+            HitEvidence::Interval {
+                low,
+                high,
+                low_open: stats.dram_hit_low_open,
+                high_open: stats.dram_hit_high_open,
+            }
+        }
+        _ => HitEvidence::Sampling {
+            error: stats.dram_hit_error,
+        },
+    }
 }
 
 #[cfg(test)]

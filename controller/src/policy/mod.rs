@@ -9,6 +9,7 @@ pub mod config;
 mod decide;
 mod decision;
 pub mod input;
+pub mod interval;
 pub mod model;
 pub mod state;
 
@@ -18,6 +19,7 @@ use tier_proto::v1::Decision;
 
 pub use config::{Config, ConfigError, Limits, PAGE, Tuning, VmOverride, default_policy};
 pub use input::{TierObs, VmObs};
+pub use interval::{ActOn, Hit, HitEvidence, HitKind};
 
 use state::VmState;
 

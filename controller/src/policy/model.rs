@@ -17,6 +17,7 @@
 
 use super::config::PAGE;
 use super::input::VmObs;
+use super::interval::HitEvidence;
 
 /// The per-tier load of one VM, as the model needs it.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -39,10 +40,17 @@ fn pages_down(bytes: f64) -> u64 {
 }
 
 impl Load {
+    /// Where the PMU counted every tier, its ratio splits the accesses
+    /// (the accessed-bit totals keep the scale; 1 when they saw none).
     pub fn of(vm: &VmObs) -> Load {
+        let (mut d, mut s) = (vm.dram.accesses(), vm.slow.accesses());
+        if let HitEvidence::Counted(c) = vm.hit {
+            let total = if d + s > 0.0 { d + s } else { 1.0 };
+            (d, s) = (c * total, (1.0 - c) * total);
+        }
         Load {
-            dram_accesses: vm.dram.accesses(),
-            slow_accesses: vm.slow.accesses(),
+            dram_accesses: d,
+            slow_accesses: s,
             dram_hot: vm.dram.accessed_bytes,
             slow_hot: vm.slow.accessed_bytes,
             dram_idle: vm.dram.idle_bytes,

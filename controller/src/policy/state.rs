@@ -122,6 +122,9 @@ pub struct VmState {
     pub uncooperative: bool,
     /// The last round left the VM short for lack of budget.
     pub budget_limited: bool,
+    /// The last round held the VM on an interval that straddled its band
+    /// while the point alone would have moved it (`classify::unplaced`).
+    pub unplaced: bool,
     /// The rest of a multi-step move, if one is under way.
     pub moving: Option<Move>,
     /// The last assessment moved in this direction by less than it asked

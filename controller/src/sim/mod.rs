@@ -8,9 +8,12 @@
 //! 2. each VM's load follows from what it holds (its phase for the
 //!    interval); host samples are the load over the interval (a mix of
 //!    before and after while a balloon moved) times (1 +- noise), the true
-//!    ratio is that of what the guest holds at the end;
+//!    ratio is that of what the guest holds at the end; with
+//!    `SimConfig::hot_cap` the samples read like accessed bits do (hot
+//!    pages under-read, an interval that covers the truth: `estimate`);
 //! 3. the controller decides; its targets become the balloons' targets.
 
+pub mod estimate;
 pub mod fleet;
 pub mod guest;
 pub mod metrics;
@@ -37,6 +40,11 @@ pub struct SimConfig {
     /// Relative error of the host-sampled accesses, uniform in +-noise.
     pub noise: f64,
     pub seed: u64,
+    /// `Some(cap)`: samples read like accessed bits, pages touched faster
+    /// than `cap` x the phase's mean rate counting only `cap`, with the
+    /// estimator's interval (`estimate`). `None`: exact rates, no
+    /// interval (a sender from before issue 21).
+    pub hot_cap: Option<f64>,
 }
 
 impl Default for SimConfig {
@@ -46,6 +54,7 @@ impl Default for SimConfig {
             balloon_speed: DEFAULT_BALLOON_SPEED,
             noise: 0.0,
             seed: 1,
+            hot_cap: None,
         }
     }
 }
@@ -109,6 +118,7 @@ impl Sim {
                 slow: tier_obs("slow", v.slow_size),
                 balloon_ok: true,
                 guest_accesses: None,
+                hit: Default::default(),
             })
             .collect();
         Sim {
@@ -140,13 +150,25 @@ impl Sim {
             self.vms[i].move_balloons(moved);
             // What the host samples: a mix while a balloon moved.
             let load = self.vms[i].sampled_load(k, from, moved);
-            let (dram_acc, slow_acc) = (
+            let (mut dram_acc, mut slow_acc) = (
                 self.noisy(load.dram_accesses),
                 self.noisy(load.slow_accesses),
             );
             let vm = &self.vms[i];
             let (dh, sh) = vm.held();
+            let cap = self.config.hot_cap;
+            // What accessed bits make of it: the share seen of what the
+            // guest holds now (at most 1, so a mixed sample stays covered).
+            let hit = match (cap, vm.phase(k)) {
+                (Some(cap), Some(p)) => {
+                    let seen = estimate::seen(p, dh, sh, cap);
+                    (dram_acc, slow_acc) = (dram_acc * seen[0].share, slow_acc * seen[1].share);
+                    estimate::interval([dram_acc, slow_acc], seen, self.config.noise)
+                }
+                _ => Default::default(),
+            };
             let o = &mut self.obs[i];
+            o.hit = hit;
             for (t, b, acc, hot, held) in [
                 (&mut o.dram, vm.dram, dram_acc, load.dram_hot, dh),
                 (&mut o.slow, vm.slow, slow_acc, load.slow_hot, sh),

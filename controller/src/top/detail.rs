@@ -10,6 +10,7 @@ use ratatui::widgets::{Block, Paragraph};
 use tier_proto::v1::{DecisionOutcome, TierKind};
 
 use super::app::App;
+use super::estimate::{estimate_line, tier_estimate};
 use super::format::{action, ago, delta, pct, spark};
 use super::model::{VmView, WINDOW_NS};
 use super::render::delta_style;
@@ -17,7 +18,7 @@ use super::render::delta_style;
 /// Saturation at tierd's fit cap (1 - e^-3, docs/estimate.md): the tier's
 /// touches are no longer counted, only its pages.
 const SATURATED: f64 = 0.95;
-use crate::view::{guest_hit, human_bytes, pmu_rate, pmu_source, rate, source_name};
+use crate::view::{guest_hit, hit_range, human_bytes, pmu_rate, pmu_source, rate, source_name};
 
 /// Widths of the label and of the now/min/max columns of the sparklines.
 const LABEL: usize = 16;
@@ -73,13 +74,7 @@ fn header_lines(app: &App, v: &VmView, width: usize) -> Vec<Line<'static>> {
             format!("  api {}", v.vm.api_socket)
         }
     ))];
-    let err = v
-        .stats
-        .as_ref()
-        .filter(|s| s.has_accesses)
-        .map_or(String::new(), |s| {
-            format!(" ±{:.1}", s.dram_hit_error * 100.0)
-        });
+    let hit = v.stats.as_ref().map_or("-".into(), |s| hit_range(s, true));
     let own = v.stats.as_ref().and_then(|s| s.dram_hit_target).is_some();
     let guest = v
         .stats
@@ -88,8 +83,7 @@ fn header_lines(app: &App, v: &VmView, width: usize) -> Vec<Line<'static>> {
     let d = v.delta(default);
     out.push(Line::from(vec![
         Span::raw(format!(
-            "DRAM-hit {}{err}  target {} ",
-            pct(v.hit()),
+            "DRAM-hit {hit}  target {} ",
             pct(v.target(default))
         )),
         Span::raw(if own {
@@ -101,6 +95,12 @@ fn header_lines(app: &App, v: &VmView, width: usize) -> Vec<Line<'static>> {
         Span::styled(delta(d), delta_style(d, app.epsilon())),
         Span::raw(format!("  guest-reported hit {}", pct(guest))),
     ]));
+    if let Some(s) = &v.stats {
+        out.push(Line::styled(
+            estimate_line(s),
+            Style::new().fg(Color::DarkGray),
+        ));
+    }
     match &v.last_decision {
         None => out.push(Line::raw(
             "last action: - (no controller decision for this VM yet)",
@@ -237,6 +237,12 @@ fn tier_table(app: &App, v: &VmView, width: usize) -> Vec<Line<'static>> {
             rate(guest),
             s.map_or("-", |s| s.source().short_name()),
         )));
+    }
+    // The accesses' ~95 % intervals (issue 21), where the sampler sent them.
+    for (i, t) in v.vm.tiers.iter().enumerate() {
+        if let Some(l) = v.sample(i).and_then(|s| tier_estimate(&t.name, s, secs)) {
+            out.push(Line::raw(l));
+        }
     }
     // Why a VM or a tier reads n/m, and what a count rests on: never a
     // silent 0.

@@ -5,6 +5,7 @@
 
 pub mod app;
 mod detail;
+mod estimate;
 pub mod format;
 pub mod input;
 pub mod model;

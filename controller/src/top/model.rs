@@ -51,12 +51,13 @@ impl VmView {
         }
     }
 
-    /// Host-sampled DRAM-hit ratio of the latest interval.
+    /// DRAM-hit ratio of the latest interval: the PMU's count where it
+    /// counted every tier (what the controller acts on), else the
+    /// host-sampled estimate's point.
     pub fn hit(&self) -> Option<f64> {
-        self.stats
-            .as_ref()
-            .filter(|s| s.has_accesses)
-            .map(|s| s.dram_hit_ratio)
+        let s = self.stats.as_ref()?;
+        s.counted_dram_hit_ratio
+            .or(s.has_accesses.then_some(s.dram_hit_ratio))
     }
 
     /// Why the host sampler has no reading of the VM this interval.

@@ -14,7 +14,7 @@ use super::app::{App, Conn, SortColumn, first_visible};
 use super::detail;
 use super::format::{action, delta, pct, spark};
 use super::model::{VmView, WINDOW_NS};
-use crate::view::{human_bytes, rate};
+use crate::view::{hit_range, human_bytes, rate};
 
 /// Lines above the table (title, status) and below it (footer).
 const TOP_LINES: u16 = 2;
@@ -168,7 +168,7 @@ const COLS: [Col; 12] = [
     col("BALLOON T/A", 13, None, 4),
     col("ACC/s", 8, Some(SortColumn::Access), 1),
     col("SOURCE", 8, None, 6),
-    col("DRAM-HIT", 9, Some(SortColumn::Hit), 0),
+    col("DRAM-HIT", 11, Some(SortColumn::Hit), 0),
     col("TARGET", 7, None, 3),
     col("DELTA", 7, Some(SortColumn::Delta), 0),
     col("LAST MINUTE", 0, None, 7),
@@ -333,10 +333,12 @@ fn vm_cells(app: &App, v: &VmView, default: Option<f64>, spark_w: usize) -> [Cel
         balloon,
         acc,
         source,
-        Cell::from(if v.not_measured().is_some() {
-            "n/m".to_string()
-        } else {
-            pct(v.hit())
+        // A PMU count stands even when the sampler could not read the VM.
+        Cell::from(match &v.stats {
+            Some(s) if s.counted_dram_hit_ratio.is_some() => hit_range(s, false),
+            _ if v.not_measured().is_some() => "n/m".to_string(),
+            Some(s) => hit_range(s, false),
+            None => "-".into(),
         }),
         Cell::from(pct(v.target(default))),
         Cell::from(Span::styled(delta(d), delta_style(d, app.epsilon()))),

@@ -50,6 +50,19 @@ pub fn update(n: usize, seq: u64) -> StatsUpdate {
             // Ratios wander with time, differently per VM.
             let phase = ((i as u64 * 7 + seq) % 20) as f64 / 20.0;
             let hit = (0.5 + 0.45 * (phase * std::f64::consts::TAU).sin()).clamp(0.0, 1.0);
+            // Intervals (issue 21): closed on every third VM, open above
+            // (hot DRAM pages) on the next, none (an older tierd) on the
+            // third.
+            let (with, open) = (i % 3 != 2, i % 3 == 1);
+            let est = |t: usize| if t == 0 { hit } else { 1.0 - hit } * 1e6;
+            let (lo, hi) = if open {
+                (hit * 0.8 / (hit * 0.8 + (1.0 - hit) * 1.3), 1.0)
+            } else {
+                (
+                    hit * 0.8 / (hit * 0.8 + (1.0 - hit) * 1.3),
+                    hit * 1.3 / (hit * 1.3 + (1.0 - hit) * 0.8),
+                )
+            };
             VmStats {
                 vm_id: v.id.clone(),
                 tiers: v
@@ -68,6 +81,11 @@ pub fn update(n: usize, seq: u64) -> StatsUpdate {
                         source: Backend::Hostpte as i32,
                         passes: 4,
                         sources: pmu(i, t, hit),
+                        accesses_low: with.then_some(est(t) * 0.8),
+                        accesses_high: with.then_some(est(t) * 1.3),
+                        accesses_high_open: open && t == 0,
+                        saturated_pages: if open && t == 0 { 120.0 } else { 0.0 },
+                        fit_misfit: with.then_some(1.2),
                         ..Default::default()
                     })
                     .collect(),
@@ -77,6 +95,9 @@ pub fn update(n: usize, seq: u64) -> StatsUpdate {
                 dram_hit_target: i.is_multiple_of(4).then_some(0.8),
                 guest_reported_accesses: Vec::new(),
                 not_measured: String::new(),
+                dram_hit_low: with.then_some(lo),
+                dram_hit_high: with.then_some(hi),
+                dram_hit_high_open: open,
                 ..Default::default()
             }
         })

@@ -5,7 +5,8 @@ use std::collections::HashMap;
 
 use proptest::prelude::*;
 use tier_controller::policy::{
-    Config, Controller, Limits, PAGE, Plan, Targets, TierObs, Tuning, VmObs, VmOverride, VmStatus,
+    ActOn, Config, Controller, HitEvidence, Limits, PAGE, Plan, Targets, TierObs, Tuning, VmObs,
+    VmOverride, VmStatus,
 };
 use tier_controller::sim::rng::Rng;
 
@@ -132,6 +133,8 @@ impl Scenario {
                     move_reserve: rng.unit(),
                     hold_band: rng.unit(),
                     new_load: rng.range(0.0, 2.0),
+                    act_on: [ActOn::Interval, ActOn::Point, ActOn::Protective]
+                        [rng.below(3) as usize],
                 },
             },
             vms: vms.into_iter().map(|(v, _)| v).collect(),
@@ -197,6 +200,27 @@ fn sample(rng: &mut Rng, t: &mut TierObs) {
     t.idle_bytes = held - t.accessed_bytes;
 }
 
+/// What came with the sample: no interval (sampling error only), an
+/// estimator interval (any width, ends open or not) or a PMU count.
+fn evidence(rng: &mut Rng) -> HitEvidence {
+    match rng.below(4) {
+        0 => HitEvidence::Sampling {
+            error: rng.range(0.0, 0.1),
+        },
+        1 => HitEvidence::Counted(rng.unit()),
+        _ => {
+            let (a, b) = (rng.unit(), rng.unit());
+            let (low_open, high_open) = (chance(rng, 0.2), chance(rng, 0.3));
+            HitEvidence::Interval {
+                low: if low_open { 0.0 } else { a.min(b) },
+                high: if high_open { 1.0 } else { a.max(b) },
+                low_open,
+                high_open,
+            }
+        }
+    }
+}
+
 fn moved(b: Behaviour, actual: u64, target: u64) -> u64 {
     match b {
         Behaviour::Follow => target,
@@ -220,11 +244,13 @@ impl Scenario {
                 slow: tier("slow", v.slow, v.init.1, v.init_lag),
                 balloon_ok: v.balloon_ok,
                 guest_accesses: None,
+                hit: Default::default(),
             })
             .collect();
         for o in &mut obs {
             sample(&mut rng, &mut o.dram);
             sample(&mut rng, &mut o.slow);
+            o.hit = evidence(&mut rng);
         }
         obs
     }
@@ -276,6 +302,7 @@ pub fn run(
                 tier.balloon_actual = moved(v.behaviour, tier.balloon_actual, target);
                 sample(&mut rng, tier);
             }
+            o.hit = evidence(&mut rng);
         }
     }
     Ok(())

@@ -68,6 +68,9 @@ pub enum PmuUnavailable {
 pub struct PmuReadings {
     /// VM id -> one reading per tier, in `Vm.tiers` order.
     pub per_vm: HashMap<String, Vec<TierReading>>,
+    /// VM id -> whether each tier is fast (DRAM-like, `TierKind::is_fast`),
+    /// in `Vm.tiers` order: the update may not carry the VMs again.
+    pub fast: HashMap<String, Vec<bool>>,
     pub health: SamplerHealth,
 }
 
@@ -332,6 +335,7 @@ impl PmuSource {
             _ => None,
         };
         let mut per_vm = HashMap::new();
+        let mut fast = HashMap::new();
         let mut pids: HashMap<u32, &str> = HashMap::new();
         let mut events = 0u64;
         for vm in vms {
@@ -363,6 +367,10 @@ impl PmuSource {
                         }
                     }
                     per_vm.insert(vm.id.clone(), readings);
+                    fast.insert(
+                        vm.id.clone(),
+                        vm.tiers.iter().map(|t| t.kind().is_fast()).collect(),
+                    );
                 }
                 // Its process just exited: the registry drops it next.
                 Ok(None) => {}
@@ -380,6 +388,7 @@ impl PmuSource {
         }
         PmuReadings {
             per_vm,
+            fast,
             health: SamplerHealth {
                 backend: Backend::Pmu as i32,
                 active: true,
@@ -695,8 +704,30 @@ pub fn source_count(r: &TierReading) -> SourceCount {
     }
 }
 
+/// Share of the counted events that hit fast tiers, when the PMU counted
+/// every tier (none not measured) and counted something: exact, so the
+/// controller acts on it (`VmStats.counted_dram_hit_ratio`). `None` when a
+/// tier was not measured, the tier lists disagree, or nothing was counted.
+pub fn counted_ratio(counts: &[TierReading], fast: &[bool]) -> Option<f64> {
+    if counts.len() != fast.len() || counts.is_empty() {
+        return None;
+    }
+    let (mut hit, mut all) = (0.0, 0.0);
+    for (r, &f) in counts.iter().zip(fast) {
+        let TierReading::Counted(t) = r else {
+            return None;
+        };
+        all += t.scaled;
+        if f {
+            hit += t.scaled;
+        }
+    }
+    (all > 0.0 && all.is_finite()).then(|| hit / all)
+}
+
 /// Adds `readings` to `update`: a [`SourceCount`] per tier of each VM
-/// counted, and the source's health.
+/// counted, the counted DRAM-hit ratio where every tier was counted, and
+/// the source's health.
 pub fn annotate(update: &mut StatsUpdate, readings: &PmuReadings) {
     for stats in &mut update.stats {
         let Some(counts) = readings.per_vm.get(&stats.vm_id) else {
@@ -705,6 +736,12 @@ pub fn annotate(update: &mut StatsUpdate, readings: &PmuReadings) {
         for (tier, r) in stats.tiers.iter_mut().zip(counts) {
             tier.sources.push(source_count(r));
         }
+        // Readings are in `Vm.tiers` order, as are the stats' tiers.
+        stats.counted_dram_hit_ratio = readings
+            .fast
+            .get(&stats.vm_id)
+            .filter(|_| counts.len() == stats.tiers.len())
+            .and_then(|fast| counted_ratio(counts, fast));
     }
     update.health.push(readings.health.clone());
 }
@@ -870,6 +907,7 @@ mod tests {
                     TierReading::NotMeasured("no event on X counts cxl memory".into()),
                 ],
             )]),
+            fast: HashMap::from([("a".to_string(), vec![true, false])]),
             health: SamplerHealth {
                 backend: Backend::Pmu as i32,
                 active: true,
@@ -903,6 +941,60 @@ mod tests {
         );
         assert!(u.stats[1].tiers[0].sources.is_empty());
         assert_eq!(u.health, std::slice::from_ref(&readings.health));
+        // The slow tier was not measured: no counted ratio.
+        assert_eq!(u.stats[0].counted_dram_hit_ratio, None);
+    }
+
+    fn counted(count: u64) -> TierReading {
+        let mut t = Tally::default();
+        t.add(Reading {
+            count,
+            enabled_ns: 100,
+            running_ns: 100,
+        });
+        TierReading::Counted(t)
+    }
+
+    #[test]
+    fn every_tier_counted_gives_the_counted_ratio() {
+        let mut u = update();
+        // Fast by the kinds the readings carry (here the second tier),
+        // whatever the tiers are named.
+        let readings = PmuReadings {
+            per_vm: HashMap::from([
+                ("a".to_string(), vec![counted(100), counted(300)]),
+                ("b".to_string(), vec![counted(0)]),
+            ]),
+            fast: HashMap::from([
+                ("a".to_string(), vec![false, true]),
+                ("b".to_string(), vec![true]),
+            ]),
+            health: SamplerHealth::default(),
+        };
+        annotate(&mut u, &readings);
+        assert_eq!(u.stats[0].counted_dram_hit_ratio, Some(0.75));
+        // Nothing counted: no ratio (never a silent 0).
+        assert_eq!(u.stats[1].counted_dram_hit_ratio, None);
+        // Multiplexed counts are compared scaled.
+        let mut half = Tally::default();
+        half.add(Reading {
+            count: 100,
+            enabled_ns: 100,
+            running_ns: 50,
+        });
+        let r = counted_ratio(&[TierReading::Counted(half), counted(200)], &[true, false]);
+        assert_eq!(r, Some(0.5));
+        // Tier lists that disagree, or a tier not measured: none.
+        assert_eq!(counted_ratio(&[counted(1)], &[true, false]), None);
+        assert_eq!(
+            counted_ratio(
+                &[counted(1), TierReading::NotMeasured("x".into())],
+                &[true, false]
+            ),
+            None
+        );
+        // Only fast tiers: every access hits DRAM.
+        assert_eq!(counted_ratio(&[counted(5)], &[true]), Some(1.0));
     }
 
     fn entry(name: &str, tier: TierKind) -> EventEntry {

@@ -1,6 +1,9 @@
 //! Prometheus `/metrics` on a loopback address: per VM and tier accesses,
 //! hit ratio, balloon target/actual, sampler health and scan cost. Fleets
-//! aggregate hosts with Prometheus, not with a collector of ours.
+//! aggregate hosts with Prometheus, not with a collector of ours. The
+//! estimate's intervals are in `bounds`.
+
+mod bounds;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -52,6 +55,7 @@ pub struct Metrics {
     pmu_running: FGauge<TierLabels>,
     hit: FGauge<VmLabels>,
     hit_error: FGauge<VmLabels>,
+    bounds: bounds::Bounds,
     measured: Family<VmLabels, Gauge>,
     active: Family<BackendLabels, Gauge>,
     scan_seconds: Family<BackendLabels, Counter<f64, AtomicU64>>,
@@ -108,6 +112,7 @@ impl Metrics {
             pmu_running: Family::default(),
             hit: Family::default(),
             hit_error: Family::default(),
+            bounds: bounds::Bounds::default(),
             measured: Family::default(),
             active: Family::default(),
             scan_seconds: Family::default(),
@@ -181,6 +186,7 @@ impl Metrics {
             "Half-width of the ~95% interval of the hit ratio",
             m.hit_error.clone(),
         );
+        m.bounds.register(r);
         r.register(
             "vm_measured",
             "1 if the host sampler read the VM in the last interval, 0 if it cannot (the reason is the stream's VmStats.not_measured and `tierctl top`); hit-ratio series are absent meanwhile",
@@ -278,6 +284,7 @@ impl Metrics {
                     .get_or_create(tl)
                     .set(clamp(s.balloon_actual_bytes));
                 self.pmu(tl, s, secs);
+                self.bounds.tier(tl, s, secs);
             }
             let measured = stats.not_measured.is_empty();
             self.measured.get_or_create(vl).set(i64::from(measured));
@@ -289,6 +296,7 @@ impl Metrics {
                 self.hit.remove(vl);
                 self.hit_error.remove(vl);
             }
+            self.bounds.vm(vl, stats, stats.has_accesses && measured);
         }
         for h in &u.health {
             let b = BackendLabels {
@@ -347,7 +355,9 @@ impl Metrics {
         self.hit.remove(&vm);
         self.hit_error.remove(&vm);
         self.measured.remove(&vm);
+        self.bounds.forget_vm(&vm);
         for t in tiers {
+            self.bounds.forget_tier(&t);
             for f in [
                 &self.young,
                 &self.sampled,
