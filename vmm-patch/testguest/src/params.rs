@@ -347,12 +347,21 @@ mod tests {
             p.to_cmdline()
         );
         assert_eq!(Params::parse(&p.to_cmdline()).unwrap(), p);
-        for (text, milli) in [("0", 0), ("1", 1000), ("0.6", 600), ("1.25", 1250), ("4", 4000)] {
+        for (text, milli) in [
+            ("0", 0),
+            ("1", 1000),
+            ("0.6", 600),
+            ("1.25", 1250),
+            ("4", 4000),
+        ] {
             let p = Params::parse(&format!("zipf={text}")).unwrap();
             assert_eq!(p.zipf, vec![Zipf::Exponent(milli)], "{text}");
             assert_eq!(Zipf::Exponent(milli).token(), text);
         }
-        assert_eq!(Params::parse("zipf=0.050").unwrap().zipf, vec![Zipf::Exponent(50)]);
+        assert_eq!(
+            Params::parse("zipf=0.050").unwrap().zipf,
+            vec![Zipf::Exponent(50)]
+        );
         // Fewer entries than sets: the rest stay uniform; none: no key.
         assert_eq!(Params::parse("zipf=1").unwrap().zipf.len(), 1);
         assert!(!Params::default().to_cmdline().contains("zipf"));
@@ -433,10 +442,7 @@ mod tests {
                 "zipf= wants exponents 0 to 4 with up to 3 decimals, or +: '0x1'",
             ),
             ("zipf=1,1,1", "zipf= has more sets than hot="),
-            (
-                "zipf=+,1",
-                "zipf= set 0 cannot continue a previous set (+)",
-            ),
+            ("zipf=+,1", "zipf= set 0 cannot continue a previous set (+)"),
             (
                 "zipf=1,+",
                 "a set that continues a zipf ranking (+) takes no weight: give it to the chain's first set",

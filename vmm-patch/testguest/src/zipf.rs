@@ -27,6 +27,12 @@ pub struct Table {
     _mem: Vec<u64>,
 }
 
+impl std::fmt::Debug for Table {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Table").field("ranks", &self.z.n).finish()
+    }
+}
+
 impl Table {
     /// `n` (1..=MAX_RANKS) ranks, exponent `milli` / 1000 (at most 4000).
     pub fn new(n: u32, milli: u32) -> Option<Table> {
@@ -102,7 +108,13 @@ mod tests {
 
     #[test]
     fn fixed_point_shares_match_the_exponent() {
-        for (n, milli) in [(512u32, 600u32), (8192, 990), (4096, 1200), (3, 2500), (1, 1000)] {
+        for (n, milli) in [
+            (512u32, 600u32),
+            (8192, 990),
+            (4096, 1200),
+            (3, 2500),
+            (1, 1000),
+        ] {
             let t = Table::new(n, milli).unwrap();
             let got = t.shares(n);
             let want = exact(n, f64::from(milli) / 1000.0);
@@ -139,7 +151,11 @@ mod tests {
     /// its CDF width, never one outside the prefix.
     #[test]
     fn draws_follow_the_table() {
-        for (n, milli, a) in [(8192u32, 990u32, 8192u32), (512, 600, 300), (1000, 2000, 1000)] {
+        for (n, milli, a) in [
+            (8192u32, 990u32, 8192u32),
+            (512, 600, 300),
+            (1000, 2000, 1000),
+        ] {
             let t = Table::new(n, milli).unwrap();
             let want = t.shares(a);
             let mut count = vec![0u64; a as usize];
