@@ -10,6 +10,7 @@
 //! else the raw-KVM demo VM. Options: `--interval-ms N`, `--passes N`
 //! (defaults: tierd's).
 
+mod coverage;
 mod matrix;
 mod report;
 mod run;
@@ -65,6 +66,10 @@ fn main() -> anyhow::Result<()> {
         Some(_) => matrix::testguest(),
         None => matrix::demo(),
     };
+    let skew_rows = matrix
+        .iter()
+        .filter(|w| w.kind == matrix::Kind::Skew)
+        .count();
     // One folder per source, so a demo run does not overwrite a test-guest one.
     let folder = if ch.is_some() {
         "fidelity/test-guest"
@@ -216,8 +221,15 @@ fn main() -> anyhow::Result<()> {
             ("p95_err_pp_footprint", f(h.footprint.map(|e| e.p95))),
             ("lag_max", h.lag_max.map_or("na".into(), |l| l.to_string())),
             ("changes_missed_or_unsettled", h.lag_bad.to_string()),
+            ("p95_err_pp_uniform", f(h.uniform.map(|e| e.p95))),
+            ("p95_err_pp_skew", f(h.skew.map(|e| e.p95))),
+            ("coverage_min", f(h.coverage_min)),
+            ("skew_rows", skew_rows.to_string()),
         ],
-        None => vec![("p95_err_pp", "na".to_string())],
+        None => vec![
+            ("p95_err_pp", "na".to_string()),
+            ("skew_rows", skew_rows.to_string()),
+        ],
     };
     println!("{}", result_line(&pairs));
     Ok(())

@@ -7,6 +7,7 @@ use anyhow::Context;
 use tier_benches::fidelity::{ErrorStats, Lag, detect_lag, error_pp, ratio};
 use tier_benches::plot::{Panel, Series, grid};
 
+use crate::coverage::Coverage;
 use crate::matrix::{Kind, Workload};
 use crate::run::{Record, TierPasses};
 
@@ -16,6 +17,8 @@ pub struct Source {
     pub ratios: Vec<Option<f64>>,
     /// Time in the sampler per interval, when it has one.
     pub scan_ns: Option<Vec<u64>>,
+    /// ~95 % interval of the ratio per interval (host backends only).
+    pub intervals: Option<Vec<Option<(f64, f64)>>>,
 }
 
 /// Truth, guest-reported and host sources of one run, index-aligned with
@@ -28,6 +31,7 @@ pub fn sources(records: &[Record], host_name: Option<&str>) -> (Source, Source, 
             .map(|r| ratio(r.truth[0] as f64, r.truth[1] as f64))
             .collect(),
         scan_ns: None,
+        intervals: None,
     };
     let guest = Source {
         name: "guest-reported".into(),
@@ -36,6 +40,7 @@ pub fn sources(records: &[Record], host_name: Option<&str>) -> (Source, Source, 
             .map(|r| r.guest.and_then(|g| ratio(g[0] as f64, g[1] as f64)))
             .collect(),
         scan_ns: None,
+        intervals: None,
     };
     let host = host_name.map(|n| Source {
         name: n.to_string(),
@@ -47,6 +52,12 @@ pub fn sources(records: &[Record], host_name: Option<&str>) -> (Source, Source, 
             records
                 .iter()
                 .map(|r| r.host.as_ref().map_or(0, |h| h.scan_ns))
+                .collect(),
+        ),
+        intervals: Some(
+            records
+                .iter()
+                .map(|r| r.host.as_ref().and_then(|h| h.interval))
                 .collect(),
         ),
     });
@@ -72,6 +83,38 @@ fn errors(
             (a, b) => error_pp(a, b),
         })
         .collect()
+}
+
+/// Coverage of `s`'s intervals over the scored records selected by `keep`
+/// (None: `s` has no intervals at all, or no record is scored).
+fn coverage(
+    records: &[Record],
+    truth: &Source,
+    s: &Source,
+    keep: impl Fn(&Record) -> bool,
+) -> Option<Coverage> {
+    let iv = s.intervals.as_ref()?;
+    let pairs: Vec<(f64, Option<(f64, f64)>)> = records
+        .iter()
+        .enumerate()
+        .filter(|(_, r)| !r.warmup && keep(r))
+        .filter_map(|(i, _)| Some((truth.ratios[i]?, iv[i])))
+        .collect();
+    Coverage::of(&pairs)
+}
+
+/// Lowest coverage over the rows of `matrix` (rows with no scored interval
+/// left out).
+pub fn coverage_min(
+    matrix: &[Workload],
+    records: &[Record],
+    truth: &Source,
+    s: &Source,
+) -> Option<f64> {
+    (0..matrix.len())
+        .filter_map(|w| coverage(records, truth, s, |r| r.workload == w))
+        .map(|c| c.share())
+        .min_by(f64::total_cmp)
 }
 
 /// One phase change of a workload.
@@ -159,8 +202,13 @@ pub struct Headline {
     /// The intervals that hold a phase change.
     pub change: Option<ErrorStats>,
     pub footprint: Option<ErrorStats>,
+    /// Rows of every kind but skew (each tier's pages alike).
+    pub uniform: Option<ErrorStats>,
+    pub skew: Option<ErrorStats>,
     pub lag_max: Option<usize>,
     pub lag_bad: usize,
+    /// Lowest per-row coverage of the ratio interval.
+    pub coverage_min: Option<f64>,
 }
 
 /// Prints the per-source and per-workload tables; returns the host
@@ -211,8 +259,15 @@ pub fn print_tables(
                 footprint: ErrorStats::of(&errors(records, truth, s, |r| {
                     matrix[r.workload].kind == Kind::Footprint
                 })),
+                uniform: ErrorStats::of(&errors(records, truth, s, |r| {
+                    matrix[r.workload].kind != Kind::Skew
+                })),
+                skew: ErrorStats::of(&errors(records, truth, s, |r| {
+                    matrix[r.workload].kind == Kind::Skew
+                })),
                 lag_max: max,
                 lag_bad: bad,
+                coverage_min: coverage_min(matrix, records, truth, s),
             });
         }
     }
@@ -287,7 +342,10 @@ fn print_workloads(
         s.name
     );
     println!(
-        "{:<3} {:<40} {:<9} {:>6} {:>6} {:>8} {:>5} {:>8} {:>8} {:>8}  {:<10} p95<=2pp",
+        "  cover = share of scored intervals whose ~95 % ratio interval (dram and slow tiers' accesses_low/high) holds the truth; no_int = intervals without one (counted as not covered); width = median interval width (pp)"
+    );
+    println!(
+        "{:<3} {:<40} {:<9} {:>6} {:>6} {:>8} {:>5} {:>8} {:>8} {:>8}  {:<10} {:<8} {:>5} {:>6} {:>6}",
         "#",
         "workload",
         "kind",
@@ -299,6 +357,10 @@ fn print_workloads(
         "p95_pp",
         "max_pp",
         "lag",
+        "p95<=2pp",
+        "cover",
+        "no_int",
+        "width",
     );
     let changes = lags(records, truth, s);
     for (w, work) in matrix.iter().enumerate() {
@@ -310,8 +372,9 @@ fn print_workloads(
         let e = ErrorStats::of(&errors(records, truth, s, |r| r.workload == w));
         let lag = workload_lags(&changes, w);
         let pct = |x: Option<f64>| x.map_or("-".into(), |x| format!("{:.1}", x * 100.0));
+        let cov = coverage(records, truth, s, |r| r.workload == w);
         println!(
-            "{:<3} {:<40} {:<9} {:>6} {:>6} {:>8} {}  {:<10} {}",
+            "{:<3} {:<40} {:<9} {:>6} {:>6} {:>8} {}  {:<10} {:<8} {:>5} {:>6} {:>6}",
             w + 1,
             work.name,
             work.kind.label(),
@@ -328,7 +391,10 @@ fn print_workloads(
                 Some(e) if e.p95 <= 2.0 => "yes",
                 Some(_) => "NO",
                 None => "-",
-            }
+            },
+            cov.map_or("-".into(), |c| format!("{:.2}", c.share())),
+            cov.map_or("-".into(), |c| c.no_interval.to_string()),
+            pct(cov.and_then(|c| c.width_median)),
         );
     }
 }
@@ -348,7 +414,7 @@ pub fn write_intervals_csv(
         let _ = write!(out, ",{0}_ratio,{0}_err_pp", s.name);
     }
     out.push_str(
-        ",host_young_dram,host_young_slow,host_est_dram,host_est_slow,host_passes,host_scan_ms,host_pass_s,host_pass_young_dram,host_pass_young_slow,host_pass_young_other,host_pass_s_slow,host_pass_s_other\n",
+        ",host_young_dram,host_young_slow,host_est_dram,host_est_slow,host_passes,host_scan_ms,host_pass_s,host_pass_young_dram,host_pass_young_slow,host_pass_young_other,host_pass_s_slow,host_pass_s_other,host_ratio_low,host_ratio_high,host_covered,vm_dram_hit_low,vm_dram_hit_high\n",
     );
     let f = |x: Option<f64>| x.map_or(String::new(), |x| format!("{x:.5}"));
     for (i, r) in records.iter().enumerate() {
@@ -393,9 +459,17 @@ pub fn write_intervals_csv(
                     h.passes_other.iter().map(f).collect::<Vec<_>>().join("|")
                 };
                 let [d, w] = &h.passes_fit;
+                let ends = |iv: Option<(f64, f64)>| {
+                    iv.map_or(",".into(), |(lo, hi)| format!("{lo:.5},{hi:.5}"))
+                };
+                let covered = match (h.interval, truth.ratios[i]) {
+                    (Some((lo, hi)), Some(t)) => (lo - 1e-9 <= t && t <= hi + 1e-9).to_string(),
+                    (None, Some(_)) => "false".into(),
+                    _ => String::new(),
+                };
                 let _ = writeln!(
                     out,
-                    ",{},{},{:.1},{:.1},{},{:.3},{},{},{},{},{},{}",
+                    ",{},{},{:.1},{:.1},{},{:.3},{},{},{},{},{},{},{},{covered},{}",
                     h.young[0],
                     h.young[1],
                     h.estimated[0],
@@ -408,9 +482,11 @@ pub fn write_intervals_csv(
                     other(&young),
                     secs(w),
                     other(&secs),
+                    ends(h.interval),
+                    ends(h.vm_interval),
                 );
             }
-            None => out.push_str(",,,,,,,,,,,,\n"),
+            None => out.push_str(",,,,,,,,,,,,,,,,,\n"),
         }
     }
     std::fs::write(path, out).with_context(|| format!("writing {}", path.display()))
@@ -424,7 +500,9 @@ pub fn write_summary_csv(
     truth: &Source,
     others: &[&Source],
 ) -> anyhow::Result<()> {
-    let mut out = String::from("workload,workload_name,kind,source,n,mean_pp,p95_pp,max_pp,lags\n");
+    let mut out = String::from(
+        "workload,workload_name,kind,source,n,mean_pp,p95_pp,max_pp,lags,coverage,no_interval,width_median_pp\n",
+    );
     for s in others {
         let l = lags(records, truth, s);
         for (w, work) in matrix.iter().enumerate() {
@@ -438,14 +516,19 @@ pub fn write_summary_csv(
                     format!("{:.3}", e.max),
                 )
             });
+            let cov = coverage(records, truth, s, |r| r.workload == w);
             let _ = writeln!(
                 out,
-                "{},\"{}\",{},{},{n},{a},{b},{c},{}",
+                "{},\"{}\",{},{},{n},{a},{b},{c},{},{},{},{}",
                 w + 1,
                 work.name,
                 work.kind.label(),
                 s.name,
-                lag.join(";")
+                lag.join(";"),
+                cov.map_or(String::new(), |c| format!("{:.4}", c.share())),
+                cov.map_or(String::new(), |c| c.no_interval.to_string()),
+                cov.and_then(|c| c.width_median)
+                    .map_or(String::new(), |w| format!("{:.3}", w * 100.0)),
             );
         }
     }

@@ -11,6 +11,7 @@ use tier_profiler::registry::Registry;
 use tier_profiler::sampler::Sampler;
 use tier_proto::v1::StatsUpdate;
 
+use crate::coverage::{Bounds, ratio_interval};
 use crate::matrix::{CHANGE_AT, INTERVALS, Workload};
 
 /// What a host backend reported for one interval.
@@ -30,6 +31,12 @@ pub struct Host {
     /// The same for the VM's other tiers (the test guest's `sys`): the fit
     /// pools them with dram and slow, so a re-fit needs them too.
     pub passes_other: Vec<TierPasses>,
+    /// ~95 % interval of the ratio over dram and slow, from the tiers'
+    /// accesses_low/high (coverage.rs); None: the estimate gave none.
+    pub interval: Option<(f64, f64)>,
+    /// The VM's own dram_hit_low/high (all its tiers, the test guest's
+    /// `sys` included, so not scored against the truth; CSV only).
+    pub vm_interval: Option<(f64, f64)>,
 }
 
 /// One tier's passes as the fit saw them.
@@ -293,6 +300,10 @@ fn readings(u: &StatsUpdate, vm_id: &str) -> (Option<[u64; 2]>, Option<Host>) {
                 .filter(|(i, _)| *i != di && *i != wi)
                 .map(|(_, t)| TierPasses::of(t))
                 .collect(),
+            interval: Bounds::of(d)
+                .zip(Bounds::of(w))
+                .map(|(d, w)| ratio_interval(d, w)),
+            vm_interval: s.dram_hit_low.zip(s.dram_hit_high),
         }),
         _ => None,
     };
