@@ -59,8 +59,9 @@ fn chain_head_in_dram(bin: &Path) {
         eprintln!("dram share {g:.4}, popularity of its pages {w:.4}");
         assert!((g - w).abs() < tolerance(*w, 20_000.0), "{g} vs {w}");
     }
+    // A shorter tail leaves the head a larger share.
     assert!(
-        want[1] < want[0] - 0.05,
+        want[1] > want[0] + 0.05,
         "the shrunk tail must show: {want:?}"
     );
     vm.stop();
