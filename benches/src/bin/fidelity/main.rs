@@ -8,7 +8,8 @@
 //! Workload source: the PVH test guest under the patched cloud-hypervisor
 //! when a VMM binary is configured (`--ch-bin PATH` or `TIERD_CH_BIN`),
 //! else the raw-KVM demo VM. Options: `--interval-ms N`, `--passes N`
-//! (defaults: tierd's).
+//! (defaults: tierd's), `--kinds footprint,rate,phases,skew` (rows of these
+//! kinds only; default all).
 
 mod coverage;
 mod matrix;
@@ -66,6 +67,7 @@ fn main() -> anyhow::Result<()> {
         Some(_) => matrix::testguest(),
         None => matrix::demo(),
     };
+    let matrix = only_kinds(matrix)?;
     let skew_rows = matrix
         .iter()
         .filter(|w| w.kind == matrix::Kind::Skew)
@@ -233,6 +235,29 @@ fn main() -> anyhow::Result<()> {
     };
     println!("{}", result_line(&pairs));
     Ok(())
+}
+
+/// The rows of the kinds `--kinds a,b` names (all without it).
+fn only_kinds(matrix: Vec<matrix::Workload>) -> anyhow::Result<Vec<matrix::Workload>> {
+    let args: Vec<String> = std::env::args().collect();
+    let Some(i) = args.iter().position(|a| a == "--kinds") else {
+        return Ok(matrix);
+    };
+    let v = args.get(i + 1).context("--kinds needs a list")?;
+    let kinds: Vec<&str> = v.split(',').collect();
+    let known = ["footprint", "rate", "phases", "skew"];
+    if let Some(k) = kinds.iter().find(|k| !known.contains(k)) {
+        anyhow::bail!("--kinds: unknown kind {k:?}; known: {}", known.join(","));
+    }
+    let m: Vec<_> = matrix
+        .into_iter()
+        .filter(|w| kinds.contains(&w.kind.label()))
+        .collect();
+    anyhow::ensure!(
+        !m.is_empty(),
+        "--kinds {v}: no row of these kinds in this matrix"
+    );
+    Ok(m)
 }
 
 /// Where the guest's own phase changes were seen against the instants the
