@@ -30,7 +30,7 @@ fn tolerance(p: f64, n: f64) -> f64 {
     5.0 * (p * (1.0 - p) / n).sqrt()
 }
 
-fn line<'a>(lines: &'a [Line], pred: impl Fn(&Line) -> bool) -> &'a Line {
+fn line(lines: &[Line], pred: impl Fn(&Line) -> bool) -> &Line {
     lines.iter().find(|l| pred(l)).unwrap()
 }
 
