@@ -16,6 +16,7 @@ use std::time::Instant;
 use tier_proto::v1::{SamplerHealth, StatsUpdate, TierSample, VmStats};
 
 use crate::estimate::VmWindows;
+use crate::estimate::bounds::{self, Bounds};
 pub use crate::estimate::pass_ends;
 use crate::registry::Registry;
 use crate::sampler::{Sampler, TierReading};
@@ -102,24 +103,61 @@ impl PassSum {
     }
 }
 
-/// Page touches over the interval and saturation of each tier of one VM
-/// (`estimate::VmWindows::fit` over its timed tiers; the plain sum
-/// otherwise).
-fn estimates(sums: &[PassSum], windows: &mut VmWindows) -> Vec<(f64, Option<f64>)> {
+/// One tier's estimate over the interval: page touches, saturation and
+/// the ~95 % interval (estimate::bounds), all on the sample's scale.
+#[derive(Debug, Clone, Copy, Default)]
+struct TierEstimate {
+    accesses: f64,
+    saturation: Option<f64>,
+    bounds: Option<Bounds>,
+}
+
+/// Tail of the VM's ratio interval: 5 %, split over its tiers.
+const ALPHA: f64 = 0.05;
+
+/// Page touches over the interval, saturation and interval of each tier of
+/// one VM (`estimate::VmWindows::fit` over its timed tiers; the plain sum
+/// otherwise, without an interval).
+fn estimates(sums: &[PassSum], windows: &mut VmWindows, pages: &[u64]) -> Vec<TierEstimate> {
     // Untimed tiers go in empty: they keep no window.
     let timed: Vec<&[(f64, f64)]> = sums
         .iter()
         .map(|s| if s.fitted() { s.timed.as_slice() } else { &[] })
         .collect();
     let fitted = windows.fit(&timed);
+    // Bonferroni over the tiers: both ends of the ratio at once.
+    let alpha = ALPHA / sums.len().max(1) as f64;
     sums.iter()
         .zip(fitted)
-        .map(|(s, e)| match s.fitted().then_some(e) {
+        .zip(pages)
+        .map(|((s, e), &pages)| {
+            if !s.fitted() {
+                return TierEstimate {
+                    accesses: s.young_sum as f64,
+                    ..Default::default()
+                };
+            }
             // A fitted rate holds through the walks; a plain sum counts
             // what was seen.
-            Some(e) if e.saturation.is_some() => (e.accesses * s.unwatched_scale(), e.saturation),
-            Some(e) => (e.accesses, e.saturation),
-            None => (s.young_sum as f64, None),
+            let k = if e.saturation.is_some() {
+                s.unwatched_scale()
+            } else {
+                1.0
+            };
+            let accesses = e.accesses * k;
+            let fraction = s.sampled_pages as f64 / pages.max(1) as f64;
+            let bounds =
+                bounds::bounds(&s.timed, s.sampled_pages as f64, fraction, alpha).map(|b| Bounds {
+                    // Scaled as the point, and never without it.
+                    low: (b.low * k).min(accesses),
+                    high: b.high.map(|h| (h * k).max(accesses)),
+                    ..b
+                });
+            TierEstimate {
+                accesses,
+                saturation: e.saturation,
+                bounds,
+            }
         })
         .collect()
 }
@@ -245,7 +283,14 @@ impl Aggregator {
             });
             // A VM without passes this interval starts its windows over.
             let fitted = match reading.as_deref() {
-                Some(r) => estimates(r, self.windows.entry(vm.id.clone()).or_default()),
+                Some(r) => {
+                    let pages: Vec<u64> = vm
+                        .tiers
+                        .iter()
+                        .map(|t| (t.size_bytes / PAGE).max(1))
+                        .collect();
+                    estimates(r, self.windows.entry(vm.id.clone()).or_default(), &pages)
+                }
                 None => {
                     self.windows.remove(&vm.id);
                     Vec::new()
@@ -272,9 +317,16 @@ impl Aggregator {
                         sample.coverage = (r.sampled_pages as f64 / pages as f64).min(1.0);
                         sample.estimated_accessed_bytes =
                             (r.young_max as f64 * scale) as u64 * PAGE;
-                        let (accesses, saturation) = fitted.get(i).copied().unwrap_or_default();
-                        sample.estimated_accesses = accesses * scale;
-                        sample.saturation = saturation;
+                        let e = fitted.get(i).copied().unwrap_or_default();
+                        sample.estimated_accesses = e.accesses * scale;
+                        sample.saturation = e.saturation;
+                        if let Some(b) = e.bounds {
+                            sample.accesses_low = Some(b.low * scale);
+                            sample.accesses_high = b.high.map(|h| h * scale);
+                            sample.accesses_high_open = b.high.is_none();
+                            sample.saturated_pages = b.saturated * scale;
+                            sample.fit_misfit = Some(b.misfit);
+                        }
                         if r.fitted() {
                             (sample.pass_seconds, sample.pass_young_pages) =
                                 r.timed.iter().map(|&(t, y)| (t, y as u64)).unzip();
@@ -288,6 +340,7 @@ impl Aggregator {
             let fast: Vec<bool> = vm.tiers.iter().map(|t| t.kind().is_fast()).collect();
             let (ratio, has) = hit_ratio(&tiers, &fast);
             let error = hit_error(&tiers, &fast);
+            let interval = has.then(|| hit_interval(&tiers, &fast, ratio)).flatten();
             stats.push(VmStats {
                 vm_id: vm.id.clone(),
                 tiers,
@@ -302,7 +355,11 @@ impl Aggregator {
                 } else {
                     why.or_else(|| self.no_sampler.clone()).unwrap_or_default()
                 },
-                ..Default::default()
+                dram_hit_low: interval.map(|i| i.low),
+                dram_hit_high: interval.map(|i| i.high),
+                dram_hit_low_open: interval.is_some_and(|i| i.low_open),
+                dram_hit_high_open: interval.is_some_and(|i| i.high_open),
+                counted_dram_hit_ratio: None,
             });
             if !vms_unchanged {
                 vms.push(vm.clone());
@@ -406,6 +463,54 @@ pub fn hit_error(tiers: &[TierSample], fast: &[bool]) -> f64 {
     }
     let (p, _) = hit_ratio(tiers, fast);
     (1.96 * (p * (1.0 - p) / young as f64).sqrt()).min(1.0)
+}
+
+/// A ratio interval and which ends only the ratio's range bounds.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct HitInterval {
+    pub low: f64,
+    pub high: f64,
+    pub low_open: bool,
+    pub high_open: bool,
+}
+
+/// The DRAM-hit ratio's interval from each tier's accesses interval: the
+/// least DRAM share pairs the fast tiers' low ends with the slow tiers'
+/// high ends, and the other way round; it always holds `point`. `None`
+/// when a tier that was read has no interval.
+pub fn hit_interval(tiers: &[TierSample], fast: &[bool], point: f64) -> Option<HitInterval> {
+    // (low, high; None = open) summed over the fast and the slow tiers.
+    let mut sum = [(0.0, Some(0.0)), (0.0, Some(0.0))];
+    for (t, f) in tiers.iter().zip(fast) {
+        if t.passes == 0 {
+            continue;
+        }
+        let low = t.accesses_low?;
+        let high = if t.accesses_high_open {
+            None
+        } else {
+            Some(t.accesses_high?)
+        };
+        let s = &mut sum[usize::from(!*f)];
+        s.0 += low;
+        s.1 = s.1.zip(high).map(|(a, b)| a + b);
+    }
+    let [(d_lo, d_hi), (s_lo, s_hi)] = sum;
+    let share = |d: f64, s: f64| if d + s > 0.0 { d / (d + s) } else { 0.0 };
+    let low = s_hi.map_or(0.0, |s_hi| share(d_lo, s_hi));
+    let high = d_hi.map_or(1.0, |d_hi| {
+        if d_hi + s_lo > 0.0 {
+            share(d_hi, s_lo)
+        } else {
+            1.0
+        }
+    });
+    Some(HitInterval {
+        low: low.min(point),
+        high: high.max(point),
+        low_open: s_hi.is_none(),
+        high_open: d_hi.is_none(),
+    })
 }
 
 /// Share of estimated accesses that hit fast tiers; `(0, false)` with none.
@@ -619,5 +724,64 @@ mod tests {
             ),
             (7, 5, 3)
         );
+    }
+
+    fn tier(low: f64, high: Option<f64>) -> TierSample {
+        TierSample {
+            passes: 5,
+            accesses_low: Some(low),
+            accesses_high: high,
+            accesses_high_open: high.is_none(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn the_ratio_interval_pairs_opposite_ends_and_says_which_are_open() {
+        let fast = [true, false];
+        let both = hit_interval(
+            &[tier(60.0, Some(90.0)), tier(10.0, Some(40.0))],
+            &fast,
+            0.8,
+        );
+        let i = both.unwrap();
+        assert!(
+            (i.low - 0.6).abs() < 1e-12 && (i.high - 0.9).abs() < 1e-12,
+            "{i:?}"
+        );
+        assert!(!i.low_open && !i.high_open);
+        // DRAM's hottest pages outrun the passes: at least 60 %, open above.
+        let i = hit_interval(&[tier(60.0, None), tier(10.0, Some(40.0))], &fast, 0.8).unwrap();
+        assert_eq!(
+            (i.high, i.high_open, i.low_open),
+            (1.0, true, false),
+            "{i:?}"
+        );
+        // Both: accessed bits cannot bound it at all.
+        let i = hit_interval(&[tier(60.0, None), tier(10.0, None)], &fast, 0.3).unwrap();
+        assert_eq!(
+            (i.low, i.high, i.low_open, i.high_open),
+            (0.0, 1.0, true, true)
+        );
+        // The point is always inside; a tier without an interval gives none.
+        let i = hit_interval(
+            &[tier(60.0, Some(90.0)), tier(10.0, Some(40.0))],
+            &fast,
+            0.95,
+        )
+        .unwrap();
+        assert_eq!(i.high, 0.95);
+        let none = TierSample {
+            passes: 5,
+            ..Default::default()
+        };
+        assert_eq!(
+            hit_interval(&[tier(1.0, Some(2.0)), none], &fast, 0.5),
+            None
+        );
+        // A tier without passes adds nothing.
+        let idle = TierSample::default();
+        let i = hit_interval(&[tier(1.0, Some(2.0)), idle], &fast, 1.0).unwrap();
+        assert_eq!((i.low, i.high), (1.0, 1.0));
     }
 }

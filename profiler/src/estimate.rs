@@ -17,6 +17,8 @@
 
 use std::time::Duration;
 
+pub mod bounds;
+mod simplex;
 mod window;
 pub use window::{VmWindows, WINDOW};
 

@@ -223,6 +223,10 @@ const BENCHES: &[(&str, &str)] = &[
         "re-fits a recorded fidelity run's per-pass counts with this build's estimate (CSV arg), no VM",
     ),
     (
+        "schedule",
+        "pass schedules on simulated accessed bits: interval coverage, width, point error, walks; no VM",
+    ),
+    (
         "overhead",
         "guest throughput with vs without each sampler, BPF run time per program, hostpte CPU per GiB",
     ),

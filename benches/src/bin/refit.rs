@@ -13,7 +13,10 @@ use std::path::PathBuf;
 use anyhow::{Context, bail};
 use tier_benches::fidelity::{ErrorStats, error_pp, ratio};
 use tier_benches::result_line;
+use tier_profiler::aggregate::{HitInterval, hit_interval};
+use tier_profiler::estimate::bounds::bounds;
 use tier_profiler::estimate::{VmWindows, WINDOW};
+use tier_proto::v1::TierSample;
 
 /// One scored interval of the CSV.
 #[derive(Debug, Clone, PartialEq)]
@@ -189,6 +192,56 @@ fn refit_all(all: &[Interval], len: usize) -> Vec<Option<f64>> {
         .collect()
 }
 
+/// This build's ~95 % interval of one interval's ratio (estimate::bounds
+/// per tier, as the aggregator forms it; the CSV does not record pages
+/// examined: a million stand in, which only widens the noise to Poisson's,
+/// every page examined as the test guest's runs do).
+fn interval(i: &Interval, point: f64) -> Option<HitInterval> {
+    let mut tiers: Vec<&[(f64, f64)]> = vec![&i.passes[0], &i.passes[1]];
+    tiers.extend(i.other.iter().map(Vec::as_slice));
+    let alpha = 0.05 / tiers.len() as f64;
+    let samples: Vec<TierSample> = tiers
+        .iter()
+        .map(|p| {
+            let b = bounds(p, 1e6, 1.0, alpha)?;
+            Some(TierSample {
+                passes: p.len() as u32,
+                accesses_low: Some(b.low),
+                accesses_high: b.high,
+                accesses_high_open: b.high.is_none(),
+                ..Default::default()
+            })
+        })
+        .collect::<Option<_>>()?;
+    // dram fast, the others slow (the test guest's layout).
+    let fast: Vec<bool> = (0..samples.len()).map(|k| k == 0).collect();
+    hit_interval(&samples, &fast, point)
+}
+
+/// CPU per tier and interval of the fit alone (today's) and of the fit
+/// with the intervals, over `runs` replays: (min, median, max) in us.
+fn cpu(all: &[Interval], runs: usize) -> [(f64, f64, f64); 2] {
+    let tiers: usize = all.iter().map(|i| 2 + i.other.len()).sum::<usize>().max(1);
+    let time = |with_bounds: bool| {
+        let mut us: Vec<f64> = (0..runs)
+            .map(|_| {
+                let t = std::time::Instant::now();
+                let r = refit_all(all, WINDOW);
+                if with_bounds {
+                    for (i, r) in all.iter().zip(&r) {
+                        std::hint::black_box(interval(i, r.unwrap_or(0.0)));
+                    }
+                }
+                std::hint::black_box(r);
+                t.elapsed().as_secs_f64() * 1e6 / tiers as f64
+            })
+            .collect();
+        us.sort_by(f64::total_cmp);
+        (us[0], us[us.len() / 2], us[us.len() - 1])
+    };
+    [time(false), time(true)]
+}
+
 fn stats(errs: &[f64]) -> String {
     ErrorStats::of(errs).map_or("-".into(), |s| {
         format!("{:>5} {:>8.2} {:>8.2} {:>8.2}", s.n, s.mean, s.p95, s.max)
@@ -270,6 +323,68 @@ fn main() -> anyhow::Result<()> {
             show(1)
         );
     }
+    // Coverage of this build's intervals, and their width.
+    let refits = refit_all(&all, WINDOW);
+    let (mut scored, mut covered, mut open) = (0usize, 0usize, 0usize);
+    let mut widths = Vec::new();
+    // Per workload: (scored, covered, one-sided, widths).
+    let mut rows_by: Vec<(String, usize, usize, usize, Vec<f64>)> = Vec::new();
+    for (i, r) in all.iter().zip(&refits) {
+        if i.warmup {
+            continue;
+        }
+        scored += 1;
+        if rows_by.last().is_none_or(|w| w.0 != i.workload) {
+            rows_by.push((i.workload.clone(), 0, 0, 0, Vec::new()));
+        }
+        let Some(row) = rows_by.last_mut() else {
+            continue;
+        };
+        row.1 += 1;
+        if let Some(h) = r.and_then(|r| interval(i, r)) {
+            let hit = h.low <= i.truth && i.truth <= h.high;
+            let one_sided = h.low_open || h.high_open;
+            covered += usize::from(hit);
+            open += usize::from(one_sided);
+            row.2 += usize::from(hit);
+            row.3 += usize::from(one_sided);
+            row.4.push(h.high - h.low);
+            widths.push(h.high - h.low);
+        }
+    }
+    println!(
+        "{:<10} {:>6} {:>9} {:>10} {:>16}",
+        "workload", "n", "coverage", "one-sided", "median width pp"
+    );
+    for (w, n, c, o, mut ws) in rows_by {
+        ws.sort_by(f64::total_cmp);
+        let mid = ws.get(ws.len() / 2).map_or(f64::NAN, |w| w * 100.0);
+        println!(
+            "{w:<10} {n:>6} {:>9.2} {o:>10} {mid:>16.1}",
+            c as f64 / n.max(1) as f64
+        );
+    }
+    widths.sort_by(f64::total_cmp);
+    let coverage = covered as f64 / scored.max(1) as f64;
+    let width = widths.get(widths.len() / 2).copied().unwrap_or(f64::NAN);
+    println!(
+        "intervals: {covered} of {scored} hold the truth ({:.3}), {open} one-sided, median width {:.1} pp",
+        coverage,
+        width * 100.0
+    );
+    let [cpu_old, cpu_new] = cpu(&all, 5);
+    println!(
+        "{:<30} {:>9} {:>9} {:>9}",
+        "CPU per tier per interval, us", "min", "median", "max"
+    );
+    for (name, c) in [
+        ("fit (before intervals)", cpu_old),
+        ("fit + interval", cpu_new),
+    ] {
+        println!("{name:<30} {:>9.1} {:>9.1} {:>9.1}", c.0, c.1, c.2);
+    }
+    let cpu_ratio = cpu_new.1 / cpu_old.1.max(1e-9);
+    println!("ratio (median): {cpu_ratio:.2}x");
     let s = |k: usize| ErrorStats::of(&pick(&|_| true, k));
     let steady = ErrorStats::of(&pick(&|i| !i.change, 1));
     let (Some(rec), Some(new)) = (s(0), s(1)) else {
@@ -290,6 +405,10 @@ fn main() -> anyhow::Result<()> {
                 "p95_err_pp_one_interval",
                 s(2).map_or("-".into(), |s| format!("{:.2}", s.p95)),
             ),
+            ("coverage", format!("{coverage:.3}")),
+            ("median_width_pp", format!("{:.1}", width * 100.0)),
+            ("cpu_us_per_tier", format!("{:.1}", cpu_new.1)),
+            ("cpu_ratio", format!("{cpu_ratio:.2}")),
         ])
     );
     Ok(())
