@@ -3,49 +3,20 @@
 //! the truth; an interval the backend gave no interval for counts as not
 //! covered, and is counted apart as `no_interval`) and the median width.
 //!
-//! The interval is formed over the `dram` and `slow` tiers only, as the
-//! bench's ratio is (the test guest's `sys` tier is not in the truth), from
-//! each tier's `accesses_low`/`accesses_high` the way the proto documents
-//! `VmStats.dram_hit_low`/`high`: low = dram_low / (dram_low + slow_high),
-//! high = dram_high / (dram_high + slow_low); an open upper end of slow
-//! (dram) makes the low (high) end 0 (1).
+//! The interval is tierd's own `tier_profiler::aggregate::hit_interval`
+//! (what fills `VmStats.dram_hit_low`/`high`) applied to the `dram` and
+//! `slow` tiers only, as the bench's ratio is (the test guest's `sys` tier
+//! is not in the truth): low = dram_low / (dram_low + slow_high), high =
+//! dram_high / (dram_high + slow_low), an open upper end making the
+//! matching ratio end 0 or 1, widened to hold the point.
 
+use tier_profiler::aggregate::hit_interval;
 use tier_proto::v1::TierSample;
 
-/// One tier's accesses interval; `high` None: open (no upper bound).
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Bounds {
-    pub low: f64,
-    pub high: Option<f64>,
-}
-
-impl Bounds {
-    /// The tier's interval, None when the estimate gave none.
-    pub fn of(t: &TierSample) -> Option<Bounds> {
-        let low = t.accesses_low?;
-        if t.accesses_high_open {
-            return Some(Bounds { low, high: None });
-        }
-        Some(Bounds {
-            low,
-            high: Some(t.accesses_high?),
-        })
-    }
-}
-
-/// [low, high] of dram / (dram + slow) from the two tiers' intervals.
-pub fn ratio_interval(dram: Bounds, slow: Bounds) -> (f64, f64) {
-    let low = match slow.high {
-        None => 0.0,
-        Some(sh) if dram.low + sh > 0.0 => dram.low / (dram.low + sh),
-        Some(_) => 0.0,
-    };
-    let high = match dram.high {
-        None => 1.0,
-        Some(dh) if dh + slow.low > 0.0 => dh / (dh + slow.low),
-        Some(_) => 1.0,
-    };
-    (low, high.max(low))
+/// [low, high] of dram / (dram + slow) around `point`; None when either
+/// tier was read and has no interval.
+pub fn ratio_interval(dram: &TierSample, slow: &TierSample, point: f64) -> Option<(f64, f64)> {
+    hit_interval(&[dram.clone(), slow.clone()], &[true, false], point).map(|i| (i.low, i.high))
 }
 
 /// Coverage of one row by one backend.
@@ -100,45 +71,33 @@ impl Coverage {
 mod tests {
     use super::*;
 
-    fn b(low: f64, high: f64) -> Bounds {
-        Bounds {
-            low,
-            high: Some(high),
+    fn tier(low: Option<f64>, high: Option<f64>) -> TierSample {
+        TierSample {
+            passes: 5,
+            accesses_low: low,
+            accesses_high: high,
+            accesses_high_open: low.is_some() && high.is_none(),
+            ..Default::default()
         }
     }
 
     #[test]
     fn ratio_ends_pair_each_tier_low_with_the_other_high() {
-        // dram 60..90, slow 10..40: low 60/100, high 90/100.
-        assert_eq!(ratio_interval(b(60.0, 90.0), b(10.0, 40.0)), (0.6, 0.9));
+        let (d, s) = (tier(Some(60.0), Some(90.0)), tier(Some(10.0), Some(40.0)));
+        assert_eq!(ratio_interval(&d, &s, 0.7), Some((0.6, 0.9)));
+        // Widened to hold the point.
+        assert_eq!(ratio_interval(&d, &s, 0.95), Some((0.6, 0.95)));
         // Open ends: slow unbounded -> low 0; dram unbounded -> high 1.
-        let open = |low| Bounds { low, high: None };
-        assert_eq!(ratio_interval(b(60.0, 90.0), open(10.0)), (0.0, 0.9));
-        assert_eq!(ratio_interval(open(60.0), b(10.0, 40.0)), (0.6, 1.0));
-        // Nothing anywhere: no information, [0, 1].
-        assert_eq!(ratio_interval(b(0.0, 0.0), b(0.0, 0.0)), (0.0, 1.0));
-        // A point estimate in both tiers is a point.
-        assert_eq!(ratio_interval(b(30.0, 30.0), b(10.0, 10.0)), (0.75, 0.75));
-    }
-
-    #[test]
-    fn tier_bounds_follow_the_proto_fields() {
-        let mut t = TierSample {
-            accesses_low: Some(5.0),
-            accesses_high: Some(9.0),
-            ..Default::default()
-        };
-        assert_eq!(Bounds::of(&t), Some(b(5.0, 9.0)));
-        t.accesses_high_open = true;
         assert_eq!(
-            Bounds::of(&t),
-            Some(Bounds {
-                low: 5.0,
-                high: None
-            })
+            ratio_interval(&d, &tier(Some(10.0), None), 0.7),
+            Some((0.0, 0.9))
         );
-        t.accesses_low = None;
-        assert_eq!(Bounds::of(&t), None, "unset low: no interval");
+        assert_eq!(
+            ratio_interval(&tier(Some(60.0), None), &s, 0.7),
+            Some((0.6, 1.0))
+        );
+        // A tier read without an interval: none.
+        assert_eq!(ratio_interval(&tier(None, None), &s, 0.7), None);
     }
 
     #[test]
