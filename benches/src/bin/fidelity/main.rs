@@ -12,6 +12,7 @@
 //! kinds only; default all).
 
 mod coverage;
+mod csv;
 mod matrix;
 mod report;
 mod run;
@@ -194,8 +195,8 @@ fn main() -> anyhow::Result<()> {
         let tag = name.as_deref().unwrap_or("none");
         let csv = out.join(format!("intervals-{tag}.csv"));
         let summary = out.join(format!("summary-{tag}.csv"));
-        report::write_intervals_csv(&csv, &matrix, &records, &truth, &others)?;
-        report::write_summary_csv(&summary, &matrix, &records, &truth, &others)?;
+        csv::write_intervals_csv(&csv, &matrix, &records, &truth, &others)?;
+        csv::write_summary_csv(&summary, &matrix, &records, &truth, &others)?;
         let sub = out.join(tag);
         std::fs::create_dir_all(&sub).with_context(|| format!("creating {}", sub.display()))?;
         let mut all = vec![&truth];
