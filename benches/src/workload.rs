@@ -23,13 +23,43 @@ pub use demo::DemoSource;
 pub use testguest::TestGuestSource;
 
 /// Work per round: `pages` distinct 4 KiB pages per tier, each
-/// read-modify-written `repeat` times.
+/// read-modify-written `repeat` times, spread over the pages as `skew` says.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Shape {
     pub dram_pages: u32,
     pub dram_repeat: u32,
     pub slow_pages: u32,
     pub slow_repeat: u32,
+    pub skew: Skew,
+}
+
+/// How a tier's accesses spread over its pages (the test guest's `zipf=`,
+/// docs/testguest.md; the demo VM knows only `Uniform`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Skew {
+    /// Every page of a tier as often as any other.
+    #[default]
+    Uniform,
+    /// Zipf popularity inside each tier's pages, exponent in thousandths
+    /// [dram, slow] (0: uniform); the split between tiers is still pages x
+    /// repeat.
+    Zipf([u32; 2]),
+    /// One Zipf ranking (exponent in thousandths) over dram's pages, then
+    /// slow's: dram holds the popular head, slow the tail, and the split
+    /// between tiers is the ranking's (repeat counts are ignored).
+    Chain(u32),
+}
+
+impl Skew {
+    /// Short form for labels: `` (uniform), `z0.99/1.2`, `chain1`.
+    pub fn label(self) -> String {
+        let e = |m: u32| tier_testguest::params::Zipf::Exponent(m).token();
+        match self {
+            Skew::Uniform => String::new(),
+            Skew::Zipf([d, s]) => format!(" z{}/{}", e(d), e(s)),
+            Skew::Chain(m) => format!(" chain z{}", e(m)),
+        }
+    }
 }
 
 impl Shape {
@@ -40,7 +70,13 @@ impl Shape {
             dram_repeat: 1,
             slow_pages,
             slow_repeat: 1,
+            skew: Skew::Uniform,
         }
+    }
+
+    /// The same shape with accesses spread by `skew`.
+    pub const fn skewed(self, skew: Skew) -> Shape {
+        Shape { skew, ..self }
     }
 
     /// Accesses per round [dram, slow].
@@ -51,11 +87,15 @@ impl Shape {
         ]
     }
 
-    /// Short form, `dram pages x repeat | slow pages x repeat`.
+    /// Short form, `dram pages x repeat | slow pages x repeat [skew]`.
     pub fn label(&self) -> String {
         format!(
-            "{}x{}|{}x{}",
-            self.dram_pages, self.dram_repeat, self.slow_pages, self.slow_repeat
+            "{}x{}|{}x{}{}",
+            self.dram_pages,
+            self.dram_repeat,
+            self.slow_pages,
+            self.slow_repeat,
+            self.skew.label()
         )
     }
 }
@@ -171,9 +211,18 @@ mod tests {
             dram_repeat: 4,
             slow_pages: 96,
             slow_repeat: 1,
+            skew: Skew::Uniform,
         };
         assert_eq!(s.accesses_per_round(), [192, 96]);
         assert_eq!(s.label(), "48x4|96x1");
+        assert_eq!(
+            s.skewed(Skew::Zipf([990, 1200])).label(),
+            "48x4|96x1 z0.99/1.2"
+        );
+        assert_eq!(
+            Shape::pages(512, 3584).skewed(Skew::Chain(1000)).label(),
+            "512x1|3584x1 chain z1"
+        );
         assert_eq!(Shape::pages(3, 5).accesses_per_round(), [3, 5]);
     }
 

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use libtest_mimic::{Arguments, Completion, Trial};
 use tier_benches::fidelity::ratio;
-use tier_benches::workload::{Schedule, Shape, TestGuestSource, WorkloadSource};
+use tier_benches::workload::{Schedule, Shape, Skew, TestGuestSource, WorkloadSource};
 use tier_profiler::aggregate::Aggregator;
 use tier_profiler::registry::Registry;
 
@@ -46,6 +46,7 @@ fn one_row(bin: &std::path::Path) {
         dram_repeat: d,
         slow_pages: 256,
         slow_repeat: s,
+        skew: Skew::Uniform,
     };
     // 80/20, then 20/80 of the accesses.
     let steps = [skew(4, 1), skew(1, 4)];

@@ -1,8 +1,9 @@
 //! Builds the test guest with the system C compiler and linker:
 //! - `$OUT_DIR/tier-testguest.elf`, the freestanding PVH kernel (all of
 //!   `guest/*.c` and `guest/boot.S`, linked by `guest/linker.ld`);
-//! - `$OUT_DIR/libtgwire.a`, the guest's pure wire-format and command-line
-//!   code (`guest/proto.c`, `guest/cmdline.c`) compiled for the host, plus
+//! - `$OUT_DIR/libtgwire.a`, the guest's pure wire-format, command-line and
+//!   Zipf code (`guest/proto.c`, `guest/cmdline.c`, `guest/zipf.c`) compiled
+//!   for the host, plus
 //!   `host/abi.c` (struct layouts), linked into this crate so that its
 //!   tests exercise the code the guest runs.
 //!
@@ -40,7 +41,12 @@ const HOST_FLAGS: &[&str] = &["-std=gnu11", "-O2", "-fPIC", "-Wall", "-Wextra", 
 
 /// Host build: the guest's pure code (no guest dependencies, see
 /// guest/proto.h and guest/cmdline.h) and the struct-layout probe.
-const HOST_SOURCES: &[&str] = &["guest/proto.c", "guest/cmdline.c", "host/abi.c"];
+const HOST_SOURCES: &[&str] = &[
+    "guest/proto.c",
+    "guest/cmdline.c",
+    "guest/zipf.c",
+    "host/abi.c",
+];
 
 fn run(cmd: &mut Command) -> Res<()> {
     let shown = format!("{cmd:?}");

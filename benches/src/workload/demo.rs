@@ -9,7 +9,7 @@ use tier_profiler::demo_vm::{DRAM_WORK_GPA, DemoVm, DemoVmConfig, DemoVmError, P
 use tier_profiler::registry::{Registry, TrackedVm};
 use tier_proto::v1::TierKind;
 
-use super::{RowStart, Schedule, Shape, Truth, WorkloadError, WorkloadSource};
+use super::{RowStart, Schedule, Shape, Skew, Truth, WorkloadError, WorkloadSource};
 
 /// The raw-KVM demo VM of `tier_profiler::demo_vm`, in this process.
 #[derive(Debug)]
@@ -55,6 +55,12 @@ impl DemoSource {
 
     /// Switches to `shape` at the guest's next round boundary.
     pub fn apply(&self, shape: Shape) -> Result<(), WorkloadError> {
+        if shape.skew != Skew::Uniform {
+            return Err(WorkloadError::Shape {
+                shape: shape.label(),
+                why: "the demo VM touches every page of a round alike (no skew)".into(),
+            });
+        }
         for (pages, cap, tier) in [
             (shape.dram_pages, self.capacity[0], "dram"),
             (shape.slow_pages, self.capacity[1], "slow"),
@@ -77,6 +83,7 @@ impl DemoSource {
             dram_repeat: p.dram_repeat,
             slow_pages: p.slow_pages,
             slow_repeat: p.slow_repeat,
+            skew: Skew::Uniform,
         }
     }
 

@@ -9,7 +9,10 @@
 //! a phase makes the step's pages of each set active and sends each set a
 //! share of the accesses proportional to pages x repeat (integer percent,
 //! summing to 100; the truth is measured, so rounding only moves the
-//! target). Phases are timed in RTC seconds, and cloud-hypervisor's CMOS
+//! target). A row's [`Skew`] is the guest's `zipf=`, fixed at boot: every
+//! step of a row has the same one. `Skew::Chain` is `zipf=0,S,+`: one
+//! ranking over the dram set then the slow set, all accesses drawn through
+//! the dram set (weight 100), so the split is the ranking's. Phases are timed in RTC seconds, and cloud-hypervisor's CMOS
 //! RTC reads the host's CLOCK_REALTIME, so a phase ends at a whole
 //! wall-clock second: phase 0 lasts `first_secs` RTC second changes after
 //! the guest starts its workload, every later phase but the last
@@ -17,9 +20,9 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use tier_testguest::params::{Length, Params, Phase, Report};
+use tier_testguest::params::{Length, Params, Phase, Report, Zipf};
 
-use super::{Schedule, Shape, WorkloadError};
+use super::{Schedule, Shape, Skew, WorkloadError};
 
 /// Zones (= hot sets) of the VM: `sys`, `dram`, `slow`.
 pub const SETS: usize = 3;
@@ -120,6 +123,8 @@ pub fn plan(
         steps.iter().map(|s| s.dram_pages).max().unwrap_or(0),
         steps.iter().map(|s| s.slow_pages).max().unwrap_or(0),
     ];
+    let skew = steps[0].skew;
+    let zipf = zipf_of(steps, skew, hot)?;
     // Per hot set (= per zone): the sys set stays empty.
     let sets = |sys: u32, work: [u32; 2]| {
         let mut v = vec![sys; SETS];
@@ -129,7 +134,10 @@ pub fn plan(
     };
     let mut phases = Vec::with_capacity(steps.len());
     for (k, s) in steps.iter().enumerate() {
-        let w = weights(s)?;
+        let w = match skew {
+            Skew::Chain(_) => [100, 0],
+            _ => weights(s)?,
+        };
         // Active 0 means "all": a set with no pages in this step keeps
         // weight 0 and one active page (none if its hot set is empty).
         let active = |pages: u32, hot: u32| if pages == 0 { hot.min(1) } else { pages };
@@ -161,6 +169,7 @@ pub fn plan(
         seed: seed.max(1),
         rate: Some(rate),
         quiet: true,
+        zipf,
     };
     params.check()?;
     Ok(GuestPlan {
@@ -169,6 +178,37 @@ pub fn plan(
         step_secs,
         start_after_b1,
     })
+}
+
+/// `zipf=` for a row: none when uniform, else per set (`sys` uniform).
+fn zipf_of(steps: &[Shape], skew: Skew, hot: [u32; 2]) -> Result<Vec<Zipf>, WorkloadError> {
+    let bad = |s: &Shape, why: &str| WorkloadError::Shape {
+        shape: s.label(),
+        why: why.into(),
+    };
+    for s in steps {
+        if s.skew != skew {
+            return Err(bad(
+                s,
+                "the test guest's zipf= is fixed at boot: every step of a row has the same skew",
+            ));
+        }
+        if matches!(skew, Skew::Chain(_))
+            && (s.dram_pages != hot[0] || s.slow_pages == 0 || s.dram_pages == 0)
+        {
+            return Err(bad(
+                s,
+                "a chain's dram head is touched whole in every step and its slow tail has pages (only the tail may change)",
+            ));
+        }
+    }
+    let mut z = vec![Zipf::Exponent(0); SETS];
+    match skew {
+        Skew::Uniform => return Ok(Vec::new()),
+        Skew::Zipf([d, s]) => (z[WORK[0]], z[WORK[1]]) = (Zipf::Exponent(d), Zipf::Exponent(s)),
+        Skew::Chain(m) => (z[WORK[0]], z[WORK[1]]) = (Zipf::Exponent(m), Zipf::Continues),
+    }
+    Ok(z)
 }
 
 impl GuestPlan {
@@ -217,6 +257,7 @@ mod tests {
             dram_repeat: 4,
             slow_pages: 1024,
             slow_repeat: 1,
+            skew: Skew::Uniform,
         };
         assert_eq!(weights(&rate).unwrap(), [80, 20]);
         assert_eq!(weights(&Shape::pages(1, 999)).unwrap(), [1, 99]);
@@ -260,6 +301,35 @@ mod tests {
             p.params.to_cmdline(),
             "hot=0,64,0 phases=0/100/0@0:0/64/0 loop=0 accesses=0 report=0 poll=500 seed=1 rate=10000 quiet=1"
         );
+    }
+
+    #[test]
+    fn skew_becomes_zipf_and_a_chain_draws_through_the_dram_set() {
+        let z = Shape::pages(1024, 1024).skewed(Skew::Zipf([990, 1200]));
+        let p = plan(&[z], &sched(1000), 10_000, 1).unwrap();
+        assert!(
+            p.params.to_cmdline().ends_with(" zipf=0,0.99,1.2"),
+            "{}",
+            p.params.to_cmdline()
+        );
+        let c = |tail| Shape::pages(512, tail).skewed(Skew::Chain(1000));
+        let p = plan(&[c(3584), c(512), c(3584)], &sched(1000), 10_000, 2).unwrap();
+        let line = p.params.to_cmdline();
+        assert_eq!(
+            line,
+            "hot=0,512,3584 phases=0/100/0@9s:0/512/3584,0/100/0@6s:0/512/512,0/100/0@0:0/512/3584 \
+             loop=0 accesses=0 report=0 poll=500 seed=2 rate=10000 quiet=1 zipf=0,1,+"
+        );
+        assert_eq!(Params::parse(&line).unwrap(), p.params);
+        // Mixed skews, a chain whose head shrinks or whose tail is empty: refused.
+        for steps in [
+            vec![z, Shape::pages(1024, 1024)],
+            vec![c(512), Shape::pages(256, 512).skewed(Skew::Chain(1000))],
+            vec![c(0)],
+        ] {
+            let e = plan(&steps, &sched(1000), 10_000, 1).unwrap_err();
+            assert!(matches!(e, WorkloadError::Shape { .. }), "{e}");
+        }
     }
 
     #[test]

@@ -1,5 +1,6 @@
 /* Kernel command line of the test guest; see cmdline.h. */
 #include "cmdline.h"
+#include "zipf.h"
 
 #include <stddef.h>
 
@@ -147,6 +148,97 @@ static int parse_hot(struct tg_params *p, const char *v, const char *ve)
 	return 0;
 }
 
+/* Exponent with up to 3 decimals, as thousandths. */
+static int parse_milli(const char *s, const char *e, uint32_t *out)
+{
+	const char *dot = find(s, e, '.');
+	uint64_t whole, frac = 0;
+	long digits = e - dot - 1;
+
+	if (parse_u64(s, dot, &whole) || whole > TG_ZIPF_MAX_MILLI / 1000)
+		return -1;
+	for (const char *c = s; c < dot; c++)
+		if (!is_digit(*c))
+			return -1;
+	if (dot < e) {
+		if (digits < 1 || digits > 3 || parse_u64(dot + 1, e, &frac))
+			return -1;
+		for (const char *c = dot + 1; c < e; c++)
+			if (!is_digit(*c))
+				return -1;
+		while (digits++ < 3)
+			frac *= 10;
+	}
+	if (whole * 1000 + frac > TG_ZIPF_MAX_MILLI)
+		return -1;
+	*out = (uint32_t)(whole * 1000 + frac);
+	return 0;
+}
+
+static int parse_zipf(struct tg_params *p, const char *v, const char *ve)
+{
+	unsigned n = 0;
+
+	while (v <= ve) {
+		const char *c = find(v, ve, ',');
+
+		if (n == TG_MAX_SETS) {
+			err(p, "zipf= has more than 8 sets", v, (size_t)(ve - v));
+			return -1;
+		}
+		p->zipf_cont[n] = c - v == 1 && *v == '+';
+		p->zipf[n] = 0;
+		if (!p->zipf_cont[n] && parse_milli(v, c, &p->zipf[n])) {
+			err(p, "zipf= wants exponents 0 to 4 with up to 3 decimals, or +", v,
+			    (size_t)(c - v));
+			return -1;
+		}
+		n++;
+		v = c + 1;
+	}
+	for (unsigned i = n; i < TG_MAX_SETS; i++) {
+		p->zipf[i] = 0;
+		p->zipf_cont[i] = 0;
+	}
+	p->nzipf = n;
+	return 0;
+}
+
+/* Chains of zipf= `+` sets: every set in one gets its first set's exponent;
+ * its later sets take no weight, and all but its last are touched whole. */
+static int check_zipf(struct tg_params *p)
+{
+	if (p->nzipf > p->nsets) {
+		err(p, "zipf= has more sets than hot=", NULL, 0);
+		return -1;
+	}
+	if (p->zipf_cont[0]) {
+		err(p, "zipf= set 0 cannot continue a previous set (+)", NULL, 0);
+		return -1;
+	}
+	for (unsigned j = 1; j < p->nzipf; j++) {
+		if (!p->zipf_cont[j])
+			continue;
+		p->zipf[j] = p->zipf[j - 1];
+		for (unsigned i = 0; i < p->nphases; i++) {
+			const struct tg_phase *ph = &p->phase[i];
+			uint32_t prev = ph->active[j - 1];
+
+			if (ph->weight[j]) {
+				err(p, "a set that continues a zipf ranking (+) takes no weight: give it to the chain's first set",
+				    NULL, 0);
+				return -1;
+			}
+			if (prev && prev < p->hot[j - 1]) {
+				err(p, "in a zipf chain only the last set may touch fewer than all its pages",
+				    NULL, 0);
+				return -1;
+			}
+		}
+	}
+	return 0;
+}
+
 static int parse_phases(struct tg_params *p, const char *v, const char *ve)
 {
 	unsigned n = 0;
@@ -224,6 +316,8 @@ static int parse_one(struct tg_params *p, const char *tok, const char *te)
 		return parse_hot(p, v, te);
 	if (key_is(tok, eq, "phases"))
 		return parse_phases(p, v, te);
+	if (key_is(tok, eq, "zipf"))
+		return parse_zipf(p, v, te);
 	if (key_is(tok, eq, "report")) {
 		if (parse_len(v, te, &x, &secs))
 			goto bad;
@@ -301,6 +395,8 @@ int tg_params_parse(const char *cmdline, struct tg_params *p)
 			return -1;
 		}
 	}
+	if (check_zipf(p))
+		return -1;
 	if (p->seed == 0)
 		p->seed = 1; /* xorshift never leaves 0 */
 	return 0;

@@ -17,6 +17,12 @@
  *   quiet=0|1              no `tg phase` lines (the host reads the phase from
  *                          the truth block instead; serial output stalls the
  *                          guest for about a millisecond per character)
+ *   zipf=S0,S1,...         Zipf exponent of set i's page popularity (up to
+ *                          3 decimals, at most 4; 0 = uniform): rank 1 = the
+ *                          set's first page. `+` for set i: set i continues
+ *                          set i-1's ranking (one popularity order over both,
+ *                          set i-1 holding the head); it takes no weight of
+ *                          its own, the chain draws its first set's weight
  *
  * Pure parsing, no guest dependencies: tested on the host by the crate.
  */
@@ -51,6 +57,9 @@ struct tg_params {
 	uint64_t seed;
 	uint64_t rate;
 	uint8_t quiet;
+	uint8_t zipf_cont[TG_MAX_SETS]; /* set i continues set i-1's ranking */
+	unsigned nzipf;			/* entries given in zipf= */
+	uint32_t zipf[TG_MAX_SETS];	/* exponent x 1000 of set i (of its chain) */
 	char err[TG_ERR_LEN]; /* why tg_params_parse failed */
 };
 

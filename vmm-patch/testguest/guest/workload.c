@@ -7,12 +7,42 @@
 
 struct workload wl;
 
+/* Sets of the chain that set j heads (1: j alone; 0: j continues another). */
+static unsigned chain_len(const struct tg_params *p, unsigned j)
+{
+	unsigned n = 1;
+
+	if (p->zipf_cont[j])
+		return 0;
+	while (j + n < p->nsets && p->zipf_cont[j + n])
+		n++;
+	return n;
+}
+
+/* Ranks of set j's Zipf table; 0: the set is uniform (or continues another). */
+static uint64_t ranks(const struct tg_params *p, unsigned j)
+{
+	unsigned len = chain_len(p, j);
+	uint64_t n = 0;
+
+	if (!len || (len == 1 && !p->zipf[j]))
+		return 0;
+	for (unsigned m = j; m < j + len; m++)
+		n += p->hot[m];
+	return n;
+}
+
 uint64_t wl_mem_need(const struct tg_params *p)
 {
 	uint64_t need = 0;
 
-	for (unsigned j = 0; j < p->nsets; j++)
+	for (unsigned j = 0; j < p->nsets; j++) {
+		uint64_t n = ranks(p, j);
+
 		need += ((uint64_t)p->hot[j] * 4 + PAGE_SIZE) + ((uint64_t)p->hot[j] + PAGE_SIZE);
+		if (n && n <= TG_ZIPF_MAX_RANKS)
+			need += tg_zipf_mem((uint32_t)n) + PAGE_SIZE;
+	}
 	return need;
 }
 
@@ -50,6 +80,18 @@ void wl_init(const struct tg_params *p)
 			wl.away[j] += (unsigned)z != j;
 		}
 	}
+	for (unsigned j = 0; j < p->nsets; j++) {
+		uint64_t n = ranks(p, j);
+
+		if (!n)
+			continue;
+		if (n > TG_ZIPF_MAX_RANKS)
+			die("workload: zipf ranking of set %u has %lu pages, at most %u", j, n,
+			    TG_ZIPF_MAX_RANKS);
+		tg_zipf_build(&wl.zipf[j], (uint32_t)n, p->zipf[j],
+			      bump_alloc(tg_zipf_mem((uint32_t)n)));
+		wl.ranked[j] = (uint8_t)chain_len(p, j);
+	}
 }
 
 void wl_set_phase(const struct tg_phase *ph)
@@ -60,6 +102,16 @@ void wl_set_phase(const struct tg_phase *ph)
 		cum += ph->weight[j];
 		wl.thr[j] = (cum << 32) / 100;
 		wl.active[j] = ph->active[j] && ph->active[j] < wl.n[j] ? ph->active[j] : wl.n[j];
+	}
+	/* A chain touches all of its sets but the last (cmdline.c checks), so its
+	 * touched ranks are a prefix of the ranking. */
+	for (unsigned j = 0; j < wl.nsets; j++) {
+		if (!wl.ranked[j])
+			continue;
+		wl.ractive[j] = 0;
+		for (unsigned m = j; m < j + wl.ranked[j]; m++)
+			wl.ractive[j] += wl.active[m];
+		wl.rtot[j] = tg_zipf_total(&wl.zipf[j], wl.ractive[j]);
 	}
 }
 
@@ -103,7 +155,13 @@ void wl_run(uint64_t n)
 		hi = r >> 32;
 		while (hi >= wl.thr[j])
 			j++;
-		k = (uint32_t)(((r & 0xffffffffULL) * wl.active[j]) >> 32);
+		if (wl.ranked[j]) {
+			k = tg_zipf_pick(&wl.zipf[j], wl.ractive[j], wl.rtot[j], (uint32_t)r);
+			while (k >= wl.n[j]) /* a later set of the chain */
+				k -= wl.n[j++];
+		} else {
+			k = (uint32_t)(((r & 0xffffffffULL) * wl.active[j]) >> 32);
+		}
 		addr = (uint64_t)wl.pfn[j][k] << PAGE_SHIFT | ((r >> 20) & 0xff8);
 		*(volatile uint64_t *)addr += 1;
 		wl.t.acc[wl.where[j][k]]++;

@@ -3,7 +3,10 @@
  * pseudo-random order with per-phase weights, each phase touching a prefix
  * of each set (eviction takes pages from the end, promotion from the start,
  * so an inactive tail is what a balloon pushes out first). Every access is counted for
- * the tier the touched page is in (the guest's ground truth).
+ * the tier the touched page is in (the guest's ground truth). Inside a set
+ * pages are equally popular, or Zipf-ranked by `zipf=` (zipf.h): rank 1 =
+ * the set's first page; a chain of sets (`+`) is one ranking, its first set
+ * holding the head.
  */
 #ifndef TG_WORKLOAD_H
 #define TG_WORKLOAD_H
@@ -12,6 +15,7 @@
 
 #include "cmdline.h"
 #include "proto.h"
+#include "zipf.h"
 
 struct workload {
 	unsigned nsets;
@@ -21,6 +25,10 @@ struct workload {
 	uint8_t *where[TG_MAX_SETS];	 /* zone of pfn[i][k] */
 	uint32_t away[TG_MAX_SETS];	 /* pages of set i not in zone i */
 	uint64_t thr[TG_MAX_SETS];	 /* cumulative weight thresholds, units of 2^-32 */
+	uint8_t ranked[TG_MAX_SETS];	 /* set i heads a Zipf ranking (zipf[i]) */
+	struct tg_zipf zipf[TG_MAX_SETS]; /* over set i and the sets continuing it */
+	uint32_t ractive[TG_MAX_SETS];	 /* ranks of zipf[i] the phase touches */
+	uint64_t rtot[TG_MAX_SETS];	 /* their weight (tg_zipf_total) */
 	struct tg_truth t;		 /* accesses per zone, total, clock (proto.h) */
 	uint64_t x;			 /* xorshift state */
 	uint64_t tsc_step, tsc_next;	 /* pacing (rate=): TSC cycles per access, next slot */

@@ -7,6 +7,7 @@
 
 #include "../guest/cmdline.h"
 #include "../guest/proto.h"
+#include "../guest/zipf.h"
 
 size_t tg_abi_layout(unsigned which)
 {
@@ -33,6 +34,10 @@ size_t tg_abi_layout(unsigned which)
 		return offsetof(struct tg_truth, seconds);
 	case 10:
 		return offsetof(struct tg_truth, phase);
+	case 11:
+		return offsetof(struct tg_params, zipf);
+	case 12:
+		return sizeof(struct tg_zipf);
 	default:
 		return 0;
 	}

@@ -14,7 +14,8 @@
 //! - [`serial`]: the guest's `tg ...` serial lines as key/value records;
 //! - [`truth`]: the exact counts the guest keeps in its memory;
 //! - [`wire`]: the guest's config-space, queue-order and stats code, compiled
-//!   for the host (what the SPEC agreement tests check).
+//!   for the host (what the SPEC agreement tests check);
+//! - [`zipf`]: the guest's Zipf popularity tables (`zipf=`), compiled for the host.
 
 use std::path::{Path, PathBuf};
 
@@ -22,6 +23,7 @@ pub mod params;
 pub mod serial;
 pub mod truth;
 pub mod wire;
+pub mod zipf;
 
 /// Path of the guest ELF that `build.rs` produced (in this build's `OUT_DIR`).
 pub const ELF_PATH: &str = env!("TIER_TESTGUEST_ELF");

@@ -37,6 +37,9 @@ struct CParams {
     seed: u64,
     rate: u64,
     quiet: u8,
+    zipf_cont: [u8; MAX_SETS],
+    nzipf: u32,
+    zipf: [u32; MAX_SETS],
     err: [c_char; ERR_LEN],
 }
 
@@ -66,6 +69,35 @@ pub struct Phase {
     pub active: Vec<u32>,
 }
 
+/// Page popularity inside a hot set (`zipf=`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Zipf {
+    /// Zipf exponent in thousandths (0: every page alike): rank 1 = the
+    /// set's first page.
+    Exponent(u32),
+    /// `+`: the set continues the previous set's ranking (one popularity
+    /// order over both, the previous set holding the head; this set takes
+    /// no weight of its own).
+    Continues,
+}
+
+impl Zipf {
+    /// Largest exponent in thousandths.
+    pub const MAX_MILLI: u32 = 4000;
+
+    /// As written on the command line: `1.2`, `0.99`, `1`, `+`.
+    pub fn token(self) -> String {
+        match self {
+            Zipf::Continues => "+".into(),
+            Zipf::Exponent(m) if m % 1000 == 0 => (m / 1000).to_string(),
+            Zipf::Exponent(m) => {
+                let frac = format!("{:03}", m % 1000);
+                format!("{}.{}", m / 1000, frac.trim_end_matches('0'))
+            }
+        }
+    }
+}
+
 /// How often the guest prints a `tg tick` line.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Report {
@@ -92,6 +124,9 @@ pub struct Params {
     pub rate: Option<u64>,
     /// No `tg phase` lines (read the phase from the truth block instead).
     pub quiet: bool,
+    /// Popularity per set (`zipf=`); sets past the end (or all, when
+    /// empty) are uniform.
+    pub zipf: Vec<Zipf>,
 }
 
 #[derive(Debug, Error, PartialEq, Eq)]
@@ -169,6 +204,15 @@ impl Params {
             seed: c.seed,
             rate: (c.rate != 0).then_some(c.rate),
             quiet: c.quiet != 0,
+            zipf: (0..c.nzipf as usize)
+                .map(|j| {
+                    if c.zipf_cont[j] != 0 {
+                        Zipf::Continues
+                    } else {
+                        Zipf::Exponent(c.zipf[j])
+                    }
+                })
+                .collect(),
         }
     }
 
@@ -212,6 +256,10 @@ impl Params {
             self.rate.unwrap_or(0),
             u8::from(self.quiet)
         );
+        if !self.zipf.is_empty() {
+            s.push_str(" zipf=");
+            list(&mut s, self.zipf.iter().map(|z| z.token()).collect(), ",");
+        }
         s
     }
 
@@ -231,6 +279,7 @@ mod tests {
         assert_eq!(crate::c_layout(4), size_of::<CParams>());
         assert_eq!(crate::c_layout(5), std::mem::offset_of!(CParams, err));
         assert_eq!(crate::c_layout(6), std::mem::offset_of!(CParams, seed));
+        assert_eq!(crate::c_layout(11), std::mem::offset_of!(CParams, zipf));
     }
 
     #[test]
@@ -286,6 +335,41 @@ mod tests {
     }
 
     #[test]
+    fn parses_zipf_exponents_and_chains() {
+        let p = Params::parse("hot=512,1536,64 zipf=0.99,+,1.2 phases=60/0/40@0:0/100/0").unwrap();
+        assert_eq!(
+            p.zipf,
+            vec![Zipf::Exponent(990), Zipf::Continues, Zipf::Exponent(1200)]
+        );
+        assert!(
+            p.to_cmdline().ends_with(" zipf=0.99,+,1.2"),
+            "{}",
+            p.to_cmdline()
+        );
+        assert_eq!(Params::parse(&p.to_cmdline()).unwrap(), p);
+        for (text, milli) in [
+            ("0", 0),
+            ("1", 1000),
+            ("0.6", 600),
+            ("1.25", 1250),
+            ("4", 4000),
+        ] {
+            let p = Params::parse(&format!("zipf={text}")).unwrap();
+            assert_eq!(p.zipf, vec![Zipf::Exponent(milli)], "{text}");
+            assert_eq!(Zipf::Exponent(milli).token(), text);
+        }
+        assert_eq!(
+            Params::parse("zipf=0.050").unwrap().zipf,
+            vec![Zipf::Exponent(50)]
+        );
+        // Fewer entries than sets: the rest stay uniform; none: no key.
+        assert_eq!(Params::parse("zipf=1").unwrap().zipf.len(), 1);
+        assert!(!Params::default().to_cmdline().contains("zipf"));
+        // A chain's last set may shrink; its later set takes no weight.
+        assert!(Params::parse("hot=8,8 zipf=1,+ phases=100/0@1k:8/3").is_ok());
+    }
+
+    #[test]
     fn bad_input_is_rejected_with_the_reason() {
         let cases = [
             ("hot=1,x", "hot= wants page counts: 'x'"),
@@ -333,6 +417,40 @@ mod tests {
                 "bad value: 'seed=99999999999999999999'",
             ),
             ("colour=red", "unknown key: 'colour'"),
+            (
+                "zipf=1.2345",
+                "zipf= wants exponents 0 to 4 with up to 3 decimals, or +: '1.2345'",
+            ),
+            (
+                "zipf=4.001",
+                "zipf= wants exponents 0 to 4 with up to 3 decimals, or +: '4.001'",
+            ),
+            (
+                "zipf=1,",
+                "zipf= wants exponents 0 to 4 with up to 3 decimals, or +: ''",
+            ),
+            (
+                "zipf=1.",
+                "zipf= wants exponents 0 to 4 with up to 3 decimals, or +: '1.'",
+            ),
+            (
+                "zipf=-1",
+                "zipf= wants exponents 0 to 4 with up to 3 decimals, or +: '-1'",
+            ),
+            (
+                "zipf=0x1",
+                "zipf= wants exponents 0 to 4 with up to 3 decimals, or +: '0x1'",
+            ),
+            ("zipf=1,1,1", "zipf= has more sets than hot="),
+            ("zipf=+,1", "zipf= set 0 cannot continue a previous set (+)"),
+            (
+                "zipf=1,+",
+                "a set that continues a zipf ranking (+) takes no weight: give it to the chain's first set",
+            ),
+            (
+                "hot=8,8 zipf=1,+ phases=100/0@1k:4/8",
+                "in a zipf chain only the last set may touch fewer than all its pages",
+            ),
             ("quiet", "cmdline wants key=value: 'quiet'"),
         ];
         for (input, want) in cases {

@@ -11,192 +11,14 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly on purpose
 
-use std::collections::BTreeMap;
-use std::io::{Read, Write};
-use std::os::unix::net::UnixStream;
+mod live_vm;
+
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use libtest_mimic::{Arguments, Completion, Failed, Trial};
-use serde_json::Value;
-use tier_testguest::serial::{Line, parse_log};
-
-const MIB: u64 = 1 << 20;
-const PAGE: u64 = 4096;
-/// Generous: guest code is emulated here, and other work shares the 2 cores.
-const WAIT: Duration = Duration::from_secs(90);
-
-/// A cloud-hypervisor process running the test guest; killed by PID on drop.
-struct Vm {
-    child: Child,
-    socket: PathBuf,
-    serial: PathBuf,
-    _dir: tempfile::TempDir,
-}
-
-impl Vm {
-    /// Boot with zones `(id, size)` (one guest NUMA node each) and the
-    /// per-tier balloon with stats.
-    fn boot(bin: &Path, zones: &[(&str, &str)], cmdline: &str) -> Vm {
-        tier_testguest::params::Params::parse(cmdline).unwrap();
-        let dir = tempfile::tempdir().unwrap();
-        let socket = dir.path().join("ch.sock");
-        let serial = dir.path().join("serial.log");
-        let mut cmd = Command::new(bin);
-        cmd.arg("--api-socket")
-            .arg(format!("path={}", socket.display()))
-            .arg("--kernel")
-            .arg(tier_testguest::elf_path())
-            .args(["--cmdline", cmdline])
-            .args(["--cpus", "boot=1", "--memory", "size=0"]);
-        for (i, (id, size)) in zones.iter().enumerate() {
-            cmd.args(["--memory-zone", &format!("id={id},size={size}")]);
-            cmd.args(["--numa", &format!("guest_numa_id={i},memory_zones={id}")]);
-        }
-        cmd.args(["--balloon", "size=0,tiers=on,stats=on"])
-            .arg("--serial")
-            .arg(format!("file={}", serial.display()))
-            .args(["--console", "off"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit());
-        let child = cmd.spawn().unwrap();
-        Vm {
-            child,
-            socket,
-            serial,
-            _dir: dir,
-        }
-    }
-
-    /// One HTTP/1.1 request on the API socket: (status, body).
-    fn api(&self, method: &str, path: &str, body: Option<&str>) -> (u16, String) {
-        let mut s = UnixStream::connect(&self.socket).unwrap();
-        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-        let body = body.unwrap_or("");
-        let req = format!(
-            "{method} /api/v1/{path} HTTP/1.1\r\nHost: localhost\r\nAccept: */*\r\n\
-             Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-            body.len()
-        );
-        s.write_all(req.as_bytes()).unwrap();
-        let mut buf = Vec::new();
-        let mut chunk = [0u8; 4096];
-        let (head_end, len) = loop {
-            let n = s.read(&mut chunk).unwrap();
-            assert!(
-                n > 0,
-                "API closed the connection: {:?}",
-                String::from_utf8_lossy(&buf)
-            );
-            buf.extend_from_slice(&chunk[..n]);
-            if let Some(pos) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-                let head = String::from_utf8_lossy(&buf[..pos]).to_lowercase();
-                let len = head
-                    .lines()
-                    .find_map(|l| l.strip_prefix("content-length:"))
-                    .map_or(0, |v| v.trim().parse::<usize>().unwrap());
-                break (pos + 4, len);
-            }
-        };
-        while buf.len() < head_end + len {
-            let n = s.read(&mut chunk).unwrap();
-            assert!(n > 0, "API closed the connection mid-body");
-            buf.extend_from_slice(&chunk[..n]);
-        }
-        let head = String::from_utf8_lossy(&buf[..head_end]).to_string();
-        let status = head.split_whitespace().nth(1).unwrap().parse().unwrap();
-        (
-            status,
-            String::from_utf8_lossy(&buf[head_end..head_end + len]).into_owned(),
-        )
-    }
-
-    fn get(&self, path: &str) -> Value {
-        let (status, body) = self.api("GET", path, None);
-        assert_eq!(status, 200, "{path}: {body}");
-        serde_json::from_str(&body).unwrap()
-    }
-
-    fn wait_api(&self) -> Duration {
-        let start = Instant::now();
-        while !self.socket.exists() || UnixStream::connect(&self.socket).is_err() {
-            assert!(start.elapsed() < WAIT, "VMM never opened its API socket");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        start.elapsed()
-    }
-
-    fn lines(&self) -> Vec<Line> {
-        parse_log(&std::fs::read_to_string(&self.serial).unwrap_or_default())
-    }
-
-    /// Wait until some serial line satisfies `pred`; all lines so far.
-    fn wait_line(&self, what: &str, pred: impl Fn(&Line) -> bool) -> Vec<Line> {
-        let start = Instant::now();
-        loop {
-            let lines = self.lines();
-            if let Some(err) = lines.iter().find(|l| l.kind == "error") {
-                panic!("guest error: {err:?}");
-            }
-            if lines.iter().any(&pred) {
-                return lines;
-            }
-            assert!(
-                start.elapsed() < WAIT,
-                "no serial line {what} after {WAIT:?}; log:\n{}",
-                std::fs::read_to_string(&self.serial).unwrap_or_default()
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
-    }
-
-    fn set_targets(&self, targets: &[(&str, u64)]) {
-        let map: BTreeMap<&str, u64> = targets.iter().copied().collect();
-        let body = serde_json::json!({ "desired_balloon_zones": map }).to_string();
-        let (status, resp) = self.api("PUT", "vm.resize", Some(&body));
-        assert_eq!(status, 204, "vm.resize {body}: {resp}");
-    }
-
-    /// Wait until each zone's driver-written `actual` and device-counted
-    /// `host_ballooned` equal its target; returns the time it took.
-    fn wait_zones(&self, targets: &[(&str, u64)]) -> Duration {
-        let start = Instant::now();
-        loop {
-            let info = self.get("vm.info");
-            let zones = info["balloon"]["zones"].as_array().unwrap().clone();
-            let done = targets.iter().all(|(id, bytes)| {
-                zones.iter().any(|z| {
-                    z["id"] == *id
-                        && z["target"] == *bytes
-                        && z["actual"] == *bytes
-                        && z["host_ballooned"] == *bytes
-                })
-            });
-            if done {
-                return start.elapsed();
-            }
-            assert!(
-                start.elapsed() < WAIT,
-                "zones never reached {targets:?}: {zones:#?}"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-
-    /// Stop the VMM by its PID.
-    fn stop(mut self) {
-        self.child.kill().unwrap();
-        self.child.wait().unwrap();
-    }
-}
-
-impl Drop for Vm {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
+use live_vm::{MIB, PAGE, Vm, WAIT, vm_trial};
+use tier_testguest::serial::Line;
 
 fn zone_lines(lines: &[Line]) -> Vec<&Line> {
     lines.iter().filter(|l| l.kind == "zone").collect()
@@ -533,16 +355,6 @@ fn ch_source_constants(src: &Path) {
     // 256 PFNs per descriptor: `VIRTIO_BALLOON_MAX_PFN_BYTES: u32 = 256 * 4`.
     assert!(rs.contains("const VIRTIO_BALLOON_MAX_PFN_BYTES: u32 = 256 * 4;"));
     assert!(header.contains("#define VIRTIO_BALLOON_MAX_PFNS_PER_DESC 256"));
-}
-
-fn vm_trial(name: &'static str, f: fn(&Path)) -> Trial {
-    Trial::ignorable_test(name, move || match tier_testguest::live_vmm() {
-        Err(reason) => Ok(Completion::ignored_with(reason)),
-        Ok(bin) => {
-            f(&bin);
-            Ok(Completion::Completed)
-        }
-    })
 }
 
 fn main() {

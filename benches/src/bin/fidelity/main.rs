@@ -8,8 +8,11 @@
 //! Workload source: the PVH test guest under the patched cloud-hypervisor
 //! when a VMM binary is configured (`--ch-bin PATH` or `TIERD_CH_BIN`),
 //! else the raw-KVM demo VM. Options: `--interval-ms N`, `--passes N`
-//! (defaults: tierd's).
+//! (defaults: tierd's), `--kinds footprint,rate,phases,skew` (rows of these
+//! kinds only; default all).
 
+mod coverage;
+mod csv;
 mod matrix;
 mod report;
 mod run;
@@ -65,6 +68,11 @@ fn main() -> anyhow::Result<()> {
         Some(_) => matrix::testguest(),
         None => matrix::demo(),
     };
+    let matrix = only_kinds(matrix)?;
+    let skew_rows = matrix
+        .iter()
+        .filter(|w| w.kind == matrix::Kind::Skew)
+        .count();
     // One folder per source, so a demo run does not overwrite a test-guest one.
     let folder = if ch.is_some() {
         "fidelity/test-guest"
@@ -187,8 +195,8 @@ fn main() -> anyhow::Result<()> {
         let tag = name.as_deref().unwrap_or("none");
         let csv = out.join(format!("intervals-{tag}.csv"));
         let summary = out.join(format!("summary-{tag}.csv"));
-        report::write_intervals_csv(&csv, &matrix, &records, &truth, &others)?;
-        report::write_summary_csv(&summary, &matrix, &records, &truth, &others)?;
+        csv::write_intervals_csv(&csv, &matrix, &records, &truth, &others)?;
+        csv::write_summary_csv(&summary, &matrix, &records, &truth, &others)?;
         let sub = out.join(tag);
         std::fs::create_dir_all(&sub).with_context(|| format!("creating {}", sub.display()))?;
         let mut all = vec![&truth];
@@ -216,11 +224,41 @@ fn main() -> anyhow::Result<()> {
             ("p95_err_pp_footprint", f(h.footprint.map(|e| e.p95))),
             ("lag_max", h.lag_max.map_or("na".into(), |l| l.to_string())),
             ("changes_missed_or_unsettled", h.lag_bad.to_string()),
+            ("p95_err_pp_uniform", f(h.uniform.map(|e| e.p95))),
+            ("p95_err_pp_skew", f(h.skew.map(|e| e.p95))),
+            ("coverage_min", f(h.coverage_min)),
+            ("skew_rows", skew_rows.to_string()),
         ],
-        None => vec![("p95_err_pp", "na".to_string())],
+        None => vec![
+            ("p95_err_pp", "na".to_string()),
+            ("skew_rows", skew_rows.to_string()),
+        ],
     };
     println!("{}", result_line(&pairs));
     Ok(())
+}
+
+/// The rows of the kinds `--kinds a,b` names (all without it).
+fn only_kinds(matrix: Vec<matrix::Workload>) -> anyhow::Result<Vec<matrix::Workload>> {
+    let args: Vec<String> = std::env::args().collect();
+    let Some(i) = args.iter().position(|a| a == "--kinds") else {
+        return Ok(matrix);
+    };
+    let v = args.get(i + 1).context("--kinds needs a list")?;
+    let kinds: Vec<&str> = v.split(',').collect();
+    let known = ["footprint", "rate", "phases", "skew"];
+    if let Some(k) = kinds.iter().find(|k| !known.contains(k)) {
+        anyhow::bail!("--kinds: unknown kind {k:?}; known: {}", known.join(","));
+    }
+    let m: Vec<_> = matrix
+        .into_iter()
+        .filter(|w| kinds.contains(&w.kind.label()))
+        .collect();
+    anyhow::ensure!(
+        !m.is_empty(),
+        "--kinds {v}: no row of these kinds in this matrix"
+    );
+    Ok(m)
 }
 
 /// Where the guest's own phase changes were seen against the instants the

@@ -1,8 +1,9 @@
 //! The workload matrix: hot-set size x skew by footprint, skew by access
-//! rate, and phase changes. Every row is run and reported, whatever the
-//! result; none is chosen for how a backend does on it.
+//! rate, phase changes, and (test guest) Zipf page popularity inside the
+//! tiers. Every row is run and reported, whatever the result; none is
+//! chosen for how a backend does on it.
 
-use tier_benches::workload::Shape;
+use tier_benches::workload::{Shape, Skew};
 
 /// Where a row's dram share comes from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -13,6 +14,9 @@ pub enum Kind {
     Rate,
     /// The shape changes during the run (mid-interval).
     Phases,
+    /// Pages of a tier differ in popularity (Zipf, the test guest's
+    /// `zipf=`): a few hot pages among many cool ones, as in real guests.
+    Skew,
 }
 
 impl Kind {
@@ -21,6 +25,7 @@ impl Kind {
             Kind::Footprint => "footprint",
             Kind::Rate => "rate",
             Kind::Phases => "phases",
+            Kind::Skew => "skew",
         }
     }
 }
@@ -65,6 +70,7 @@ fn rate(pages: u32, d: u32, s: u32) -> Shape {
         dram_repeat: d,
         slow_pages: pages,
         slow_repeat: s,
+        skew: Skew::Uniform,
     }
 }
 
@@ -115,10 +121,65 @@ pub fn demo() -> Vec<Workload> {
             dram_repeat: 4,
             slow_pages: 96,
             slow_repeat: 1,
+            skew: Skew::Uniform,
         }],
     });
     m.extend(phases(64, 256, 128));
     m
+}
+
+/// Zipf rows (test guest only): exponents 0.6, 0.99 and 1.2 over 512 to
+/// 8192 pages; the split by weight towards dram and towards slow; one
+/// ranking whose popular head dram holds while slow holds its tail; bursty
+/// phases moving the weight between two skewed tiers; a chain's tail
+/// growing and shrinking (the head's share drifts as the working set does).
+fn skew() -> Vec<Workload> {
+    let z = |d: u32, s: u32| Skew::Zipf([d, s]);
+    let chain = |m: u32, head: u32, tail: u32| Shape::pages(head, tail).skewed(Skew::Chain(m));
+    let one = |name: &str, shape: Shape| Workload {
+        name: name.into(),
+        kind: Kind::Skew,
+        steps: vec![shape],
+    };
+    let bursty = rate(1024, 4, 1).skewed(z(990, 990));
+    vec![
+        one(
+            "z0.6 512+512, dram 4x by weight",
+            rate(512, 4, 1).skewed(z(600, 600)),
+        ),
+        one(
+            "z0.99 2048+2048, slow 4x by weight",
+            rate(2048, 1, 4).skewed(z(990, 990)),
+        ),
+        one(
+            "z1.2 4096+4096, dram 4x by weight",
+            rate(4096, 4, 1).skewed(z(1200, 1200)),
+        ),
+        one(
+            "1024 uniform + z0.99 7168 in slow",
+            Shape::pages(1024, 7168).skewed(z(0, 990)),
+        ),
+        one(
+            "z1 chain 4096: dram head 512, slow tail",
+            chain(1000, 512, 3584),
+        ),
+        one("z0.99 chain 8192: dram head 1024", chain(990, 1024, 7168)),
+        one("z1.2 chain 4096: dram head 128", chain(1200, 128, 3968)),
+        Workload {
+            name: "z0.99 1024+1024 bursts: 4x dram/slow".into(),
+            kind: Kind::Skew,
+            steps: vec![bursty, rate(1024, 1, 4).skewed(z(990, 990)), bursty],
+        },
+        Workload {
+            name: "z1 chain: tail grows 512 -> 3584 -> 512".into(),
+            kind: Kind::Skew,
+            steps: vec![
+                chain(1000, 512, 512),
+                chain(1000, 512, 3584),
+                chain(1000, 512, 512),
+            ],
+        },
+    ]
 }
 
 /// The matrix for the PVH test guest, which picks pages at random with
@@ -142,6 +203,7 @@ pub fn testguest() -> Vec<Workload> {
         });
     }
     m.extend(phases(512, 2048, 1024));
+    m.extend(skew());
     m
 }
 
@@ -163,6 +225,11 @@ mod tests {
             assert!(m.iter().any(|w| w.kind == k));
         }
         assert_eq!(m[0].steps[0], Shape::pages(7, 57));
+        // The demo VM touches every page of a round alike: no skew rows.
+        assert!(
+            m.iter()
+                .all(|w| w.kind != Kind::Skew && w.steps.iter().all(|s| s.skew == Skew::Uniform))
+        );
     }
 }
 
@@ -184,18 +251,28 @@ mod testguest_tests {
             change_at: CHANGE_AT,
         };
         let m = testguest();
-        assert_eq!(m.len(), 16);
+        assert_eq!(m.len(), 25);
+        assert_eq!(m.iter().filter(|w| w.kind == Kind::Skew).count(), 9);
         for k in [Kind::Footprint, Kind::Rate, Kind::Phases] {
             assert!(m.iter().any(|w| w.kind == k));
         }
+        // The existing rows come first, unchanged in number and kind.
+        assert!(m[..16].iter().all(|w| w.kind != Kind::Skew));
         for w in &m {
             let p = guest_plan::plan(&w.steps, &schedule, 500, 1).unwrap();
             let parsed = Params::parse(&p.params.to_cmdline()).unwrap();
             assert_eq!(parsed, p.params, "{}", w.name);
             assert_eq!(parsed.phases.len(), w.steps.len(), "{}", w.name);
+            let cap = tier_benches::workload::testguest::ZONE_MIB.map(|m| m * 256);
             for s in &w.steps {
-                // The zones of TestGuestSource hold 4096-page hot sets.
-                assert!(s.dram_pages <= 4096 && s.slow_pages <= 4096, "{}", w.name);
+                assert!(
+                    u64::from(s.dram_pages) <= cap[0] && u64::from(s.slow_pages) <= cap[1],
+                    "{}",
+                    w.name
+                );
+            }
+            if w.kind == Kind::Skew {
+                assert!(!p.params.zipf.is_empty(), "{}", w.name);
             }
         }
     }

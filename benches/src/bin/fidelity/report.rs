@@ -1,14 +1,13 @@
-//! Scores, tables, CSV files and plots of a fidelity run.
+//! Scores, tables and plots of a fidelity run (its CSV files: `csv.rs`).
 
-use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
-use anyhow::Context;
 use tier_benches::fidelity::{ErrorStats, Lag, detect_lag, error_pp, ratio};
 use tier_benches::plot::{Panel, Series, grid};
 
+use crate::coverage::Coverage;
 use crate::matrix::{Kind, Workload};
-use crate::run::{Record, TierPasses};
+use crate::run::Record;
 
 /// One source's DRAM-hit ratio per interval.
 pub struct Source {
@@ -16,6 +15,8 @@ pub struct Source {
     pub ratios: Vec<Option<f64>>,
     /// Time in the sampler per interval, when it has one.
     pub scan_ns: Option<Vec<u64>>,
+    /// ~95 % interval of the ratio per interval (host backends only).
+    pub intervals: Option<Vec<Option<(f64, f64)>>>,
 }
 
 /// Truth, guest-reported and host sources of one run, index-aligned with
@@ -28,6 +29,7 @@ pub fn sources(records: &[Record], host_name: Option<&str>) -> (Source, Source, 
             .map(|r| ratio(r.truth[0] as f64, r.truth[1] as f64))
             .collect(),
         scan_ns: None,
+        intervals: None,
     };
     let guest = Source {
         name: "guest-reported".into(),
@@ -36,6 +38,7 @@ pub fn sources(records: &[Record], host_name: Option<&str>) -> (Source, Source, 
             .map(|r| r.guest.and_then(|g| ratio(g[0] as f64, g[1] as f64)))
             .collect(),
         scan_ns: None,
+        intervals: None,
     };
     let host = host_name.map(|n| Source {
         name: n.to_string(),
@@ -49,6 +52,12 @@ pub fn sources(records: &[Record], host_name: Option<&str>) -> (Source, Source, 
                 .map(|r| r.host.as_ref().map_or(0, |h| h.scan_ns))
                 .collect(),
         ),
+        intervals: Some(
+            records
+                .iter()
+                .map(|r| r.host.as_ref().and_then(|h| h.interval))
+                .collect(),
+        ),
     });
     (truth, guest, host)
 }
@@ -56,7 +65,7 @@ pub fn sources(records: &[Record], host_name: Option<&str>) -> (Source, Source, 
 /// Per-interval errors (pp) of `s` over the scored records selected by
 /// `keep`; an interval where the source has no reading but the truth has
 /// is an error of 100 pp (it said nothing).
-fn errors(
+pub(crate) fn errors(
     records: &[Record],
     truth: &Source,
     s: &Source,
@@ -74,6 +83,38 @@ fn errors(
         .collect()
 }
 
+/// Coverage of `s`'s intervals over the scored records selected by `keep`
+/// (None: `s` has no intervals at all, or no record is scored).
+pub(crate) fn coverage(
+    records: &[Record],
+    truth: &Source,
+    s: &Source,
+    keep: impl Fn(&Record) -> bool,
+) -> Option<Coverage> {
+    let iv = s.intervals.as_ref()?;
+    let pairs: Vec<(f64, Option<(f64, f64)>)> = records
+        .iter()
+        .enumerate()
+        .filter(|(_, r)| !r.warmup && keep(r))
+        .filter_map(|(i, _)| Some((truth.ratios[i]?, iv[i])))
+        .collect();
+    Coverage::of(&pairs)
+}
+
+/// Lowest coverage over the rows of `matrix` (rows with no scored interval
+/// left out).
+pub fn coverage_min(
+    matrix: &[Workload],
+    records: &[Record],
+    truth: &Source,
+    s: &Source,
+) -> Option<f64> {
+    (0..matrix.len())
+        .filter_map(|w| coverage(records, truth, s, |r| r.workload == w))
+        .map(|c| c.share())
+        .min_by(f64::total_cmp)
+}
+
 /// One phase change of a workload.
 pub struct Change {
     pub workload: usize,
@@ -83,7 +124,7 @@ pub struct Change {
 
 /// Lag of a source at every phase change, `None` for too-short phases.
 /// The lags of one workload's changes, in order (`-`: no lag to tell).
-fn workload_lags(changes: &[(Change, Option<Lag>)], w: usize) -> Vec<String> {
+pub(crate) fn workload_lags(changes: &[(Change, Option<Lag>)], w: usize) -> Vec<String> {
     changes
         .iter()
         .filter(|(c, _)| c.workload == w)
@@ -159,8 +200,13 @@ pub struct Headline {
     /// The intervals that hold a phase change.
     pub change: Option<ErrorStats>,
     pub footprint: Option<ErrorStats>,
+    /// Rows of every kind but skew (each tier's pages alike).
+    pub uniform: Option<ErrorStats>,
+    pub skew: Option<ErrorStats>,
     pub lag_max: Option<usize>,
     pub lag_bad: usize,
+    /// Lowest per-row coverage of the ratio interval.
+    pub coverage_min: Option<f64>,
 }
 
 /// Prints the per-source and per-workload tables; returns the host
@@ -211,8 +257,15 @@ pub fn print_tables(
                 footprint: ErrorStats::of(&errors(records, truth, s, |r| {
                     matrix[r.workload].kind == Kind::Footprint
                 })),
+                uniform: ErrorStats::of(&errors(records, truth, s, |r| {
+                    matrix[r.workload].kind != Kind::Skew
+                })),
+                skew: ErrorStats::of(&errors(records, truth, s, |r| {
+                    matrix[r.workload].kind == Kind::Skew
+                })),
                 lag_max: max,
                 lag_bad: bad,
+                coverage_min: coverage_min(matrix, records, truth, s),
             });
         }
     }
@@ -287,7 +340,10 @@ fn print_workloads(
         s.name
     );
     println!(
-        "{:<3} {:<40} {:<9} {:>6} {:>6} {:>8} {:>5} {:>8} {:>8} {:>8}  {:<10} p95<=2pp",
+        "  cover = share of scored intervals whose ~95 % ratio interval (dram and slow tiers' accesses_low/high) holds the truth; no_int = intervals without one (counted as not covered); width = median interval width (pp)"
+    );
+    println!(
+        "{:<3} {:<40} {:<9} {:>6} {:>6} {:>8} {:>5} {:>8} {:>8} {:>8}  {:<10} {:<8} {:>5} {:>6} {:>6}",
         "#",
         "workload",
         "kind",
@@ -299,6 +355,10 @@ fn print_workloads(
         "p95_pp",
         "max_pp",
         "lag",
+        "p95<=2pp",
+        "cover",
+        "no_int",
+        "width",
     );
     let changes = lags(records, truth, s);
     for (w, work) in matrix.iter().enumerate() {
@@ -310,8 +370,9 @@ fn print_workloads(
         let e = ErrorStats::of(&errors(records, truth, s, |r| r.workload == w));
         let lag = workload_lags(&changes, w);
         let pct = |x: Option<f64>| x.map_or("-".into(), |x| format!("{:.1}", x * 100.0));
+        let cov = coverage(records, truth, s, |r| r.workload == w);
         println!(
-            "{:<3} {:<40} {:<9} {:>6} {:>6} {:>8} {}  {:<10} {}",
+            "{:<3} {:<40} {:<9} {:>6} {:>6} {:>8} {}  {:<10} {:<8} {:>5} {:>6} {:>6}",
             w + 1,
             work.name,
             work.kind.label(),
@@ -328,128 +389,12 @@ fn print_workloads(
                 Some(e) if e.p95 <= 2.0 => "yes",
                 Some(_) => "NO",
                 None => "-",
-            }
+            },
+            cov.map_or("-".into(), |c| format!("{:.2}", c.share())),
+            cov.map_or("-".into(), |c| c.no_interval.to_string()),
+            pct(cov.and_then(|c| c.width_median)),
         );
     }
-}
-
-/// intervals.csv: one line per interval with every source.
-pub fn write_intervals_csv(
-    path: &Path,
-    matrix: &[Workload],
-    records: &[Record],
-    truth: &Source,
-    others: &[&Source],
-) -> anyhow::Result<()> {
-    let mut out = String::from(
-        "interval,t_s,workload,workload_name,kind,step,warmup,change,shape,truth_dram,truth_slow,truth_ratio",
-    );
-    for s in others {
-        let _ = write!(out, ",{0}_ratio,{0}_err_pp", s.name);
-    }
-    out.push_str(
-        ",host_young_dram,host_young_slow,host_est_dram,host_est_slow,host_passes,host_scan_ms,host_pass_s,host_pass_young_dram,host_pass_young_slow,host_pass_young_other,host_pass_s_slow,host_pass_s_other\n",
-    );
-    let f = |x: Option<f64>| x.map_or(String::new(), |x| format!("{x:.5}"));
-    for (i, r) in records.iter().enumerate() {
-        let w = &matrix[r.workload];
-        let _ = write!(
-            out,
-            "{},{:.3},{},\"{}\",{},{},{},{},{},{},{},{}",
-            r.index,
-            r.t_s,
-            r.workload + 1,
-            w.name,
-            w.kind.label(),
-            r.step,
-            r.warmup,
-            r.change,
-            r.shape.label(),
-            r.truth[0],
-            r.truth[1],
-            f(truth.ratios[i])
-        );
-        for s in others {
-            let _ = write!(
-                out,
-                ",{},{}",
-                f(s.ratios[i]),
-                f(error_pp(s.ratios[i], truth.ratios[i]))
-            );
-        }
-        // Per-pass lists, `;`-separated, for re-fitting offline; other
-        // tiers `|`-separated. host_pass_s is dram's seconds.
-        let secs = |t: &TierPasses| -> String {
-            let v: Vec<String> = t.seconds.iter().map(|t| format!("{t:.6}")).collect();
-            v.join(";")
-        };
-        let young = |t: &TierPasses| -> String {
-            let v: Vec<String> = t.young.iter().map(u64::to_string).collect();
-            v.join(";")
-        };
-        match &r.host {
-            Some(h) => {
-                let other = |f: &dyn Fn(&TierPasses) -> String| -> String {
-                    h.passes_other.iter().map(f).collect::<Vec<_>>().join("|")
-                };
-                let [d, w] = &h.passes_fit;
-                let _ = writeln!(
-                    out,
-                    ",{},{},{:.1},{:.1},{},{:.3},{},{},{},{},{},{}",
-                    h.young[0],
-                    h.young[1],
-                    h.estimated[0],
-                    h.estimated[1],
-                    h.passes,
-                    h.scan_ns as f64 / 1e6,
-                    secs(d),
-                    young(d),
-                    young(w),
-                    other(&young),
-                    secs(w),
-                    other(&secs),
-                );
-            }
-            None => out.push_str(",,,,,,,,,,,,\n"),
-        }
-    }
-    std::fs::write(path, out).with_context(|| format!("writing {}", path.display()))
-}
-
-/// summary.csv: error statistics per workload and source.
-pub fn write_summary_csv(
-    path: &Path,
-    matrix: &[Workload],
-    records: &[Record],
-    truth: &Source,
-    others: &[&Source],
-) -> anyhow::Result<()> {
-    let mut out = String::from("workload,workload_name,kind,source,n,mean_pp,p95_pp,max_pp,lags\n");
-    for s in others {
-        let l = lags(records, truth, s);
-        for (w, work) in matrix.iter().enumerate() {
-            let e = ErrorStats::of(&errors(records, truth, s, |r| r.workload == w));
-            let lag = workload_lags(&l, w);
-            let (n, a, b, c) = e.map_or((0, String::new(), String::new(), String::new()), |e| {
-                (
-                    e.n,
-                    format!("{:.3}", e.mean),
-                    format!("{:.3}", e.p95),
-                    format!("{:.3}", e.max),
-                )
-            });
-            let _ = writeln!(
-                out,
-                "{},\"{}\",{},{},{n},{a},{b},{c},{}",
-                w + 1,
-                work.name,
-                work.kind.label(),
-                s.name,
-                lag.join(";")
-            );
-        }
-    }
-    std::fs::write(path, out).with_context(|| format!("writing {}", path.display()))
 }
 
 /// ratio_over_time.svg (whole run) and ratio_by_workload.svg (one panel

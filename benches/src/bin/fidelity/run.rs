@@ -11,6 +11,7 @@ use tier_profiler::registry::Registry;
 use tier_profiler::sampler::Sampler;
 use tier_proto::v1::StatsUpdate;
 
+use crate::coverage::ratio_interval;
 use crate::matrix::{CHANGE_AT, INTERVALS, Workload};
 
 /// What a host backend reported for one interval.
@@ -30,6 +31,13 @@ pub struct Host {
     /// The same for the VM's other tiers (the test guest's `sys`): the fit
     /// pools them with dram and slow, so a re-fit needs them too.
     pub passes_other: Vec<TierPasses>,
+    /// ~95 % interval of the ratio over dram and slow, from the tiers'
+    /// accesses_low/high as tierd forms it (coverage.rs); None: the
+    /// estimate gave none.
+    pub interval: Option<(f64, f64)>,
+    /// The VM's own dram_hit_low/high (all its tiers, the test guest's
+    /// `sys` included, so not scored against the truth; CSV only).
+    pub vm_interval: Option<(f64, f64)>,
 }
 
 /// One tier's passes as the fit saw them.
@@ -278,9 +286,10 @@ fn readings(u: &StatsUpdate, vm_id: &str) -> (Option<[u64; 2]>, Option<Host>) {
     let guest = (g.len() == s.tiers.len()).then(|| [g[di], g[wi]]);
     let (d, w) = (&s.tiers[di], &s.tiers[wi]);
     let est = d.estimated_accesses + w.estimated_accesses;
+    let ratio = (est > 0.0).then(|| d.estimated_accesses / est);
     let host = match u.health.first() {
         Some(h) if d.passes > 0 || w.passes > 0 => Some(Host {
-            ratio: (est > 0.0).then(|| d.estimated_accesses / est),
+            ratio,
             young: [d.young_pages, w.young_pages],
             estimated: [d.estimated_accesses, w.estimated_accesses],
             passes: d.passes.max(w.passes),
@@ -293,6 +302,8 @@ fn readings(u: &StatsUpdate, vm_id: &str) -> (Option<[u64; 2]>, Option<Host>) {
                 .filter(|(i, _)| *i != di && *i != wi)
                 .map(|(_, t)| TierPasses::of(t))
                 .collect(),
+            interval: ratio_interval(d, w, ratio.unwrap_or(0.0)),
+            vm_interval: s.dram_hit_low.zip(s.dram_hit_high),
         }),
         _ => None,
     };

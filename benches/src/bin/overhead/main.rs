@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use tier_benches::sys::{load_1min, sched_stat};
-use tier_benches::workload::{DemoSource, Shape, WorkloadSource};
+use tier_benches::workload::{DemoSource, Shape, Skew, WorkloadSource};
 use tier_benches::{Row, Summary, print_table, result_line};
 use tier_profiler::sampler::ept::{EptProgram, enable_run_stats};
 
@@ -137,6 +137,7 @@ fn main() -> anyhow::Result<()> {
                 dram_repeat: 4,
                 slow_pages: 96,
                 slow_repeat: 1,
+                skew: Skew::Uniform,
             },
         ),
         ("large 2048|2048 (4098 pages)", Shape::pages(2048, 2048)),
