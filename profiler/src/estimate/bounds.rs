@@ -21,7 +21,8 @@
 //! in the lower end, which stays firm (a page young in a pass was touched
 //! in it). Otherwise pages hidden in the noise count at the cap in the
 //! upper end. When no mixture fits at `z` (the tier changed within the
-//! passes) the bounds widen to what does fit, by half again.
+//! passes, or the guest stalled through one) the upper end is open too and
+//! the lower end widens to what does fit, by half again.
 
 use super::CAP;
 use super::simplex::{Feasible, Outcome, maximize};
@@ -169,6 +170,11 @@ pub fn bounds(passes: &[(f64, f64)], pages: f64, fraction: f64, alpha: f64) -> O
     let cols = columns(&ts);
     let scale = ys.iter().copied().fold(1.0, f64::max);
     let misfit = misfit(&cols, &ys, &sigma, pages, scale)?;
+    // No steady mixture fits: the tier changed within the passes, or the
+    // guest did not run through one (a vCPU held off its CPU reads as a
+    // pass with nothing young). The low end still holds, at a wider box;
+    // nothing bounds the high end.
+    let broken = misfit > z;
     let z = z.max(MISFIT_WIDEN * misfit);
     // Each pass within z standard errors, and no more pages than examined.
     let n = cols.g.len();
@@ -200,7 +206,7 @@ pub fn bounds(passes: &[(f64, f64)], pages: f64, fraction: f64, alpha: f64) -> O
     // The most accesses without the open column: priced out rather than
     // removed, so the same basis serves; a program that cannot do without
     // it is open too.
-    let high = if saturated >= SATURATED_MIN {
+    let high = if saturated >= SATURATED_MIN || broken {
         None
     } else {
         let cost: Vec<f64> = (0..cols.cost.len())
@@ -258,7 +264,7 @@ fn misfit(cols: &Columns, ys: &[f64], sigma: &[f64], pages: f64, scale: f64) -> 
     let mut c = vec![0.0; n];
     c.push(-1.0);
     match maximize(&c, &a, &b) {
-        Outcome::Optimal(v, _) => Some(-v),
+        Outcome::Optimal(v, _) => Some((-v).max(0.0)),
         _ => None,
     }
 }

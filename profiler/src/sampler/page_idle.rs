@@ -181,23 +181,51 @@ mod tests {
         );
     }
 
-    /// An aligned, page-granular buffer of `pages` pages.
+    /// An aligned, page-granular buffer of `pages` pages, freshly mapped:
+    /// a heap allocation of this size may reuse pages the test process
+    /// touched before (glibc raises its mmap threshold after large frees),
+    /// and pages the test never wrote must not be present.
     struct Buf {
-        v: Vec<u8>,
+        map: *mut libc::c_void,
+        len: usize,
         off: usize,
     }
 
     impl Buf {
         fn new(pages: u64, align: u64) -> Buf {
-            let v = vec![0u8; ((pages * PAGE) + align) as usize];
-            let off = ((v.as_ptr() as u64).next_multiple_of(align) - v.as_ptr() as u64) as usize;
-            Buf { v, off }
+            let len = (pages * PAGE + align) as usize;
+            // SAFETY: a new private anonymous mapping; no existing memory
+            // is affected. Checked against MAP_FAILED below.
+            let map = unsafe {
+                libc::mmap(
+                    std::ptr::null_mut(),
+                    len,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                    -1,
+                    0,
+                )
+            };
+            assert_ne!(map, libc::MAP_FAILED, "mmap");
+            let off = ((map as u64).next_multiple_of(align) - map as u64) as usize;
+            Buf { map, len, off }
         }
         fn base(&self) -> u64 {
-            self.v.as_ptr() as u64 + self.off as u64
+            self.map as u64 + self.off as u64
         }
         fn touch(&mut self, page: u64) {
-            self.v[self.off + (page * PAGE) as usize] = 1;
+            let at = self.off + (page * PAGE) as usize;
+            assert!(at < self.len);
+            // SAFETY: `at` is inside the mapping (checked), which is
+            // readable and writable and owned by this Buf.
+            unsafe { (self.map as *mut u8).add(at).write_volatile(1) };
+        }
+    }
+
+    impl Drop for Buf {
+        fn drop(&mut self) {
+            // SAFETY: unmaps exactly the mapping this Buf created.
+            unsafe { libc::munmap(self.map, self.len) };
         }
     }
 
