@@ -92,6 +92,31 @@ pub struct Tcp {
 #[serde(deny_unknown_fields, default)]
 pub struct Controller {
     pub enabled: bool,
+    /// What the policy acts on (docs/controller.md, "Interval").
+    pub act_on: ActOn,
+}
+
+/// `[controller] act_on`: which part of the DRAM-hit interval decides.
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum ActOn {
+    /// Move only when the whole interval is outside the hold band.
+    #[default]
+    Interval,
+    /// The point estimate, as before intervals.
+    Point,
+    /// Give DRAM when the interval's low end is below the band.
+    Protective,
+}
+
+impl From<ActOn> for tier_controller::policy::ActOn {
+    fn from(a: ActOn) -> Self {
+        match a {
+            ActOn::Interval => tier_controller::policy::ActOn::Interval,
+            ActOn::Point => tier_controller::policy::ActOn::Point,
+            ActOn::Protective => tier_controller::policy::ActOn::Protective,
+        }
+    }
 }
 
 impl Default for Config {
@@ -130,7 +155,10 @@ impl Default for Metrics {
 
 impl Default for Controller {
     fn default() -> Controller {
-        Controller { enabled: true }
+        Controller {
+            enabled: true,
+            act_on: ActOn::Interval,
+        }
     }
 }
 
@@ -184,6 +212,7 @@ pub struct Settings {
     pub metrics: Option<SocketAddr>,
     pub tcp: Option<TcpSettings>,
     pub controller: bool,
+    pub act_on: ActOn,
     pub ch: ChSettings,
 }
 
@@ -401,6 +430,7 @@ impl Config {
             metrics,
             tcp,
             controller: self.controller.enabled,
+            act_on: self.controller.act_on,
             ch,
         })
     }
@@ -569,6 +599,7 @@ mod tests {
             key = "/etc/tierd/key.pem"
             [controller]
             enabled = false
+            act_on = "protective"
             "#,
             "t.toml",
         )
@@ -578,6 +609,7 @@ mod tests {
         assert_eq!(s.socket_group, Some(("root".into(), 0)));
         assert_eq!(s.tier_kinds.get("slow"), Some(&TierKind::Cxl));
         assert!(s.json_logs && !s.controller && !s.discover);
+        assert_eq!(s.act_on, ActOn::Protective);
         assert_eq!(s.tcp.unwrap().listen.port(), 7443);
     }
 

@@ -23,7 +23,14 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tier_controller::policy::{Config, ConfigError, Controller, TierObs, VmObs, input};
+use tier_controller::policy::{ActOn, Config, ConfigError, Controller, TierObs, VmObs, input};
+
+/// The policy's config with `act_on` in its tuning.
+fn config(policy: &Policy, act_on: ActOn) -> Result<Config, ConfigError> {
+    let mut c = Config::try_from(policy)?;
+    c.tuning.act_on = act_on;
+    Ok(c)
+}
 use tier_proto::v1::{Decision, DecisionOutcome, DecisionReason, Policy, StatsUpdate, Vm, VmStats};
 
 use crate::ch::{ChHandle, Fleet};
@@ -43,6 +50,8 @@ struct Actuation {
 pub struct InProcess {
     controller: Controller,
     policy: Policy,
+    /// `[controller] act_on`, kept across policy changes.
+    act_on: ActOn,
     actuation: Option<Actuation>,
     /// VMs last handed over with `balloon_ok = false`, and why.
     not_actuable: HashMap<String, String>,
@@ -53,6 +62,7 @@ impl std::fmt::Debug for InProcess {
         f.debug_struct("InProcess")
             .field("controller", &self.controller)
             .field("policy", &self.policy)
+            .field("act_on", &self.act_on)
             .field("actuation", &self.actuation.is_some())
             .field("not_actuable", &self.not_actuable)
             .finish()
@@ -61,9 +71,16 @@ impl std::fmt::Debug for InProcess {
 
 impl InProcess {
     pub fn new(policy: &Policy) -> Result<InProcess, ConfigError> {
+        InProcess::acting_on(policy, ActOn::default())
+    }
+
+    /// [`InProcess::new`] deciding on `act_on` (tierd's `[controller]
+    /// act_on`; the protocol's `Policy` does not carry it).
+    pub fn acting_on(policy: &Policy, act_on: ActOn) -> Result<InProcess, ConfigError> {
         Ok(InProcess {
-            controller: Controller::new(Config::try_from(policy)?),
+            controller: Controller::new(config(policy, act_on)?),
             policy: policy.clone(),
+            act_on,
             actuation: None,
             not_actuable: HashMap::new(),
         })
@@ -85,7 +102,7 @@ impl InProcess {
     /// unchanged, so per-VM controller state survives.
     pub fn set_policy(&mut self, policy: &Policy) -> Result<(), ConfigError> {
         if *policy != self.policy {
-            self.controller.set_config(Config::try_from(policy)?);
+            self.controller.set_config(config(policy, self.act_on)?);
             self.policy = policy.clone();
         }
         Ok(())

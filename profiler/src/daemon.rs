@@ -96,7 +96,7 @@ async fn serve(s: Settings, synthetic: (u32, u32)) -> anyhow::Result<()> {
             Arc::new(move |d| publish_decision(&sink_shared, d));
         // A vm.info older than three intervals (plus a slow answer) is stale.
         let max_age = s.interval * 3 + s.ch.timeout * 2;
-        let c = InProcess::new(&shared.policy())
+        let c = InProcess::acting_on(&shared.policy(), s.act_on.into())
             .context("the default policy")?
             .with_actuation(fleet.clone(), sink, max_age);
         tracing::info!(
