@@ -31,7 +31,7 @@ pub const CAP: f64 = 3.0;
 
 /// Below this ratio of longest to shortest pass the passes are taken as
 /// equal: rate and active pages cannot be told apart.
-const MIN_SPREAD: f64 = 1.5;
+pub(crate) const MIN_SPREAD: f64 = 1.5;
 
 /// A lead pass is this fraction of a short pass (see [`pass_ends`]).
 pub const LEAD_SPLIT: u32 = 5;

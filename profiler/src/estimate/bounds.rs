@@ -24,8 +24,8 @@
 //! passes, or the guest stalled through one) the upper end is open too and
 //! the lower end widens to what does fit, by half again.
 
-use super::CAP;
 use super::simplex::{Feasible, Outcome, maximize};
+use super::{CAP, MIN_SPREAD};
 
 /// Objective weight that keeps the open column out of the upper end's
 /// program (far above any column's accesses per page).
@@ -142,7 +142,8 @@ pub fn z_for(alpha: f64) -> f64 {
 /// The interval of one tier's accesses over `passes` (seconds watched,
 /// young pages of the sample) of `pages` examined pages, a `fraction` of
 /// the tier (page sampling), at two-sided tail `alpha` for all its passes
-/// together. `None` without a pass of positive length.
+/// together. `None` without a pass of positive length, or with passes of
+/// one length.
 pub fn bounds(passes: &[(f64, f64)], pages: f64, fraction: f64, alpha: f64) -> Option<Bounds> {
     let ts: Vec<f64> = passes.iter().map(|p| p.0).collect();
     if passes.is_empty()
@@ -150,6 +151,13 @@ pub fn bounds(passes: &[(f64, f64)], pages: f64, fraction: f64, alpha: f64) -> O
             .iter()
             .any(|t| t.is_nan() || *t <= 0.0 || t.is_infinite())
     {
+        return None;
+    }
+    // Passes of one length cannot tell rates apart (as for the fit): no
+    // interval, rather than one resting on the cap alone.
+    let t_min = ts.iter().copied().fold(f64::INFINITY, f64::min);
+    let t_max = ts.iter().copied().fold(0.0, f64::max);
+    if t_max / t_min < MIN_SPREAD {
         return None;
     }
     let ys: Vec<f64> = passes.iter().map(|p| p.1.max(0.0)).collect();

@@ -134,4 +134,5 @@ fn page_sampling_widens_and_nothing_young_reads_zero() {
     assert!(none.high.is_some_and(|h| h > 0.0), "{none:?}");
     assert_eq!(bounds(&[], 10.0, 1.0, 0.05), None);
     assert_eq!(bounds(&[(0.0, 3.0)], 10.0, 1.0, 0.05), None);
+    assert_eq!(bounds(&[(0.2, 3.0), (0.21, 4.0)], 10.0, 1.0, 0.05), None);
 }
