@@ -67,9 +67,9 @@ pub struct Bounds {
     pub misfit: f64,
 }
 
-/// The columns of one tier's program: for each, the young share per pass
-/// and the accesses per page over the passes (`None`: the saturated
-/// column, whose rate is unknown).
+/// The columns of one tier's program: for each, the young share per pass,
+/// the accesses per page over the passes (for the every-pass column, `open`,
+/// at the cap: its rate is unknown), and whether it counts as saturated.
 struct Columns {
     g: Vec<Vec<f64>>,
     cost: Vec<f64>,
