@@ -2,6 +2,7 @@
 //! programs, extern symbols and CO-RE relocations.
 
 use std::path::{Path, PathBuf};
+use std::process::Command;
 
 use anyhow::Context;
 
@@ -59,21 +60,27 @@ impl Object {
     }
 }
 
-/// Compiles `src` to `out` exactly as profiler/build.rs does (SkeletonBuilder,
-/// `-I bpf/include/x86_64 -Wall -O2`), plus `extra_includes`.
+/// Compiles `src` to `out` exactly as profiler/build.rs does through
+/// libbpf-cargo's `SkeletonBuilder` (`-I bpf/include/x86_64 -Wall -O2`, then
+/// its own `-I <libbpf headers> -fno-stack-protector -D__TARGET_ARCH_x86 -g
+/// -O2 -target bpf -c`), plus `extra_includes`. clang is run here directly,
+/// with the headers of the workspace's own libbpf-sys, so that xtask builds
+/// without libelf: `cargo xtask deps` must run on a machine that has none.
 pub fn compile(
     src: &Path,
     out: &Path,
     bpf_dir: &Path,
     extra_includes: &[PathBuf],
 ) -> anyhow::Result<()> {
-    let include = bpf_dir.join("include/x86_64");
-    let mut args: Vec<std::ffi::OsString> = vec!["-I".into(), include.into_os_string()];
-    args.extend(["-Wall".into(), "-O2".into()]);
+    let headers = libbpf_headers()?;
+    let mut cmd = Command::new("clang");
+    cmd.arg("-I").arg(bpf_dir.join("include/x86_64"));
+    cmd.args(["-Wall", "-O2"]);
     for dir in extra_includes {
-        args.push("-I".into());
-        args.push(dir.clone().into_os_string());
+        cmd.arg("-I").arg(dir);
     }
+    cmd.arg("-I").arg(headers);
+    cmd.args(["-fno-stack-protector", "-D__TARGET_ARCH_x86"]);
     if let Some(dir) = out.parent() {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     }
@@ -81,18 +88,85 @@ pub fn compile(
     static SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let seq = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let tmp = out.with_extension(format!("o.{}.{seq}", std::process::id()));
-    libbpf_cargo::SkeletonBuilder::new()
-        .source(src)
-        .obj(&tmp)
-        .clang_args(args)
-        .build()
-        .with_context(|| {
-            format!(
-                "compiling {} (needs clang: `cargo xtask deps`)",
-                src.display()
-            )
-        })?;
+    cmd.args(["-g", "-O2", "-target", "bpf", "-c"])
+        .arg(src)
+        .arg("-o")
+        .arg(&tmp);
+    let output = cmd.output().with_context(|| {
+        format!(
+            "running clang on {} (needs clang: `cargo xtask deps`)",
+            src.display()
+        )
+    })?;
+    if !output.status.success() {
+        anyhow::bail!(
+            "compiling {}: clang {}: {}",
+            src.display(),
+            output.status,
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
     std::fs::rename(&tmp, out).with_context(|| format!("renaming into {}", out.display()))
+}
+
+/// The ten API headers libbpf-cargo extracts from libbpf-sys
+/// (`libbpf_sys::API_HEADERS`), copied once per process from the libbpf-sys
+/// package that Cargo.lock pins into `<target>/xtask/libbpf-headers/bpf/`.
+fn libbpf_headers() -> anyhow::Result<PathBuf> {
+    static DIR: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    if let Some(dir) = DIR.get() {
+        return Ok(dir.clone());
+    }
+    const API_HEADERS: [&str; 10] = [
+        "bpf.h",
+        "libbpf.h",
+        "btf.h",
+        "bpf_helpers.h",
+        "bpf_helper_defs.h",
+        "bpf_tracing.h",
+        "bpf_endian.h",
+        "bpf_core_read.h",
+        "libbpf_common.h",
+        "usdt.bpf.h",
+    ];
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let meta = Command::new(cargo)
+        .args(["metadata", "--format-version", "1"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .context("cargo metadata (for libbpf-sys's headers)")?;
+    if !meta.status.success() {
+        anyhow::bail!("cargo metadata: {}", String::from_utf8_lossy(&meta.stderr));
+    }
+    let meta: serde_json::Value =
+        serde_json::from_slice(&meta.stdout).context("parsing cargo metadata")?;
+    let manifest = meta["packages"]
+        .as_array()
+        .and_then(|p| p.iter().find(|p| p["name"] == "libbpf-sys"))
+        .and_then(|p| p["manifest_path"].as_str())
+        .context("cargo metadata lists no libbpf-sys package")?;
+    let from = Path::new(manifest)
+        .parent()
+        .context("libbpf-sys manifest has no parent")?
+        .join("libbpf/src");
+    let target = meta["target_directory"]
+        .as_str()
+        .context("cargo metadata has no target_directory")?;
+    let root = Path::new(target).join("xtask/libbpf-headers");
+    let dir = root.join("bpf");
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    for name in API_HEADERS {
+        let src = from.join(name);
+        let text = std::fs::read(&src).with_context(|| format!("reading {}", src.display()))?;
+        // Same bytes: left alone, so a concurrent compile never reads a half-written header.
+        let dst = dir.join(name);
+        if std::fs::read(&dst).ok().as_deref() != Some(&text[..]) {
+            let tmp = dst.with_extension(format!("h.{}", std::process::id()));
+            std::fs::write(&tmp, &text).with_context(|| format!("writing {}", tmp.display()))?;
+            std::fs::rename(&tmp, &dst).with_context(|| format!("renaming {}", dst.display()))?;
+        }
+    }
+    Ok(DIR.get_or_init(|| root).clone())
 }
 
 /// Reads programs, `.ksyms` externs and CO-RE relocations of an object file.
