@@ -35,6 +35,14 @@ use tier_proto::v1::{Decision, DecisionOutcome, DecisionReason, Policy, StatsUpd
 
 use crate::ch::{ChHandle, Fleet};
 
+/// A VM's target DRAM-hit ratio and its hold band.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct TargetBand {
+    pub target: f64,
+    pub low: f64,
+    pub high: f64,
+}
+
 /// Where decisions that finish later (after the VMM call) are published.
 pub type DecisionSink = Arc<dyn Fn(Decision) + Send + Sync>;
 
@@ -106,6 +114,33 @@ impl InProcess {
             self.policy = policy.clone();
         }
         Ok(())
+    }
+
+    /// The VM's target DRAM-hit ratio and the band around it within which
+    /// the controller leaves it alone (target ± epsilon x hold_band,
+    /// clamped to [0, 1]); None while the policy is off or excludes the VM.
+    pub fn target_band(&self, id: &str, name: &str) -> Option<TargetBand> {
+        let c = self.controller.config();
+        if !c.enabled {
+            return None;
+        }
+        let o = c.vm(id, name);
+        if o.is_some_and(|o| o.excluded) {
+            return None;
+        }
+        let target = o.and_then(|o| o.target).unwrap_or(c.default_target);
+        let e = c.hold_epsilon();
+        Some(TargetBand {
+            target,
+            low: (target - e).max(0.0),
+            high: (target + e).min(1.0),
+        })
+    }
+
+    /// Why the controller cannot drive the VM's balloon, if it could not at
+    /// the last step (no per-tier balloon, a stale `vm.info`, ...).
+    pub fn not_actuable(&self, vm_id: &str) -> Option<&str> {
+        self.not_actuable.get(vm_id).map(String::as_str)
     }
 
     /// Whether the policy has marked the VM uncooperative.

@@ -90,10 +90,16 @@ async fn serve(s: Settings, synthetic: (u32, u32)) -> anyhow::Result<()> {
     // and SetBalloonTargets drive their per-tier balloons.
     let fleet = tier_profiler::ch::Fleet::default();
     shared.set_fleet(fleet.clone());
+    let metrics = Arc::new(Mutex::new(Metrics::new()));
+    if let Some(addr) = s.metrics {
+        let bound = metrics::serve(addr, metrics.clone()).await?;
+        tracing::info!(%bound, "metrics on http://{bound}/metrics");
+    }
+
     let controller = if s.controller {
-        let sink_shared = shared.clone();
+        let (sink_shared, sink_metrics) = (shared.clone(), metrics.clone());
         let sink: tier_profiler::control::DecisionSink =
-            Arc::new(move |d| publish_decision(&sink_shared, d));
+            Arc::new(move |d| publish_decision(&sink_shared, &sink_metrics, d));
         // A vm.info older than three intervals (plus a slow answer) is stale.
         let max_age = s.interval * 3 + s.ch.timeout * 2;
         let c = InProcess::acting_on(&shared.policy(), s.act_on.into())
@@ -127,12 +133,6 @@ async fn serve(s: Settings, synthetic: (u32, u32)) -> anyhow::Result<()> {
     }
     shared.set_vms(registry.iter().map(|v| v.vm().clone()).collect());
     let registry = Arc::new(Mutex::new(registry));
-
-    let metrics = Arc::new(Mutex::new(Metrics::new()));
-    if let Some(addr) = s.metrics {
-        let bound = metrics::serve(addr, metrics.clone()).await?;
-        tracing::info!(%bound, "metrics on http://{bound}/metrics");
-    }
 
     let unix = listen::unix(
         &s.socket,
@@ -316,23 +316,31 @@ async fn sample_loop(l: Sampling) {
         }
         let update = shared.publish(update);
         if let Some(c) = controller.as_mut() {
-            control_step(c, &shared, &update);
+            control_step(c, &shared, &metrics, &update);
+        }
+        if let Ok(m) = metrics.lock() {
+            m.controller(controller.as_ref());
         }
     }
 }
 
 /// Runs the controller on one update and publishes and logs its decisions.
-fn control_step(c: &mut InProcess, shared: &Shared, update: &tier_proto::v1::StatsUpdate) {
+fn control_step(
+    c: &mut InProcess,
+    shared: &Shared,
+    metrics: &Mutex<Metrics>,
+    update: &tier_proto::v1::StatsUpdate,
+) {
     if let Err(e) = c.set_policy(&shared.policy()) {
         tracing::error!(error = %e, "policy in force rejected by the controller; keeping the previous one");
     }
     for d in c.step(&shared.vms(), update) {
-        publish_decision(shared, d);
+        publish_decision(shared, metrics, d);
     }
 }
 
 /// Logs one controller decision and streams it to the decision watchers.
-fn publish_decision(shared: &Shared, d: tier_proto::v1::Decision) {
+fn publish_decision(shared: &Shared, metrics: &Mutex<Metrics>, d: tier_proto::v1::Decision) {
     tracing::info!(
         vm = %d.vm_id,
         reason = ?d.reason(),
@@ -344,6 +352,9 @@ fn publish_decision(shared: &Shared, d: tier_proto::v1::Decision) {
         detail = %d.detail,
         "controller decision"
     );
+    if let Ok(m) = metrics.lock() {
+        m.decision(&d);
+    }
     shared.publish_decision(d);
 }
 

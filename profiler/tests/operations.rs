@@ -190,7 +190,9 @@ fn metrics_show_the_demo_vm_per_tier() {
         std::thread::sleep(Duration::from_millis(100));
     };
     assert!(body.starts_with("HTTP/1.1 200"), "{body}");
-    assert!(body.contains("application/openmetrics-text"));
+    // No Accept header: the classic text format (Prometheus itself asks
+    // for OpenMetrics, tests/prometheus.rs).
+    assert!(body.contains("text/plain; version=0.0.4"), "{body}");
     let pid = d.child.id();
     for want in [
         format!("tierd_tier_young_pages{{vm=\"demo:{pid}\",tier=\"dram\",kind=\"dram\"}} 50"),
@@ -204,7 +206,7 @@ fn metrics_show_the_demo_vm_per_tier() {
     // The demo guest touches each of its pages every round, far faster
     // than a pass: the estimate says it cannot count those touches.
     for tier in ["tier=\"dram\",kind=\"dram\"", "tier=\"slow\",kind=\"cxl\""] {
-        let key = format!("tierd_tier_rate_saturation{{vm=\"demo:{pid}\",{tier}}} ");
+        let key = format!("tierd_tier_rate_saturation_ratio{{vm=\"demo:{pid}\",{tier}}} ");
         let v: f64 = body
             .lines()
             .find_map(|l| l.strip_prefix(&key))

@@ -88,7 +88,7 @@ impl Bounds {
         );
         r.register(
             "vm_dram_hit_ratio_low",
-            "Lower end of the ~95% interval of the DRAM-hit ratio (model misfit and pages too hot to count included, unlike vm_dram_hit_error); absent without an interval",
+            "Lower end of the ~95% interval of the DRAM-hit ratio (model misfit and pages too hot to count included, unlike vm_dram_hit_sampling_error_ratio); absent without an interval",
             self.hit_low.clone(),
         );
         r.register(
@@ -281,7 +281,12 @@ mod tests {
         };
         assert_eq!((open("low"), open("high")), (Some(0.0), Some(1.0)));
         assert_eq!(v("vm_counted_dram_hit_ratio", VM), Some(0.667));
-        assert!(!body.contains("inf"), "{body}");
+        assert!(
+            !body
+                .lines()
+                .any(|l| l.ends_with(" inf") || l.ends_with(" NaN")),
+            "{body}"
+        );
 
         // An older sender: no interval series at all, never a 0 interval.
         m.update(&update(

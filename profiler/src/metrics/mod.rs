@@ -1,9 +1,13 @@
 //! Prometheus `/metrics` on a loopback address: per VM and tier accesses,
 //! hit ratio, balloon target/actual, sampler health and scan cost. Fleets
 //! aggregate hosts with Prometheus, not with a collector of ours. The
-//! estimate's intervals are in `bounds`.
+//! estimate's intervals are in `bounds`, the controller's in `control`,
+//! the process series in `process`.
 
 mod bounds;
+mod control;
+mod process;
+mod text;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -32,6 +36,11 @@ struct VmLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct BuildLabels {
+    version: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct BackendLabels {
     backend: String,
 }
@@ -56,6 +65,7 @@ pub struct Metrics {
     hit: FGauge<VmLabels>,
     hit_error: FGauge<VmLabels>,
     bounds: bounds::Bounds,
+    control: control::Control,
     measured: Family<VmLabels, Gauge>,
     active: Family<BackendLabels, Gauge>,
     scan_seconds: Family<BackendLabels, Counter<f64, AtomicU64>>,
@@ -98,7 +108,10 @@ fn clamp(v: u64) -> i64 {
 
 impl Metrics {
     pub fn new() -> Metrics {
-        let mut registry = Registry::with_prefix("tierd");
+        // tierd's own families under `tierd_`; the process series keep
+        // their standard names at the root.
+        let mut registry = Registry::default();
+        registry.register_collector(Box::new(process::Process));
         let mut m = Metrics {
             young: Family::default(),
             sampled: Family::default(),
@@ -113,6 +126,7 @@ impl Metrics {
             hit: Family::default(),
             hit_error: Family::default(),
             bounds: bounds::Bounds::default(),
+            control: control::Control::default(),
             measured: Family::default(),
             active: Family::default(),
             scan_seconds: Family::default(),
@@ -125,7 +139,18 @@ impl Metrics {
             live: HashMap::new(),
             registry: Registry::default(),
         };
-        let r = &mut registry;
+        let r = registry.sub_registry_with_prefix("tierd");
+        let build: Family<BuildLabels, Gauge> = Family::default();
+        build
+            .get_or_create(&BuildLabels {
+                version: env!("CARGO_PKG_VERSION").into(),
+            })
+            .set(1);
+        r.register(
+            "build_info",
+            "Always 1; the version of tierd serving these series (rules join on it to find tierd's process series)",
+            build,
+        );
         r.register(
             "tier_young_pages",
             "Pages of the tier found accessed in the last interval",
@@ -142,7 +167,7 @@ impl Metrics {
             m.access_rate.clone(),
         );
         r.register(
-            "tier_rate_saturation",
+            "tier_rate_saturation_ratio",
             "Share of the tier's active pages young in the shortest pass; near 0.95 the access estimate counts pages, not touches (absent when the passes cannot tell)",
             m.saturation.clone(),
         );
@@ -182,11 +207,12 @@ impl Metrics {
             m.hit.clone(),
         );
         r.register(
-            "vm_dram_hit_error",
-            "Half-width of the ~95% interval of the hit ratio",
+            "vm_dram_hit_sampling_error_ratio",
+            "Half-width of the ~95% interval of the hit ratio from page sampling alone (0 when every page is examined); the estimate's interval is vm_dram_hit_ratio_low/_high",
             m.hit_error.clone(),
         );
         m.bounds.register(r);
+        m.control.register(r);
         r.register(
             "vm_measured",
             "1 if the host sampler read the VM in the last interval, 0 if it cannot (the reason is the stream's VmStats.not_measured and `tierctl top`); hit-ratio series are absent meanwhile",
@@ -318,12 +344,27 @@ impl Metrics {
             ]) {
                 f.get_or_create(&b).inc_by(v);
             }
+            // Created at 0, so rate() sees the first error.
+            let errors = self.errors.get_or_create(&b);
             if !h.error.is_empty() {
-                self.errors.get_or_create(&b).inc();
+                errors.inc();
             }
         }
         self.vms.set(clamp(self.live.len() as u64));
         self.updates.inc();
+    }
+
+    /// The controller's series of every VM tracked, after its step (None:
+    /// the controller is off).
+    pub fn controller(&self, c: Option<&tier_profiler::control::InProcess>) {
+        for (vl, _) in self.live.values() {
+            self.control.vm(vl, c);
+        }
+    }
+
+    /// Counts one published controller decision.
+    pub fn decision(&self, d: &tier_proto::v1::Decision) {
+        self.control.decision(d);
     }
 
     /// The pmu source's series of one tier: a rate only when measured.
@@ -356,6 +397,7 @@ impl Metrics {
         self.hit_error.remove(&vm);
         self.measured.remove(&vm);
         self.bounds.forget_vm(&vm);
+        self.control.forget_vm(&vm);
         for t in tiers {
             self.bounds.forget_tier(&t);
             for f in [
@@ -393,17 +435,21 @@ pub async fn serve(addr: SocketAddr, metrics: Arc<Mutex<Metrics>>) -> anyhow::Re
     let bound = listener.local_addr().context("metrics local address")?;
     let app = axum::Router::new().route(
         "/metrics",
-        axum::routing::get(move || {
+        axum::routing::get(move |headers: axum::http::HeaderMap| {
             let m = metrics.clone();
             async move {
                 let body = m.lock().map(|m| m.encode()).unwrap_or_default();
-                (
-                    [(
-                        axum::http::header::CONTENT_TYPE,
-                        "application/openmetrics-text; version=1.0.0; charset=utf-8",
-                    )],
-                    body,
-                )
+                let accept = headers
+                    .get(axum::http::header::ACCEPT)
+                    .and_then(|v| v.to_str().ok());
+                // Prometheus asks for OpenMetrics; promtool, curl and older
+                // agents get the classic text format.
+                let (kind, body) = if text::wants_openmetrics(accept) {
+                    (text::OPENMETRICS, body)
+                } else {
+                    (text::TEXT, text::from_openmetrics(&body))
+                };
+                ([(axum::http::header::CONTENT_TYPE, kind)], body)
             }
         }),
     );
@@ -416,124 +462,4 @@ pub async fn serve(addr: SocketAddr, metrics: Arc<Mutex<Metrics>>) -> anyhow::Re
 }
 
 #[cfg(test)]
-mod tests {
-    #![allow(clippy::unwrap_used, clippy::expect_used)]
-    use super::*;
-    use tier_proto::v1::{SourceCount, Tier, TierSample, Vm, VmStats};
-
-    fn update(sources: [Vec<SourceCount>; 2]) -> StatsUpdate {
-        let tier = |name: &str, kind: TierKind| Tier {
-            name: name.into(),
-            kind: kind as i32,
-            ..Default::default()
-        };
-        let [a, b] = sources;
-        StatsUpdate {
-            interval_ns: 500_000_000,
-            vms: vec![Vm {
-                id: "v".into(),
-                name: "v".into(),
-                tiers: vec![tier("dram", TierKind::Dram), tier("slow", TierKind::Cxl)],
-                ..Default::default()
-            }],
-            stats: vec![VmStats {
-                vm_id: "v".into(),
-                tiers: vec![
-                    TierSample {
-                        tier: "dram".into(),
-                        sources: a,
-                        ..Default::default()
-                    },
-                    TierSample {
-                        tier: "slow".into(),
-                        sources: b,
-                        ..Default::default()
-                    },
-                ],
-                ..Default::default()
-            }],
-            ..Default::default()
-        }
-    }
-
-    fn value(body: &str, key: &str) -> Option<f64> {
-        body.lines()
-            .find_map(|l| l.strip_prefix(key))
-            .map(|v| v.trim().parse().unwrap())
-    }
-
-    /// A tier the pmu source cannot measure exports measured 0 and no
-    /// rate, never a rate of 0; a measured one exports its rate and
-    /// running ratio; without the source, no pmu series at all.
-    #[test]
-    fn pmu_series_say_not_measured_instead_of_zero() {
-        let counted = SourceCount {
-            source: Backend::Pmu as i32,
-            events: 1_000,
-            raw_events: 500,
-            running_ratio: 0.5,
-            ..Default::default()
-        };
-        let not = SourceCount {
-            source: Backend::Pmu as i32,
-            not_measured: "no event on X counts cxl memory".into(),
-            ..Default::default()
-        };
-        let mut m = Metrics::new();
-        m.update(&update([vec![counted], vec![not]]));
-        let body = m.encode();
-        let dram = "{vm=\"v\",tier=\"dram\",kind=\"dram\"} ";
-        let slow = "{vm=\"v\",tier=\"slow\",kind=\"cxl\"} ";
-        assert_eq!(
-            value(&body, &format!("tierd_tier_pmu_measured{dram}")),
-            Some(1.0)
-        );
-        assert_eq!(
-            value(&body, &format!("tierd_tier_pmu_events_per_second{dram}")),
-            Some(2_000.0)
-        );
-        assert_eq!(
-            value(&body, &format!("tierd_tier_pmu_running_ratio{dram}")),
-            Some(0.5)
-        );
-        assert_eq!(
-            value(&body, &format!("tierd_tier_pmu_measured{slow}")),
-            Some(0.0)
-        );
-        assert_eq!(
-            value(&body, &format!("tierd_tier_pmu_events_per_second{slow}")),
-            None
-        );
-        // The source stops: its series go.
-        m.update(&update([vec![], vec![]]));
-        let body = m.encode();
-        assert!(!body.contains("tierd_tier_pmu_measured{"), "{body}");
-        assert!(
-            !body.contains("tierd_tier_pmu_events_per_second{"),
-            "{body}"
-        );
-    }
-
-    /// A VM the sampler cannot read exports measured 0 and no hit ratio,
-    /// not the ratio of an earlier interval.
-    #[test]
-    fn an_unmeasured_vm_says_so_and_keeps_no_stale_ratio() {
-        let vm = "{vm=\"v\",name=\"v\"} ";
-        let mut m = Metrics::new();
-        let mut u = update([vec![], vec![]]);
-        u.stats[0].has_accesses = true;
-        u.stats[0].dram_hit_ratio = 0.7;
-        m.update(&u);
-        let body = m.encode();
-        assert_eq!(value(&body, &format!("tierd_vm_measured{vm}")), Some(1.0));
-        assert_eq!(
-            value(&body, &format!("tierd_vm_dram_hit_ratio{vm}")),
-            Some(0.7)
-        );
-        u.stats[0].not_measured = "ept-tracepoint: guest memory is hugetlbfs-backed".into();
-        m.update(&u);
-        let body = m.encode();
-        assert_eq!(value(&body, &format!("tierd_vm_measured{vm}")), Some(0.0));
-        assert_eq!(value(&body, &format!("tierd_vm_dram_hit_ratio{vm}")), None);
-    }
-}
+mod tests;

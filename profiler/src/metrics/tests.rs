@@ -1,0 +1,310 @@
+//! Series tierd exports for one update: values, and absence where there is no value.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use super::*;
+use tier_proto::v1::{SourceCount, Tier, TierSample, Vm, VmStats};
+
+fn update(sources: [Vec<SourceCount>; 2]) -> StatsUpdate {
+    let tier = |name: &str, kind: TierKind| Tier {
+        name: name.into(),
+        kind: kind as i32,
+        ..Default::default()
+    };
+    let [a, b] = sources;
+    StatsUpdate {
+        interval_ns: 500_000_000,
+        vms: vec![Vm {
+            id: "v".into(),
+            name: "v".into(),
+            tiers: vec![tier("dram", TierKind::Dram), tier("slow", TierKind::Cxl)],
+            ..Default::default()
+        }],
+        stats: vec![VmStats {
+            vm_id: "v".into(),
+            tiers: vec![
+                TierSample {
+                    tier: "dram".into(),
+                    sources: a,
+                    ..Default::default()
+                },
+                TierSample {
+                    tier: "slow".into(),
+                    sources: b,
+                    ..Default::default()
+                },
+            ],
+            ..Default::default()
+        }],
+        ..Default::default()
+    }
+}
+
+fn value(body: &str, key: &str) -> Option<f64> {
+    body.lines()
+        .find_map(|l| l.strip_prefix(key))
+        .map(|v| v.trim().parse().unwrap())
+}
+
+/// A tier the pmu source cannot measure exports measured 0 and no
+/// rate, never a rate of 0; a measured one exports its rate and
+/// running ratio; without the source, no pmu series at all.
+#[test]
+fn pmu_series_say_not_measured_instead_of_zero() {
+    let counted = SourceCount {
+        source: Backend::Pmu as i32,
+        events: 1_000,
+        raw_events: 500,
+        running_ratio: 0.5,
+        ..Default::default()
+    };
+    let not = SourceCount {
+        source: Backend::Pmu as i32,
+        not_measured: "no event on X counts cxl memory".into(),
+        ..Default::default()
+    };
+    let mut m = Metrics::new();
+    m.update(&update([vec![counted], vec![not]]));
+    let body = m.encode();
+    let dram = "{vm=\"v\",tier=\"dram\",kind=\"dram\"} ";
+    let slow = "{vm=\"v\",tier=\"slow\",kind=\"cxl\"} ";
+    assert_eq!(
+        value(&body, &format!("tierd_tier_pmu_measured{dram}")),
+        Some(1.0)
+    );
+    assert_eq!(
+        value(&body, &format!("tierd_tier_pmu_events_per_second{dram}")),
+        Some(2_000.0)
+    );
+    assert_eq!(
+        value(&body, &format!("tierd_tier_pmu_running_ratio{dram}")),
+        Some(0.5)
+    );
+    assert_eq!(
+        value(&body, &format!("tierd_tier_pmu_measured{slow}")),
+        Some(0.0)
+    );
+    assert_eq!(
+        value(&body, &format!("tierd_tier_pmu_events_per_second{slow}")),
+        None
+    );
+    // The source stops: its series go.
+    m.update(&update([vec![], vec![]]));
+    let body = m.encode();
+    assert!(!body.contains("tierd_tier_pmu_measured{"), "{body}");
+    assert!(
+        !body.contains("tierd_tier_pmu_events_per_second{"),
+        "{body}"
+    );
+}
+
+/// A VM the sampler cannot read exports measured 0 and no hit ratio,
+/// not the ratio of an earlier interval.
+#[test]
+fn an_unmeasured_vm_says_so_and_keeps_no_stale_ratio() {
+    let vm = "{vm=\"v\",name=\"v\"} ";
+    let mut m = Metrics::new();
+    let mut u = update([vec![], vec![]]);
+    u.stats[0].has_accesses = true;
+    u.stats[0].dram_hit_ratio = 0.7;
+    m.update(&u);
+    let body = m.encode();
+    assert_eq!(value(&body, &format!("tierd_vm_measured{vm}")), Some(1.0));
+    assert_eq!(
+        value(&body, &format!("tierd_vm_dram_hit_ratio{vm}")),
+        Some(0.7)
+    );
+    u.stats[0].not_measured = "ept-tracepoint: guest memory is hugetlbfs-backed".into();
+    m.update(&u);
+    let body = m.encode();
+    assert_eq!(value(&body, &format!("tierd_vm_measured{vm}")), Some(0.0));
+    assert_eq!(value(&body, &format!("tierd_vm_dram_hit_ratio{vm}")), None);
+}
+
+/// An update with every optional series present: PMU counts, intervals,
+/// saturation, sampler health.
+fn everything() -> StatsUpdate {
+    let pmu = SourceCount {
+        source: Backend::Pmu as i32,
+        events: 10,
+        running_ratio: 1.0,
+        ..Default::default()
+    };
+    let mut u = update([vec![pmu.clone()], vec![pmu]]);
+    for t in &mut u.stats[0].tiers {
+        t.accesses_low = Some(1.0);
+        t.accesses_high = Some(2.0);
+        t.saturation = Some(0.5);
+        t.fit_misfit = Some(0.1);
+    }
+    let st = &mut u.stats[0];
+    st.has_accesses = true;
+    st.dram_hit_low = Some(0.2);
+    st.dram_hit_high = Some(0.6);
+    st.counted_dram_hit_ratio = Some(0.4);
+    u.health = vec![tier_proto::v1::SamplerHealth {
+        backend: Backend::Hostpte as i32,
+        active: true,
+        ..Default::default()
+    }];
+    u
+}
+
+/// Names a query can use for every family tierd can export (a counter's
+/// samples are `name_total`).
+fn exported() -> std::collections::BTreeSet<String> {
+    let mut m = Metrics::new();
+    m.update(&everything());
+    let c =
+        tier_profiler::control::InProcess::new(&tier_controller::policy::default_policy()).unwrap();
+    m.controller(Some(&c));
+    m.decision(&tier_proto::v1::Decision::default());
+    m.encode()
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE "))
+        .map(|l| match l.split_once(' ') {
+            Some((name, "counter")) => format!("{name}_total"),
+            Some((name, _)) => name.to_string(),
+            None => l.to_string(),
+        })
+        .collect()
+}
+
+/// Identifiers in PromQL text that name series: tierd's and the process
+/// series, and recording rules (`level:metric:ops`). Strings and range
+/// selectors are cut first, so label values and `$__rate_interval` never
+/// count.
+fn series_names(text: &str) -> Vec<String> {
+    let mut plain = String::new();
+    let mut skip: Option<char> = None;
+    for ch in text.chars() {
+        match (skip, ch) {
+            (None, '"') => skip = Some('"'),
+            (None, '[') => skip = Some(']'),
+            (Some(end), c) if c == end => skip = None,
+            (None, c) => plain.push(c),
+            _ => {}
+        }
+    }
+    plain
+        .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == ':'))
+        .filter(|w| {
+            w.starts_with("tierd_")
+                || w.starts_with("process_")
+                || (w.split(':').count() == 3 && w.split(':').all(|p| !p.is_empty()))
+        })
+        .map(str::to_string)
+        .collect()
+}
+
+fn repo_file(rel: &str) -> String {
+    let p = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(rel);
+    std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+}
+
+/// Recording rules defined in the rules file.
+fn recorded(rules: &str) -> std::collections::BTreeSet<String> {
+    rules
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("- record:"))
+        .map(|n| n.trim().to_string())
+        .collect()
+}
+
+/// The `expr` of every rule: inline, or a `|` block of deeper lines.
+fn rule_exprs(rules: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut lines = rules.lines().peekable();
+    while let Some(l) = lines.next() {
+        let Some(rest) = l.trim_start().strip_prefix("expr:") else {
+            continue;
+        };
+        if rest.trim() != "|" {
+            out.push(rest.trim().to_string());
+            continue;
+        }
+        let indent = l.len() - l.trim_start().len();
+        let mut block = String::new();
+        while let Some(next) = lines.peek() {
+            if !next.trim().is_empty() && next.len() - next.trim_start().len() <= indent {
+                break;
+            }
+            block.push_str(next);
+            block.push('\n');
+            lines.next();
+        }
+        out.push(block);
+    }
+    out
+}
+
+/// Every `expr` and query string in the dashboard.
+fn dashboard_queries(v: &serde_json::Value, out: &mut Vec<String>) {
+    match v {
+        serde_json::Value::Object(o) => {
+            for (k, v) in o {
+                match (k.as_str(), v) {
+                    ("expr" | "definition", serde_json::Value::String(s)) => out.push(s.clone()),
+                    ("query", serde_json::Value::String(s)) if s.contains('(') => {
+                        out.push(s.clone())
+                    }
+                    _ => dashboard_queries(v, out),
+                }
+            }
+        }
+        serde_json::Value::Array(a) => a.iter().for_each(|v| dashboard_queries(v, out)),
+        _ => {}
+    }
+}
+
+#[test]
+fn rules_and_dashboard_name_only_series_tierd_exports() {
+    let exported = exported();
+    let rules = repo_file("deploy/prometheus/tierd.rules.yml");
+    let recorded = recorded(&rules);
+    assert!(recorded.len() >= 4, "{recorded:?}");
+    let known = |n: &str| exported.contains(n) || recorded.contains(n);
+    let exprs = rule_exprs(&rules);
+    assert_eq!(exprs.len(), rules.matches("expr:").count());
+    for e in &exprs {
+        let names = series_names(e);
+        assert!(!names.is_empty(), "rule names no tierd series: {e}");
+        for n in names {
+            assert!(
+                known(&n),
+                "rule {e:?} names {n}, which tierd does not export: {exported:?}"
+            );
+        }
+    }
+    let dash: serde_json::Value =
+        serde_json::from_str(&repo_file("deploy/grafana/tierd.json")).unwrap();
+    let mut queries = Vec::new();
+    dashboard_queries(&dash, &mut queries);
+    assert!(queries.len() >= 20, "{queries:?}");
+    for q in &queries {
+        let names = series_names(q);
+        assert!(
+            !names.is_empty(),
+            "dashboard query names no tierd series: {q}"
+        );
+        for n in names {
+            assert!(
+                known(&n),
+                "dashboard query {q:?} names {n}, which tierd does not export"
+            );
+        }
+    }
+    // A misspelled name is caught (the check is not vacuous).
+    assert!(!known("tierd_vm_dram_hit_ration"));
+}
+
+#[test]
+fn every_family_is_in_the_metric_table_of_the_docs() {
+    let doc = repo_file("../docs/config.md");
+    for n in exported() {
+        assert!(
+            doc.contains(&format!("`{n}`")),
+            "docs/config.md does not list `{n}`"
+        );
+    }
+}
