@@ -49,6 +49,10 @@ pub const PACKAGES: &[(&str, &str)] = &[
         "a real Linux 6.1 guest for tier-balloon (cargo xtask uml, tests)",
     ),
     ("kmod", "insmod in the user-mode-linux guest"),
+    (
+        "systemd",
+        "tests: systemd-analyze verify checks profiler/deploy/systemd/tierd.service",
+    ),
 ];
 
 fn installed(pkg: &str) -> bool {
