@@ -101,7 +101,9 @@ impl Progress {
 impl Drop for Progress {
     fn drop(&mut self) {
         // An early return (error) must not leave a bar on the terminal.
-        self.bar.finish_and_clear();
+        if !self.bar.is_finished() {
+            self.bar.finish_and_clear();
+        }
     }
 }
 
@@ -198,5 +200,19 @@ mod tests {
         assert!(text.contains("bench: [") && text.contains("/2"), "{text:?}");
         assert!(text.contains("row 1: 64 pages"), "{text:?}");
         p.finish();
+        let cleared = rec.text();
+        assert!(cleared.len() > text.len(), "finish clears the bar");
+        drop(p);
+        assert_eq!(rec.text(), cleared, "nothing drawn after finish");
+    }
+
+    #[test]
+    fn dropping_a_live_bar_clears_it() {
+        let rec = Recorder::default();
+        let p = Progress::to("bench", Some(2), true, Box::new(rec.clone()));
+        p.item("row 1");
+        let drawn = rec.text();
+        drop(p);
+        assert!(rec.text().len() > drawn.len(), "{:?}", rec.text());
     }
 }

@@ -66,16 +66,22 @@ fn piped_output_is_plain() {
     check_result_line(&stdout);
 }
 
-/// A private tmux server running the bench; the server is killed on drop.
+/// A private tmux server (its socket in a temporary folder) running the
+/// bench; the session and server are killed on drop, the socket removed.
 struct Tmux {
-    server: String,
+    dir: tempfile::TempDir,
     session: String,
 }
 
 impl Tmux {
+    fn socket(&self) -> std::path::PathBuf {
+        self.dir.path().join("tmux.sock")
+    }
+
     fn tmux(&self, args: &[&str]) -> String {
         let out = Command::new("tmux")
-            .args(["-L", &self.server])
+            .arg("-S")
+            .arg(self.socket())
             .args(args)
             .output()
             .unwrap();
@@ -91,19 +97,22 @@ impl Tmux {
 impl Drop for Tmux {
     fn drop(&mut self) {
         let _ = Command::new("tmux")
-            .args(["-L", &self.server, "kill-session", "-t", &self.session])
+            .arg("-S")
+            .arg(self.socket())
+            .args(["kill-session", "-t", &self.session])
             .output();
         let _ = Command::new("tmux")
-            .args(["-L", &self.server, "kill-server"])
+            .arg("-S")
+            .arg(self.socket())
+            .arg("kill-server")
             .output();
     }
 }
 
 fn terminal_shows_a_bar() {
-    let id = format!("bench-progress-{}", std::process::id());
     let t = Tmux {
-        server: id.clone(),
-        session: id,
+        dir: tempfile::tempdir().unwrap(),
+        session: format!("bench-progress-{}", std::process::id()),
     };
     // The shell stays after the bench so the final screen can be read.
     let cmd = format!("{BENCH} --intervals 15; echo BENCH-EXIT=$?; sleep 600");
