@@ -3,6 +3,7 @@
 
 pub mod fidelity;
 pub mod plot;
+pub mod progress;
 pub mod sys;
 pub mod workload;
 

@@ -112,11 +112,16 @@ pub fn check_all(opts: &Options) -> anyhow::Result<Summary> {
     if !packages.iter().any(|p| p.starts_with("linux-image-6.12")) {
         notes.push("no linux-image-6.12.* kernel in this machine's apt sources or the list".into());
     }
+    crate::run::step(
+        "compat",
+        format!("compiling bpf/{{{}}}.bpf.c", OBJECTS.join(",")),
+    );
     let objects = compile_objects(&target.join("obj"))?;
     let mut kernels = Vec::new();
     for pkg in &packages {
         let deb = kernel::fetch(&cache, pkg, opts.offline)?;
         let dir = target.join("kernels").join(pkg);
+        crate::run::step("compat", format!("extracting and checking {pkg}"));
         kernel::extract(&deb, &dir).with_context(|| format!("extracting {}", deb.display()))?;
         let k = kernel::load(pkg, &dir).with_context(|| format!("loading {pkg}"))?;
         kernels.push(check_kernel(&objects, &k)?);

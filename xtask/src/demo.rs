@@ -41,16 +41,10 @@ pub fn stop(child: &mut Child) {
 }
 
 pub fn run(updates: Option<u64>, ch_bin: Option<PathBuf>) -> anyhow::Result<()> {
-    run::cargo(&[
-        "build",
-        "--quiet",
-        "-p",
-        "tier-profiler",
-        "-p",
-        "tier-controller",
-    ])
-    .context("building tierd and tierctl")?;
-    let bin = run::workspace_root()?.join("target/debug");
+    run::step("demo", "building tierd and tierctl (debug)");
+    run::cargo(&["build", "-p", "tier-profiler", "-p", "tier-controller"])
+        .context("building tierd and tierctl")?;
+    let bin = run::target_dir()?.join("debug");
     let tierd = bin.join("tierd");
     let tierctl = bin.join("tierctl");
 
@@ -150,6 +144,13 @@ pub fn run(updates: Option<u64>, ch_bin: Option<PathBuf>) -> anyhow::Result<()> 
             // Let two intervals pass so the table has a full interval of
             // numbers; with the guests, long enough to see balloons move.
             let wait = if guests.is_some() { 8000 } else { 2100 };
+            run::step(
+                "demo",
+                format!(
+                    "waiting {:.1} s for full intervals before tierctl top --once",
+                    wait as f64 / 1000.0
+                ),
+            );
             std::thread::sleep(Duration::from_millis(wait));
             println!("\n== tierctl top --once");
             top.arg("--once")

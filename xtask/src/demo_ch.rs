@@ -50,6 +50,7 @@ pub fn start(ch_bin: &Path, dir: &Path) -> anyhow::Result<Guests> {
         children: Vec::new(),
         api_dir: api_dir.clone(),
     };
+    crate::run::step("demo", "booting test guests a and b");
     for (name, first, second) in [("a", 6000, 1500), ("b", 1500, 6000)] {
         let cmdline = format!(
             "hot=6000,300 phases=95/5@40s:{first}/300,95/5@40s:{second}/300 loop=1 report=0"
@@ -134,16 +135,22 @@ fn wait_for(socket: &Path) -> anyhow::Result<()> {
 
 /// Builds the test guest and returns its ELF path.
 fn guest_elf() -> anyhow::Result<PathBuf> {
+    crate::run::step(
+        "demo",
+        "building the test guest (cargo run -p tier-testguest)",
+    );
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    // stdout is the path; cargo's progress (stderr) goes to the user.
     let out = Command::new(cargo)
-        .args(["run", "--quiet", "-p", "tier-testguest"])
+        .args(["run", "-p", "tier-testguest"])
         .current_dir(crate::run::workspace_root()?)
+        .stderr(Stdio::inherit())
         .output()
         .context("building the test guest")?;
     if !out.status.success() {
         bail!(
-            "building the test guest failed:\n{}",
-            String::from_utf8_lossy(&out.stderr)
+            "building the test guest failed ({}): see cargo's output above",
+            out.status
         );
     }
     let path = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());

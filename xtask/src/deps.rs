@@ -12,7 +12,10 @@ pub const PACKAGES: &[(&str, &str)] = &[
     ("zlib1g-dev", "libbpf-sys links zlib"),
     ("pkg-config", "libbpf-sys finds libelf and zlib"),
     ("make", "libbpf-sys builds the vendored libbpf"),
-    ("tmux", "terminal tests of tierctl top"),
+    (
+        "tmux",
+        "terminal tests of tierctl top and bench progress bars",
+    ),
     ("binutils", "as/objcopy check the demo guest's machine code"),
     ("bpftool", "cargo xtask vmlinux regenerates vmlinux.h"),
     (

@@ -56,10 +56,15 @@ fn build_uml(out: &Path, offline: bool) -> anyhow::Result<PathBuf> {
     let deb = fetch_pinned(&out.join("debs"), pkg, version, offline)?;
     let tree = out.join(format!("src/{pkg}_{version}"));
     if !tree.join("prepared").exists() {
+        run::step(
+            "linux-driver",
+            format!("preparing the UML kernel tree of {pkg} {version} (about 25 s)"),
+        );
         prepare_uml(&deb, &tree)?;
     }
     let src = tree.join("linux");
     let build = out.join("build/uml");
+    run::step("linux-driver", "building tier_balloon.ko for UML");
     stage(&std::fs::read(src.join(BALLOON_C))?, "6.1", &build)?;
     kbuild(&src, &build, &["ARCH=um"])?;
     let ko = out.join("uml/tier_balloon.ko");
@@ -128,6 +133,10 @@ fn build_cloud(out: &Path, offline: bool) -> anyhow::Result<Vec<PathBuf>> {
         let root = out.join(format!("headers/{release}"));
         let hdeb = kernel::fetch(&debs, &headers, offline)?;
         if !root.join("done").exists() {
+            run::step(
+                "linux-driver",
+                format!("unpacking {headers} and its dependencies"),
+            );
             std::fs::create_dir_all(&root)?;
             for pkg in std::iter::once(headers.clone()).chain(depends(&hdeb)?) {
                 let deb = kernel::fetch(&debs, &pkg, offline)?;
@@ -141,6 +150,10 @@ fn build_cloud(out: &Path, offline: bool) -> anyhow::Result<Vec<PathBuf>> {
         let sdeb = fetch_pinned(&debs, &format!("linux-source-{series}"), &version, offline)?;
         let balloon = balloon_c_of(&sdeb, &out.join(format!("src/{series}_{version}.c")))?;
         let build = out.join(format!("build/{release}"));
+        run::step(
+            "linux-driver",
+            format!("building tier_balloon.ko against {release}"),
+        );
         stage(&balloon, series, &build)?;
         let kdir = root.join(format!("usr/src/linux-headers-{release}"));
         // No pahole here and no vmlinux: BTF of the module is not wanted.

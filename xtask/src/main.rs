@@ -172,8 +172,10 @@ fn dispatch(task: Task) -> anyhow::Result<()> {
 
 fn test() -> anyhow::Result<()> {
     deps::ensure(false)?;
+    run::step("test", "cargo fmt --all --check");
     run::cargo(&["fmt", "--all", "--check"])
         .context("cargo fmt --check (run `cargo fmt --all`)")?;
+    run::step("test", "cargo clippy --workspace --all-targets -D warnings");
     run::cargo(&[
         "clippy",
         "--workspace",
@@ -186,7 +188,12 @@ fn test() -> anyhow::Result<()> {
     // Before the tests: the UML driver test loads the module it builds
     // (about 30 s from a clean target, 3 s after), and both cloud-amd64
     // kernels must compile it without warnings (about 40 s, once).
+    run::step(
+        "test",
+        "building tier_balloon.ko (cargo xtask linux-driver)",
+    );
     linux_driver::run(linux_driver::Flavour::All, false).context("cargo xtask linux-driver")?;
+    run::step("test", "cargo test --workspace --all-targets");
     run::cargo(&["test", "--workspace", "--all-targets"]).context("tests")?;
     Ok(())
 }
@@ -251,11 +258,12 @@ fn bench(name: &str, args: &[String]) -> anyhow::Result<()> {
         );
     }
     // Benches may start tierd itself: build it in release beside them.
-    run::cargo(&["build", "--release", "--quiet", "-p", "tier-profiler"])?;
+    run::step("bench", "building tierd (release)");
+    run::cargo(&["build", "--release", "-p", "tier-profiler"])?;
+    run::step("bench", format!("building and running {name} (release)"));
     let mut cmd = vec![
         "run",
         "--release",
-        "--quiet",
         "-p",
         "tier-benches",
         "--bin",
@@ -289,6 +297,7 @@ fn e2e(
     }
     deps::ensure(false)?;
     let release = vmm_patch::build_checkout(&dir, micro_http, ch_target_dir)?;
+    run::step("e2e", "building tierd and tier-e2e (release)");
     run::cargo(&[
         "build",
         "--release",
@@ -308,11 +317,16 @@ fn e2e(
     if let Some(w) = work_dir {
         cmd.arg("--work-dir").arg(w);
     }
+    run::step(
+        "e2e",
+        "running tier-e2e (two guests, tierd, the controller)",
+    );
     run::status(&mut cmd)
 }
 
 fn vmlinux() -> anyhow::Result<()> {
     let out = run::workspace_root()?.join("bpf/include/x86_64/vmlinux.h");
+    run::step("vmlinux", "bpftool btf dump of /sys/kernel/btf/vmlinux");
     let dump = std::process::Command::new("bpftool")
         .args([
             "btf",

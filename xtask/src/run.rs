@@ -22,6 +22,12 @@ pub fn target_dir() -> anyhow::Result<PathBuf> {
     })
 }
 
+/// Says on stderr what the next step of `task` does, before it starts
+/// (`demo: building tierd and tierctl (debug)`), as `deps:` lines do.
+pub fn step(task: &str, what: impl std::fmt::Display) {
+    eprintln!("{task}: {what}");
+}
+
 /// Runs `cargo ARGS` in the workspace root; an error names the command.
 pub fn cargo(args: &[&str]) -> anyhow::Result<()> {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());

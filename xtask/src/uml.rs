@@ -17,8 +17,8 @@ pub fn run(target_mib: u64) -> anyhow::Result<()> {
     if let Some(why) = tier_uml::missing() {
         bail!("cannot boot the Linux guest: {why}");
     }
-    eprintln!("uml: building tier-balloon");
-    run::cargo(&["build", "--quiet", "-p", "tier-balloon"])?;
+    run::step("uml", "building tier-balloon");
+    run::cargo(&["build", "-p", "tier-balloon"])?;
     let backend = run::target_dir()?.join("debug/tier-balloon");
     let mut opts = Options::new(&backend);
     opts.deflate_on_oom = false;
@@ -29,11 +29,14 @@ pub fn run(target_mib: u64) -> anyhow::Result<()> {
             opts.mem_mib
         );
     }
-    eprintln!(
-        "uml: booting {} ({} MiB, stock virtio_balloon) against {}",
-        tier_uml::LINUX_UML,
-        opts.mem_mib,
-        backend.display()
+    run::step(
+        "uml",
+        format!(
+            "booting {} ({} MiB, stock virtio_balloon) against {}",
+            tier_uml::LINUX_UML,
+            opts.mem_mib,
+            backend.display()
+        ),
     );
     let booted = Instant::now();
     let mut uml = Uml::start(&opts).context("booting the guest")?;

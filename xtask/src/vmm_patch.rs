@@ -230,6 +230,14 @@ fn apply(dir: &Path, patches: &[PathBuf]) -> anyhow::Result<()> {
             dir.display()
         );
     }
+    run::step(
+        "vmm-patch",
+        format!(
+            "applying {} patches to {} on a new branch {BRANCH}",
+            patches.len(),
+            dir.display()
+        ),
+    );
     run::status(git(dir).args(["checkout", "-b", BRANCH]))?;
     let mut am = git(dir);
     // git am records a committer: supply one if the user has none.
@@ -319,6 +327,13 @@ fn build(
             mh.display()
         ),
     }
+    run::step(
+        "vmm-patch",
+        format!(
+            "building cloud-hypervisor and ch-remote (release) in {}",
+            dir.display()
+        ),
+    );
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let mut cmd = Command::new(cargo);
     cmd.args(["build", "--release", "--bins", "--config"])

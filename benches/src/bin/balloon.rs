@@ -14,6 +14,7 @@ use std::time::Instant;
 
 use anyhow::{Context, bail};
 use tier_balloon::{Backing, Op, PAGE_SIZE, Region, SysReleaser, Tiers, memfd};
+use tier_benches::progress::Progress;
 use tier_benches::{Row, Summary, print_table, result_line};
 
 const RUNS: usize = 5;
@@ -169,14 +170,17 @@ fn main() -> anyhow::Result<()> {
         "engine scattered 4 KiB (256-PFN)",
     ];
     let mut v: Vec<Vec<f64>> = vec![Vec::new(); names.len()];
-    for _ in 0..RUNS {
+    let progress = Progress::bar("balloon", (RUNS * names.len()) as u64);
+    for run in 1..=RUNS {
+        let what = |i: usize| format!("run {run}/{RUNS}: {}", names[i]);
         // Interleaved so drift on a shared machine hits every case alike.
-        v[0].push(per_page(size)?);
-        v[1].push(one_call(size)?);
-        v[2].push(engine(size, &contiguous)?);
-        v[3].push(engine(size, &huge)?);
-        v[4].push(engine(size, &scattered)?);
+        v[0].push(progress.step(what(0), || per_page(size))?);
+        v[1].push(progress.step(what(1), || one_call(size))?);
+        v[2].push(progress.step(what(2), || engine(size, &contiguous))?);
+        v[3].push(progress.step(what(3), || engine(size, &huge))?);
+        v[4].push(progress.step(what(4), || engine(size, &scattered))?);
     }
+    progress.finish();
     let s: Vec<Summary> = v
         .iter()
         .map(|x| Summary::of(x).context("empty sample"))

@@ -11,6 +11,7 @@
 use std::time::Instant;
 
 use anyhow::Context;
+use tier_benches::progress::Progress;
 use tier_benches::{Row, Summary, print_table, result_line};
 use tier_profiler::sampler::ept::{
     EptOptions, EptProgram, EptPrograms, GfnRange, MAX_RANGES, ProgramStatus, current_tid,
@@ -152,16 +153,22 @@ fn main() -> anyhow::Result<()> {
     let mut ns: Vec<Vec<f64>> = vec![Vec::new(); cases.len()];
     let mut wall: Vec<Vec<f64>> = vec![Vec::new(); cases.len()];
     // Warm-up, then samples interleaved across cases so drift hits all alike.
+    let progress = Progress::bar("bpf-cost", ((RUNS + 1) * cases.len()) as u64);
     for round in 0..=RUNS {
         for (i, c) in cases.iter().enumerate() {
             let p = if c.heat { &heat } else { &plain };
-            let (n, w) = sample(p, c)?;
+            let what = match round {
+                0 => format!("warm-up: {}", c.name),
+                r => format!("run {r}/{RUNS}: {}", c.name),
+            };
+            let (n, w) = progress.step(what, || sample(p, c))?;
             if round > 0 {
                 ns[i].push(n);
                 wall[i].push(w);
             }
         }
     }
+    progress.finish();
     plain.clear_scan_owner(current_tid())?;
     heat.clear_scan_owner(current_tid())?;
 

@@ -6,6 +6,7 @@
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
+use tier_benches::progress::Progress;
 use tier_benches::{Row, Summary, print_table, result_line};
 use tier_profiler::demo_vm::{DemoVm, DemoVmConfig, Phase};
 
@@ -38,13 +39,20 @@ fn main() -> anyhow::Result<()> {
         slow_repeat: 0,
     };
     let (mut work_round, mut idle_round, mut rate) = (Vec::new(), Vec::new(), Vec::new());
-    for _ in 0..RUNS {
+    let progress = Progress::bar("demo-vm", 2 * RUNS as u64);
+    for n in 1..=RUNS {
         // Interleaved so drift on a noisy machine hits both alike.
-        let (r, a) = run(&vm, work)?;
+        let (r, a) = progress.step(format!("run {n}/{RUNS}: work"), || run(&vm, work))?;
         work_round.push(r * 1e6);
         rate.push(a);
-        idle_round.push(run(&vm, idle)?.0 * 1e6);
+        idle_round.push(
+            progress
+                .step(format!("run {n}/{RUNS}: idle"), || run(&vm, idle))?
+                .0
+                * 1e6,
+        );
     }
+    progress.finish();
     vm.stop().context("stopping the demo VM")?;
     let s = |v: &[f64]| Summary::of(v).context("empty sample");
     let (w, i, r) = (s(&work_round)?, s(&idle_round)?, s(&rate)?);

@@ -12,6 +12,7 @@
 use std::time::Duration;
 
 use anyhow::Context;
+use tier_benches::progress::Progress;
 use tier_benches::result_line;
 use tier_profiler::aggregate::hit_interval;
 use tier_profiler::estimate::bounds::bounds;
@@ -210,30 +211,36 @@ fn main() -> anyhow::Result<()> {
     );
     let mut cov_min = f64::INFINITY;
     let mut rows = Vec::new();
+    let progress = Progress::bar("schedule", (shapes.len() * schedules.len()) as u64);
     for (k, shape) in shapes.iter().enumerate() {
         let mut base_width = f64::NAN;
         for (j, (name, ts)) in schedules.iter().enumerate() {
+            progress.item(format!("{}, {name}", shape.name));
             let s = score(shape, ts, intervals, 0x9e37_79b9 + k as u64);
+            progress.inc();
             if j == 0 {
                 base_width = s.width_pp;
             }
             cov_min = cov_min.min(s.coverage);
             let cost = ts.len() as f64 / schedules[0].1.len() as f64;
-            println!(
-                "{:<42} {:<32} {:>6} {:>5.2} {:>9.2} {:>9.2} {:>7.1}pp {:>7.2}pp {:>10.2}",
-                shape.name,
-                name,
-                ts.len(),
-                cost,
-                s.coverage,
-                s.one_sided,
-                s.width_pp,
-                s.p95_err_pp,
-                s.width_pp / base_width
-            );
+            progress.suspend(|| {
+                println!(
+                    "{:<42} {:<32} {:>6} {:>5.2} {:>9.2} {:>9.2} {:>7.1}pp {:>7.2}pp {:>10.2}",
+                    shape.name,
+                    name,
+                    ts.len(),
+                    cost,
+                    s.coverage,
+                    s.one_sided,
+                    s.width_pp,
+                    s.p95_err_pp,
+                    s.width_pp / base_width
+                )
+            });
             rows.push((j, s));
         }
     }
+    progress.finish();
     // Per schedule over the shapes: median width and worst coverage.
     println!("{:<32} {:>9} {:>13}", "schedule", "min cov", "median width");
     let mut pairs = vec![

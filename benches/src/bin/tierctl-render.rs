@@ -9,6 +9,7 @@
 use std::time::Instant;
 
 use anyhow::Context;
+use tier_benches::progress::Progress;
 use tier_benches::{Row, Summary, print_table, result_line};
 use tier_controller::top::ratatui::Terminal;
 use tier_controller::top::ratatui::backend::TestBackend;
@@ -30,11 +31,12 @@ fn key(app: &mut App, c: KeyCode) {
 
 /// Per-frame times in ms; the selection moves between frames (untimed) so
 /// that every frame differs from the one before.
-fn frames(app: &mut App) -> anyhow::Result<Vec<f64>> {
+fn frames(app: &mut App, progress: &Progress, screen: &str) -> anyhow::Result<Vec<f64>> {
     let mut term = Terminal::new(TestBackend::new(WIDTH, HEIGHT)).context("test terminal")?;
     app.resize(WIDTH, HEIGHT);
     let mut out = Vec::with_capacity(RUNS * FRAMES);
     for run in 0..RUNS {
+        progress.item(format!("{screen}: run {}/{RUNS}", run + 1));
         for f in 0..FRAMES {
             let down = (run * FRAMES + f) % 40 < 20;
             key(app, if down { KeyCode::Down } else { KeyCode::Up });
@@ -42,6 +44,7 @@ fn frames(app: &mut App) -> anyhow::Result<Vec<f64>> {
             term.draw(|fr| render(app, fr)).context("draw")?;
             out.push(t.elapsed().as_secs_f64() * 1e3);
         }
+        progress.inc();
     }
     Ok(out)
 }
@@ -54,12 +57,14 @@ fn main() -> anyhow::Result<()> {
     let mut big = synthetic::app(1000, HISTORY);
     let mut small = synthetic::app(10, HISTORY);
 
-    let base = summary(&frames(&mut small)?)?;
-    let table = summary(&frames(&mut big)?)?;
+    // 4 screens of RUNS runs, then the plain table and the updates.
+    let progress = Progress::bar("tierctl-render", 4 * RUNS as u64 + 2);
+    let base = summary(&frames(&mut small, &progress, "10 VMs")?)?;
+    let table = summary(&frames(&mut big, &progress, "1000 VMs")?)?;
 
     let mut detail = big.clone();
     key(&mut detail, KeyCode::Enter);
-    let detail = summary(&frames(&mut detail)?)?;
+    let detail = summary(&frames(&mut detail, &progress, "1000 VMs, detail pane")?)?;
 
     let mut filtered = big.clone();
     key(&mut filtered, KeyCode::Char('/'));
@@ -67,7 +72,7 @@ fn main() -> anyhow::Result<()> {
         key(&mut filtered, KeyCode::Char(c));
     }
     key(&mut filtered, KeyCode::Enter);
-    let filtered = summary(&frames(&mut filtered)?)?;
+    let filtered = summary(&frames(&mut filtered, &progress, "1000 VMs, filtered")?)?;
 
     // The plain table of `top --once` for the same 1000 VMs.
     let update = {
@@ -77,17 +82,20 @@ fn main() -> anyhow::Result<()> {
         u
     };
     let mut plain = Vec::new();
+    progress.item("plain table (top --once)");
     for _ in 0..RUNS * 10 {
         let t = Instant::now();
         let s = view::table(&view::rows(&update));
         plain.push(t.elapsed().as_secs_f64() * 1e3);
         std::hint::black_box(s);
     }
+    progress.inc();
     let plain = summary(&plain)?;
 
     // One interval's update into the state, with the re-sort.
     let mut apply = Vec::new();
     let mut seq = HISTORY;
+    progress.item("applying updates");
     for _ in 0..RUNS * 4 {
         seq += 1;
         let u = synthetic::update(1000, seq);
@@ -95,6 +103,8 @@ fn main() -> anyhow::Result<()> {
         big.on_update(u, false);
         apply.push(t.elapsed().as_secs_f64() * 1e3);
     }
+    progress.inc();
+    progress.finish();
     let apply = summary(&apply)?;
 
     let ratio = |s: Summary| Some(s.median / base.median);

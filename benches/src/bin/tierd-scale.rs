@@ -11,6 +11,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
+use tier_benches::progress::Progress;
 use tier_benches::{Row, Summary, print_table, result_line};
 use tier_proto::Endpoint;
 use tier_proto::v1::WatchStatsRequest;
@@ -165,18 +166,27 @@ async fn main() -> anyhow::Result<()> {
     };
     let (mut base, mut fan, mut other) = (Vec::new(), Vec::new(), Vec::new());
     let (mut gaps, mut updates, mut size) = (0, 0, 0.0);
-    for _ in 0..RUNS {
+    let per_run = if against.is_some() { 3 } else { 2 };
+    let progress = Progress::bar("tierd-scale", (RUNS * per_run) as u64);
+    for run in 1..=RUNS {
         // Alternate so drift on a noisy machine hits all alike.
+        progress.item(format!("run {run}/{RUNS}: no watcher"));
         base.push(one_run(&tierd, 0).await?.cpu_pct);
+        progress.inc();
+        progress.item(format!("run {run}/{RUNS}: {WATCHERS} watchers"));
         let o = one_run(&tierd, WATCHERS).await?;
+        progress.inc();
         fan.push(o.cpu_pct);
         gaps += o.gaps;
         updates += o.updates;
         size = o.bytes_per_update;
         if let Some(a) = &against {
+            progress.item(format!("run {run}/{RUNS}: {WATCHERS} watchers, --against"));
             other.push(one_run(a, WATCHERS).await?.cpu_pct);
+            progress.inc();
         }
     }
+    progress.finish();
     let (b, f) = (
         Summary::of(&base).context("no runs")?,
         Summary::of(&fan).context("no runs")?,

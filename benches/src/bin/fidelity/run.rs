@@ -5,6 +5,7 @@
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
+use tier_benches::progress::Progress;
 use tier_benches::workload::{Schedule, Shape, WorkloadSource};
 use tier_profiler::aggregate::{Aggregator, pass_ends};
 use tier_profiler::registry::Registry;
@@ -155,19 +156,24 @@ pub fn run(p: Pipeline<'_>, matrix: &[Workload]) -> anyhow::Result<Output> {
         .iter()
         .map(|w| schedule.intervals(w.steps.len()))
         .sum();
+    // One step per interval: rows differ in length.
+    let progress = Progress::bar("fidelity", total as u64);
     for (w, work) in matrix.iter().enumerate() {
         source.check()?;
-        eprintln!(
-            "  [{:>3}/{}] {} ({})",
-            records.len() + 1,
-            total,
-            work.name,
-            work.steps
-                .iter()
-                .map(|s| s.label())
-                .collect::<Vec<_>>()
-                .join(" -> ")
-        );
+        progress.suspend(|| {
+            eprintln!(
+                "  [{:>3}/{}] {} ({})",
+                records.len() + 1,
+                total,
+                work.name,
+                work.steps
+                    .iter()
+                    .map(|s| s.label())
+                    .collect::<Vec<_>>()
+                    .join(" -> ")
+            )
+        });
+        progress.item(format!("row {}/{}: {}", w + 1, matrix.len(), work.name));
         let row = source
             .begin_row(&work.steps, &schedule, &mut registry)
             .with_context(|| format!("starting workload {}", w + 1))?;
@@ -209,9 +215,11 @@ pub fn run(p: Pipeline<'_>, matrix: &[Workload]) -> anyhow::Result<Output> {
                 guest,
                 host,
             });
+            progress.inc();
         }
         offsets.extend(source.end_row(&mut registry)?);
     }
+    progress.finish();
     Ok(Output {
         records,
         change_offsets_s: offsets,

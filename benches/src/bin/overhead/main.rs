@@ -10,6 +10,7 @@ mod scan_cost;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
+use tier_benches::progress::Progress;
 use tier_benches::sys::{load_1min, sched_stat};
 use tier_benches::workload::{DemoSource, Shape, Skew, WorkloadSource};
 use tier_benches::{Row, Summary, print_table, result_line};
@@ -148,18 +149,27 @@ fn main() -> anyhow::Result<()> {
     // samples[metric][shape][cond]; metrics as in METRICS.
     let mut samples = vec![vec![vec![Vec::new(); conds.len()]; shapes.len()]; METRICS.len()];
     let mut host_passes = attach::PassStats::default();
+    let progress = Progress::bar("overhead", (RUNS * shapes.len() * conds.len()) as u64);
     for run in 0..RUNS {
         for (si, (_, shape)) in shapes.iter().enumerate() {
             src.apply(*shape)?;
             // Rotate the order so drift does not favour one condition.
             for k in 0..conds.len() {
                 let ci = (k + run) % conds.len();
-                eprintln!(
-                    "  run {}/{RUNS} shape {} {}",
+                progress.suspend(|| {
+                    eprintln!(
+                        "  run {}/{RUNS} shape {} {}",
+                        run + 1,
+                        si + 1,
+                        conds[ci].label()
+                    )
+                });
+                progress.item(format!(
+                    "run {}/{RUNS}, {}: {}",
                     run + 1,
-                    si + 1,
+                    shapes[si].0,
                     conds[ci].label()
-                );
+                ));
                 let sample = match conds[ci] {
                     Cond::None => {
                         std::thread::sleep(SETTLE);
@@ -189,9 +199,11 @@ fn main() -> anyhow::Result<()> {
                 {
                     samples[m][si][ci].push(v);
                 }
+                progress.inc();
             }
         }
     }
+    progress.finish();
     src.check()?;
     let load_end = load_1min();
 
@@ -289,7 +301,10 @@ fn main() -> anyhow::Result<()> {
             host_passes.cpu_ms_per_gib()
         );
         drop(src);
+        let spinner = Progress::spinner("overhead");
+        spinner.item("hostpte passes over a resident 1.25 GiB demo VM");
         let c = scan_cost::resident_vm(interval, passes)?;
+        spinner.finish();
         println!(
             "hostpte, resident demo VM (256 MiB dram + 1 GiB slow, every page faulted in, guest running 2048|2048): {} passes, {:.1} ms CPU and {:.1} ms wall per pass, {:.1} ms CPU per GiB scanned",
             c.passes,
