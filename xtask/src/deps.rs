@@ -53,6 +53,10 @@ pub const PACKAGES: &[(&str, &str)] = &[
     ),
     ("kmod", "insmod in the user-mode-linux guest"),
     (
+        "prometheus",
+        "promtool and a real Prometheus check tierd's metrics, rules and dashboard",
+    ),
+    (
         "systemd",
         "tests: systemd-analyze verify checks profiler/deploy/systemd/tierd.service",
     ),

@@ -1,0 +1,378 @@
+//! tierd's metrics, rules and dashboard checked by the real Prometheus
+//! tools (Debian's `prometheus` package, installed by `cargo xtask deps`):
+//! `promtool check metrics` on a live `/metrics`, `promtool check rules` and
+//! `test rules`, and a Prometheus server on loopback that scrapes a tierd
+//! running the demo VM, evaluates the rules, and answers PromQL with the
+//! same numbers tierd's gRPC stream carries.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly on purpose
+
+use std::io::{Read, Write};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use tier_proto::v1::{StatsUpdate, WatchStatsRequest};
+use tier_proto::{Endpoint, connect};
+use tokio_stream::StreamExt;
+
+fn deploy(rel: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("deploy")
+        .join(rel)
+}
+
+/// A tool of the prometheus package; fails (not skips) without it: the
+/// package is one of the project's dependencies.
+fn tool(name: &str) -> Command {
+    let found = std::env::var_os("PATH")
+        .map(|p| std::env::split_paths(&p).any(|d| d.join(name).is_file()))
+        .unwrap_or(false);
+    assert!(
+        found,
+        "{name} not found: `cargo xtask deps` installs Debian's prometheus package"
+    );
+    Command::new(name)
+}
+
+fn run_ok(mut c: Command) -> String {
+    let out = c.output().unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "{c:?}: {}\n{text}", out.status);
+    text
+}
+
+#[test]
+fn promtool_checks_the_rules_and_runs_their_unit_tests() {
+    let mut check = tool("promtool");
+    check
+        .args(["check", "rules", "--lint=all"])
+        .arg(deploy("prometheus/tierd.rules.yml"));
+    let out = run_ok(check);
+    assert!(out.contains("SUCCESS"), "{out}");
+    let mut test = tool("promtool");
+    test.args(["test", "rules"])
+        .arg(deploy("prometheus/tierd.rules.test.yml"));
+    let out = run_ok(test);
+    assert!(out.contains("SUCCESS"), "{out}");
+}
+
+/// A child process ended by PID when dropped.
+struct Proc {
+    child: Child,
+    log: PathBuf,
+}
+
+impl Proc {
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        // SAFETY: kill(2) on our own child's PID, not yet reaped.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn spawn(mut c: Command, log: PathBuf) -> Proc {
+    let f = std::fs::File::create(&log).unwrap();
+    let child = c
+        .stdout(Stdio::from(f.try_clone().unwrap()))
+        .stderr(Stdio::from(f))
+        .spawn()
+        .unwrap();
+    Proc { child, log }
+}
+
+/// HTTP/1.0 GET (no chunked answers); returns (status line, headers+body).
+fn http_get(addr: SocketAddr, path: &str, accept: Option<&str>) -> (String, String) {
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let accept = accept
+        .map(|a| format!("Accept: {a}\r\n"))
+        .unwrap_or_default();
+    write!(s, "GET {path} HTTP/1.0\r\nHost: localhost\r\n{accept}\r\n").unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    let (head, body) = out.split_once("\r\n\r\n").unwrap_or((&out, ""));
+    (head.to_string(), body.to_string())
+}
+
+fn urlencode(q: &str) -> String {
+    q.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+/// A PromQL query through the HTTP API: the parsed answer (status and all).
+fn query(prom: SocketAddr, q: &str) -> serde_json::Value {
+    let (head, body) = http_get(prom, &format!("/api/v1/query?query={}", urlencode(q)), None);
+    serde_json::from_str(&body).unwrap_or_else(|e| panic!("{q}: {e}: {head}\n{body}"))
+}
+
+/// (labels, value) of each sample of an instant vector.
+fn samples(v: &serde_json::Value) -> Vec<(serde_json::Value, f64)> {
+    v["data"]["result"]
+        .as_array()
+        .map(|r| {
+            r.iter()
+                .map(|s| {
+                    let value = s["value"][1].as_str().unwrap().parse().unwrap();
+                    (s["metric"].clone(), value)
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// The `bound=ADDR` of tierd's "metrics on" log line.
+fn metrics_addr(tierd: &Proc) -> SocketAddr {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let log = tierd.log();
+        if let Some(addr) = log
+            .lines()
+            .find(|l| l.contains("metrics on"))
+            .and_then(|l| l.split("bound=").nth(1))
+            .and_then(|a| a.split_whitespace().next())
+        {
+            return addr.parse().unwrap();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "tierd announced no metrics address:\n{log}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Every PromQL expression of the dashboard with its template variables
+/// filled as Grafana would for "All".
+fn dashboard_exprs() -> Vec<String> {
+    fn walk(v: &serde_json::Value, out: &mut Vec<String>) {
+        match v {
+            serde_json::Value::Object(o) => {
+                for (k, v) in o {
+                    match (k.as_str(), v) {
+                        ("expr", serde_json::Value::String(s)) => out.push(s.clone()),
+                        _ => walk(v, out),
+                    }
+                }
+            }
+            serde_json::Value::Array(a) => a.iter().for_each(|v| walk(v, out)),
+            _ => {}
+        }
+    }
+    let text = std::fs::read_to_string(deploy("grafana/tierd.json")).unwrap();
+    let mut out = Vec::new();
+    walk(&serde_json::from_str(&text).unwrap(), &mut out);
+    out.iter()
+        .map(|e| {
+            e.replace("$instance", ".*")
+                .replace("$vm", ".*")
+                .replace("$__rate_interval", "1m")
+        })
+        .collect()
+}
+
+/// Collects the stream's updates until the channel's receiver is dropped.
+fn watch(socket: PathBuf) -> std::sync::mpsc::Receiver<StatsUpdate> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async move {
+            let mut client = connect(&Endpoint::Unix(socket)).await.unwrap();
+            let mut stream = client
+                .watch_stats(WatchStatsRequest::default())
+                .await
+                .unwrap()
+                .into_inner();
+            while let Some(Ok(u)) = stream.next().await {
+                if tx.send(u).is_err() {
+                    return;
+                }
+            }
+        });
+    });
+    rx
+}
+
+#[test]
+#[cfg_attr(not(has_kvm), ignore = "needs a usable /dev/kvm for the demo VM")]
+fn a_real_prometheus_scrapes_tierd_and_agrees_with_the_stream() {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("tierd.sock");
+    let mut c = Command::new(env!("CARGO_BIN_EXE_tierd"));
+    c.args(["run", "--no-discover", "--demo-vm", "--config", "/dev/null"])
+        .args(["--interval-ms", "500", "--metrics-listen", "127.0.0.1:0"])
+        .arg("--socket")
+        .arg(&socket);
+    let tierd = spawn(c, dir.path().join("tierd.log"));
+    let metrics = metrics_addr(&tierd);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while std::os::unix::net::UnixStream::connect(&socket).is_err() {
+        assert!(Instant::now() < deadline, "no socket:\n{}", tierd.log());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let updates = watch(socket);
+
+    // promtool lints a live scrape in the classic text format, once the
+    // VM's series are there.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let text = loop {
+        let (head, body) = http_get(metrics, "/metrics", None);
+        if body.contains("tierd_vm_dram_hit_ratio{") {
+            assert!(head.contains("text/plain; version=0.0.4"), "{head}");
+            break body;
+        }
+        assert!(Instant::now() < deadline, "no ratio on /metrics:\n{body}");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let file = dir.path().join("scrape.txt");
+    std::fs::write(&file, &text).unwrap();
+    let mut check = tool("promtool");
+    check
+        .args(["check", "metrics"])
+        .stdin(std::fs::File::open(&file).unwrap());
+    let lint = run_ok(check);
+    assert!(lint.trim().is_empty(), "promtool lint: {lint}");
+
+    // A Prometheus server scraping it every second, with tierd's rules.
+    let prom: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+    let config = dir.path().join("prometheus.yml");
+    std::fs::write(
+        &config,
+        format!(
+            "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nrule_files:\n  - {}\nscrape_configs:\n  - job_name: tierd\n    static_configs:\n      - targets: ['{metrics}']\n",
+            deploy("prometheus/tierd.rules.yml").display()
+        ),
+    )
+    .unwrap();
+    let mut c = tool("prometheus");
+    c.arg(format!("--config.file={}", config.display()))
+        .arg(format!(
+            "--storage.tsdb.path={}",
+            dir.path().join("tsdb").display()
+        ))
+        .arg(format!("--web.listen-address={prom}"));
+    let server = spawn(c, dir.path().join("prometheus.log"));
+
+    // The VM's ratio and DRAM bytes, once scraped.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let (ratio, dram) = loop {
+        let up = std::net::TcpStream::connect(prom).is_ok();
+        if up {
+            let r = samples(&query(prom, "tierd_vm_dram_hit_ratio{job=\"tierd\"}"));
+            let b = samples(&query(
+                prom,
+                "tierd_tier_resident_bytes{job=\"tierd\",tier=\"dram\"}",
+            ));
+            if let (Some(r), Some(b)) = (r.first(), b.first()) {
+                break (r.clone(), b.1);
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "Prometheus has no tierd series after 60 s:\n{}",
+            server.log()
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    };
+    assert_eq!(ratio.0["name"], "demo", "{ratio:?}");
+    // The same numbers are in some update of the stream (the scrape and the
+    // stream see the same intervals; which one Prometheus holds is its
+    // timing).
+    let seen: Vec<StatsUpdate> = updates.try_iter().collect();
+    let ratios: Vec<f64> = seen
+        .iter()
+        .flat_map(|u| u.stats.iter().map(|s| s.dram_hit_ratio))
+        .collect();
+    assert!(
+        ratios.iter().any(|r| (r - ratio.1).abs() < 1e-9),
+        "Prometheus {} not among the stream's ratios {ratios:?}",
+        ratio.1
+    );
+    let bytes: Vec<u64> = seen
+        .iter()
+        .flat_map(|u| u.stats.iter())
+        .flat_map(|s| s.tiers.iter().filter(|t| t.tier == "dram"))
+        .map(|t| t.resident_bytes)
+        .collect();
+    assert!(
+        bytes.iter().any(|b| *b as f64 == dram),
+        "Prometheus dram bytes {dram} not among the stream's {bytes:?}"
+    );
+
+    // The rules evaluate without errors on real series, and the recording
+    // rules produce what the dashboard reads.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let (_, body) = http_get(prom, "/api/v1/rules", None);
+        let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+        let rules: Vec<&serde_json::Value> = v["data"]["groups"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .flat_map(|g| g["rules"].as_array().unwrap())
+            .collect();
+        assert!(rules.len() >= 10, "{body}");
+        for r in &rules {
+            assert_ne!(r["health"], "err", "rule failed: {r}");
+        }
+        let width = samples(&query(prom, "vm:tierd_dram_hit_interval_width:ratio"));
+        if rules.iter().all(|r| r["health"] == "ok") && !width.is_empty() {
+            assert!((0.0..=1.0).contains(&width[0].1), "{width:?}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "rules not evaluated: {body}");
+        std::thread::sleep(Duration::from_millis(250));
+    }
+
+    // Every dashboard query is valid PromQL for this server, and those about
+    // the VM's ratio find it.
+    let exprs = dashboard_exprs();
+    assert!(exprs.len() >= 20);
+    for e in &exprs {
+        let v = query(prom, e);
+        assert_eq!(v["status"], "success", "dashboard query {e}: {v}");
+    }
+    let point = exprs
+        .iter()
+        .find(|e| e.starts_with("tierd_vm_dram_hit_ratio{"))
+        .unwrap();
+    assert!(!samples(&query(prom, point)).is_empty(), "{point}");
+    drop(server);
+    drop(tierd);
+}
