@@ -137,6 +137,11 @@ impl InProcess {
         })
     }
 
+    /// Whether the policy in force lets the controller act at all.
+    pub fn is_enabled(&self) -> bool {
+        self.policy.enabled
+    }
+
     /// Why the controller cannot drive the VM's balloon, if it could not at
     /// the last step (no per-tier balloon, a stale `vm.info`, ...).
     pub fn not_actuable(&self, vm_id: &str) -> Option<&str> {

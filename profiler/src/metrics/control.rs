@@ -72,6 +72,8 @@ impl Control {
 
     /// Series of one VM from the controller in force (None: off).
     pub(super) fn vm(&self, vl: &VmLabels, c: Option<&InProcess>) {
+        // A disabled policy assesses no VM: nothing to say about balloons.
+        let c = c.filter(|c| c.is_enabled());
         match c.and_then(|c| c.target_band(&vl.vm, &vl.name)) {
             Some(b) => {
                 self.target.get_or_create(vl).set(b.target);

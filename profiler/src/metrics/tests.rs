@@ -308,3 +308,49 @@ fn every_family_is_in_the_metric_table_of_the_docs() {
         );
     }
 }
+
+/// The controller's target band per VM; a VM without a balloon to drive
+/// is not drivable and not "uncooperative"; nothing when the policy is off.
+#[test]
+fn controller_series_follow_the_policy_in_force() {
+    let vm = "{vm=\"v\",name=\"v\"} ";
+    let mut policy = tier_controller::policy::default_policy();
+    let mut c = tier_profiler::control::InProcess::new(&policy).unwrap();
+    let mut m = Metrics::new();
+    let mut u = update([vec![], vec![]]);
+    u.stats[0].has_accesses = true;
+    m.update(&u);
+    for d in c.step(&u.vms, &u) {
+        m.decision(&d);
+    }
+    m.controller(Some(&c));
+    let body = m.encode();
+    let v = |name: &str| value(&body, &format!("tierd_{name}{vm}"));
+    let target = v("vm_dram_hit_target_ratio").unwrap();
+    let (low, high) = (
+        v("vm_dram_hit_target_low_ratio").unwrap(),
+        v("vm_dram_hit_target_high_ratio").unwrap(),
+    );
+    assert_eq!(target, policy.default_target);
+    assert!(low < target && target < high, "{low} {target} {high}");
+    assert!((high - low) <= 2.0 * policy.epsilon + 1e-12);
+    assert_eq!(v("vm_balloon_drivable"), Some(0.0), "{body}");
+    assert_eq!(v("vm_balloon_uncooperative"), Some(0.0), "{body}");
+    assert!(
+        body.contains(
+            "tierd_controller_decisions_total{reason=\"uncooperative\",outcome=\"skipped\"} 1"
+        ),
+        "{body}"
+    );
+    policy.enabled = false;
+    c.set_policy(&policy).unwrap();
+    m.controller(Some(&c));
+    let body = m.encode();
+    for name in [
+        "vm_dram_hit_target_ratio",
+        "vm_balloon_drivable",
+        "vm_balloon_uncooperative",
+    ] {
+        assert!(!body.contains(&format!("tierd_{name}{{")), "{name}: {body}");
+    }
+}
