@@ -17,27 +17,8 @@ struct Daemon(Child);
 
 impl Drop for Daemon {
     fn drop(&mut self) {
-        stop(&mut self.0);
+        run::stop(&mut self.0);
     }
-}
-
-/// SIGTERM to a child we spawned, by its PID; SIGKILL after 5 s.
-pub fn stop(child: &mut Child) {
-    if let Ok(Some(_)) = child.try_wait() {
-        return;
-    }
-    let pid = child.id() as i32;
-    // SAFETY: kill(2) on the PID of a child we spawned and have not reaped.
-    unsafe { libc::kill(pid, libc::SIGTERM) };
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while Instant::now() < deadline {
-        if let Ok(Some(_)) = child.try_wait() {
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    let _ = child.kill();
-    let _ = child.wait();
 }
 
 pub fn run(updates: Option<u64>, ch_bin: Option<PathBuf>) -> anyhow::Result<()> {

@@ -18,7 +18,7 @@ pub struct Guests {
 impl Drop for Guests {
     fn drop(&mut self) {
         for c in &mut self.children {
-            crate::demo::stop(c);
+            crate::run::stop(c);
         }
     }
 }

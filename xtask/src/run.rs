@@ -1,7 +1,8 @@
 //! Running commands with their output shown and their failure explained.
 
 use std::path::PathBuf;
-use std::process::Command;
+use std::process::{Child, Command};
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 
@@ -47,4 +48,23 @@ pub fn status(cmd: &mut Command) -> anyhow::Result<()> {
         bail!("{shown} failed: {st}");
     }
     Ok(())
+}
+
+/// SIGTERM to a child we spawned, by its PID; SIGKILL after 5 s.
+pub fn stop(child: &mut Child) {
+    if let Ok(Some(_)) = child.try_wait() {
+        return;
+    }
+    let pid = child.id() as i32;
+    // SAFETY: kill(2) on the PID of a child we spawned and have not reaped.
+    unsafe { libc::kill(pid, libc::SIGTERM) };
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while Instant::now() < deadline {
+        if let Ok(Some(_)) = child.try_wait() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
 }

@@ -9,22 +9,7 @@ use super::config::{Config, PAGE};
 use super::input::VmObs;
 use super::interval::{ActOn, Hit};
 use super::model::Load;
-use super::state::{Dir, Move};
-
-/// Which rule produced a want.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Why {
-    /// DRAM given above the tier ceiling.
-    Ceiling,
-    /// DRAM given below the tier floor.
-    Floor,
-    /// Idle DRAM above the idle threshold.
-    Idle,
-    /// Ratio above the band (`Config::hold_epsilon`).
-    Above,
-    /// Ratio below the band.
-    Below,
-}
+use super::state::{Dir, Move, Why};
 
 /// A VM's wish for its DRAM.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -3,49 +3,14 @@
 //! changes on the slow tier, and write decisions.
 
 use super::allocate::{Claim, water_fill};
-use super::classify::{Ctx, Want, Why, classify, resume, unplaced};
+use super::classify::{Ctx, Want, classify, resume, unplaced};
 use super::config::{Config, Limits, PAGE};
 use super::decision;
 use super::input::VmObs;
 use super::model::Load;
-use super::state::{Balloons, Dir, Move, VmState};
+use super::state::{Balloons, Dir, Move, VmState, Why};
+use super::work::{Pool, Work};
 use super::{BudgetSummary, Controller, Plan, Targets, VmStatus};
-
-/// Everything decided about one VM in this round.
-#[derive(Debug, Clone)]
-pub(super) struct Work {
-    pub status: VmStatus,
-    pub newly_uncooperative: bool,
-    pub target: f64,
-    pub lo: u64,
-    pub hi: u64,
-    pub slow_lo: u64,
-    pub slow_hi: u64,
-    pub load: Load,
-    pub want: Want,
-    /// Extra DRAM taken because the host is over budget.
-    pub forced: u64,
-    /// DRAM granted from the pool.
-    pub granted: u64,
-    /// Change of DRAM given, and of slow memory given, bytes.
-    pub delta: i64,
-    pub slow_delta: i64,
-    pub was_budget_limited: bool,
-    /// Held although the point alone would move it this way: the interval
-    /// cannot place the ratio outside the band.
-    pub unplaced: Option<Dir>,
-    pub was_unplaced: bool,
-    /// The want is the next step of this move under way (before the round).
-    pub resumed: Option<Move>,
-}
-
-/// What the pool looked like, for the decisions' detail text.
-#[derive(Debug, Clone, Copy)]
-pub(super) struct Pool {
-    pub budget: u64,
-    pub committed: u64,
-    pub size: u64,
-}
 
 fn limits(cfg: &Config, vm: &VmObs, tier: &str, size: u64) -> (u64, u64) {
     cfg.vm(&vm.id, &vm.name)

@@ -6,12 +6,13 @@ use std::fmt::Write as _;
 use tier_proto::v1::{BalloonChange, Decision, DecisionOutcome, DecisionReason};
 
 use super::VmStatus;
-use super::classify::{Want, Why};
+use super::classify::Want;
 use super::config::Config;
-use super::decide::{Pool, Work};
 use super::input::VmObs;
 use super::interval::{ActOn, Hit};
+use super::state::Why;
 use super::state::{Dir, Move};
+use super::work::{Pool, Work};
 use crate::view::human_bytes as hb;
 
 /// The ratio as judged: its interval, and what the policy acts on when

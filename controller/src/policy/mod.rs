@@ -12,6 +12,7 @@ pub mod input;
 pub mod interval;
 pub mod model;
 pub mod state;
+mod work;
 
 use std::collections::HashMap;
 

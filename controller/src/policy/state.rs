@@ -2,9 +2,23 @@
 //! the direction of its last change (hysteresis), a move still under way,
 //! and whether its balloons follow their targets.
 
-use super::classify::Why;
 use super::config::Tuning;
 use super::input::{TierObs, VmObs};
+
+/// Which rule produced a want.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Why {
+    /// DRAM given above the tier ceiling.
+    Ceiling,
+    /// DRAM given below the tier floor.
+    Floor,
+    /// Idle DRAM above the idle threshold.
+    Idle,
+    /// Ratio above the band (`Config::hold_epsilon`).
+    Above,
+    /// Ratio below the band.
+    Below,
+}
 
 /// Direction of a change of a VM's DRAM.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -1,0 +1,43 @@
+//! One VM's assessment within a round, and the round's DRAM pool: what
+//! `decide` works out and `decision` reports.
+
+use super::VmStatus;
+use super::classify::Want;
+use super::model::Load;
+use super::state::{Dir, Move};
+
+/// Everything decided about one VM in this round.
+#[derive(Debug, Clone)]
+pub(super) struct Work {
+    pub status: VmStatus,
+    pub newly_uncooperative: bool,
+    pub target: f64,
+    pub lo: u64,
+    pub hi: u64,
+    pub slow_lo: u64,
+    pub slow_hi: u64,
+    pub load: Load,
+    pub want: Want,
+    /// Extra DRAM taken because the host is over budget.
+    pub forced: u64,
+    /// DRAM granted from the pool.
+    pub granted: u64,
+    /// Change of DRAM given, and of slow memory given, bytes.
+    pub delta: i64,
+    pub slow_delta: i64,
+    pub was_budget_limited: bool,
+    /// Held although the point alone would move it this way: the interval
+    /// cannot place the ratio outside the band.
+    pub unplaced: Option<Dir>,
+    pub was_unplaced: bool,
+    /// The want is the next step of this move under way (before the round).
+    pub resumed: Option<Move>,
+}
+
+/// What the pool looked like, for the decisions' detail text.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Pool {
+    pub budget: u64,
+    pub committed: u64,
+    pub size: u64,
+}
