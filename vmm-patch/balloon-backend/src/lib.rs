@@ -17,6 +17,7 @@
 //!
 //! See `docs/balloon-backend.md`.
 
+pub mod chain;
 pub mod config;
 pub mod control;
 pub mod device;
