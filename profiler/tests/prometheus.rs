@@ -288,20 +288,32 @@ fn a_real_prometheus_scrapes_tierd_and_agrees_with_the_stream() {
         ))
         .arg(format!("--web.listen-address={prom}"));
     let server = spawn(c, dir.path().join("prometheus.log"));
+    // The port opens before the TSDB is up (queries get 503 until then).
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        if std::net::TcpStream::connect(prom).is_ok()
+            && http_get(prom, "/-/ready", None).0.contains(" 200 ")
+        {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "Prometheus not ready after 60 s:\n{}",
+            server.log()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
 
     // The VM's ratio and DRAM bytes, once scraped.
     let deadline = Instant::now() + Duration::from_secs(60);
     let (ratio, dram) = loop {
-        let up = std::net::TcpStream::connect(prom).is_ok();
-        if up {
-            let r = samples(&query(prom, "tierd_vm_dram_hit_ratio{job=\"tierd\"}"));
-            let b = samples(&query(
-                prom,
-                "tierd_tier_resident_bytes{job=\"tierd\",tier=\"dram\"}",
-            ));
-            if let (Some(r), Some(b)) = (r.first(), b.first()) {
-                break (r.clone(), b.1);
-            }
+        let r = samples(&query(prom, "tierd_vm_dram_hit_ratio{job=\"tierd\"}"));
+        let b = samples(&query(
+            prom,
+            "tierd_tier_resident_bytes{job=\"tierd\",tier=\"dram\"}",
+        ));
+        if let (Some(r), Some(b)) = (r.first(), b.first()) {
+            break (r.clone(), b.1);
         }
         assert!(
             Instant::now() < deadline,
@@ -314,26 +326,34 @@ fn a_real_prometheus_scrapes_tierd_and_agrees_with_the_stream() {
     // The same numbers are in some update of the stream (the scrape and the
     // stream see the same intervals; which one Prometheus holds is its
     // timing).
-    let seen: Vec<StatsUpdate> = updates.try_iter().collect();
-    let ratios: Vec<f64> = seen
-        .iter()
-        .flat_map(|u| u.stats.iter().map(|s| s.dram_hit_ratio))
-        .collect();
-    assert!(
-        ratios.iter().any(|r| (r - ratio.1).abs() < 1e-9),
-        "Prometheus {} not among the stream's ratios {ratios:?}",
-        ratio.1
-    );
-    let bytes: Vec<u64> = seen
-        .iter()
-        .flat_map(|u| u.stats.iter())
-        .flat_map(|s| s.tiers.iter().filter(|t| t.tier == "dram"))
-        .map(|t| t.resident_bytes)
-        .collect();
-    assert!(
-        bytes.iter().any(|b| *b as f64 == dram),
-        "Prometheus dram bytes {dram} not among the stream's {bytes:?}"
-    );
+    // tierd updates its metrics just before it publishes the interval, so
+    // the stream may deliver the scraped interval a moment later.
+    let mut seen: Vec<StatsUpdate> = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        seen.extend(updates.try_iter());
+        let ratios: Vec<f64> = seen
+            .iter()
+            .flat_map(|u| u.stats.iter().map(|s| s.dram_hit_ratio))
+            .collect();
+        let bytes: Vec<u64> = seen
+            .iter()
+            .flat_map(|u| u.stats.iter())
+            .flat_map(|s| s.tiers.iter().filter(|t| t.tier == "dram"))
+            .map(|t| t.resident_bytes)
+            .collect();
+        let ratio_seen = ratios.iter().any(|r| (r - ratio.1).abs() < 1e-9);
+        let bytes_seen = bytes.iter().any(|b| *b as f64 == dram);
+        if ratio_seen && bytes_seen {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "Prometheus ratio {} / dram bytes {dram} not in the stream: ratios {ratios:?}, bytes {bytes:?}",
+            ratio.1
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
 
     // The rules evaluate without errors on real series, and the recording
     // rules produce what the dashboard reads.
