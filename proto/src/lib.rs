@@ -17,9 +17,11 @@ pub mod v1 {
     tonic::include_proto!("tier.v1");
 }
 
+mod bytes;
 mod client;
 mod kind;
 
+pub use bytes::human_bytes;
 pub use client::{ConnectError, Endpoint, connect};
 
 /// Bumped on incompatible changes of `tier.v1`; reported in `DaemonInfo`.

@@ -42,7 +42,7 @@ pub fn stop(child: &mut Child) {
 
 pub fn run(updates: Option<u64>, ch_bin: Option<PathBuf>) -> anyhow::Result<()> {
     run::step("demo", "building tierd and tierctl (debug)");
-    run::cargo(&["build", "-p", "tier-profiler", "-p", "tier-controller"])
+    run::cargo(&["build", "-p", "tier-profiler", "-p", "tierctl"])
         .context("building tierd and tierctl")?;
     let bin = run::target_dir()?.join("debug");
     let tierd = bin.join("tierd");

@@ -3,6 +3,7 @@
 
 use std::fmt::Write as _;
 
+use tier_proto::human_bytes as hb;
 use tier_proto::v1::{BalloonChange, Decision, DecisionOutcome, DecisionReason};
 
 use super::VmStatus;
@@ -12,7 +13,6 @@ use super::decide::{Pool, Work};
 use super::input::VmObs;
 use super::interval::{ActOn, Hit};
 use super::state::{Dir, Move};
-use crate::view::human_bytes as hb;
 
 /// The ratio as judged: its interval, and what the policy acts on when
 /// that is not the interval.

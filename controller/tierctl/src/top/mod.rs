@@ -8,6 +8,7 @@ mod detail;
 mod estimate;
 pub mod format;
 pub mod input;
+pub mod layout;
 pub mod model;
 pub mod render;
 pub mod synthetic;
