@@ -2,8 +2,9 @@
 //!
 //! The messages and the `TierService` gRPC service are generated from
 //! `tier.proto` (documented field by field there). This crate adds the
-//! protocol version, small conversions, and a client that connects over a
-//! unix socket or TCP.
+//! protocol version, small conversions, the byte-size format both ends
+//! print ([`human_bytes`]), and a client that connects over a unix socket
+//! or TCP.
 
 /// Generated code for package `tier.v1`.
 #[allow(

@@ -1,7 +1,11 @@
 //! `tierctl top`: state ([`app`], [`model`]), keys ([`input`]) and a pure
-//! renderer ([`render`]: state -> frame) that tests and benches drive with
-//! ratatui's `TestBackend`. The terminal and network loop lives in the
-//! tierctl binary.
+//! renderer ([`render`](mod@render): state -> frame; the table there, the
+//! detail pane in `detail`) that tests and benches drive with ratatui's
+//! `TestBackend`. Imports go one way: `format` (text forms), `layout`
+//! (screen geometry), `model` and `estimate` import no sibling; `app` reads
+//! `model` and `layout`; `input` and `detail` read `app`; `render` reads all
+//! of these and calls `detail`, which takes nothing from `render`. The
+//! terminal and network loop lives in the tierctl binary.
 
 pub mod app;
 mod detail;
