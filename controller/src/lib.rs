@@ -1,14 +1,12 @@
-//! tier-controller: the client side of tier.v1 (tierctl's views) and the
-//! controller that balances DRAM between VMs: its decision function
-//! (`policy`, see docs/controller.md) and a simulator that drives it
-//! (`sim`), and the actuation side (`actuate`: the cloud-hypervisor HTTP
-//! client of our patched VMM; not yet called by tierd).
+//! tier-controller: the controller that balances DRAM between VMs, which
+//! tierd runs in process (profiler/src/control.rs). Its decision function
+//! (`policy`, see docs/controller.md), a simulator that drives it (`sim`),
+//! and the VMM clients that apply its decisions (`actuate`): tierd sets
+//! targets through the patched cloud-hypervisor's HTTP API (`ChApi`, via
+//! profiler/src/ch/); the vhost-user balloon backend's client
+//! (`VhostBalloon`) is tested against that backend but not yet used by
+//! tierd. The client, tierctl, is its own crate (controller/tierctl/).
 
 pub mod actuate;
-pub mod cli;
-pub mod conn;
 pub mod policy;
-pub mod policy_json;
 pub mod sim;
-pub mod top;
-pub mod view;

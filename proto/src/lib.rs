@@ -2,8 +2,9 @@
 //!
 //! The messages and the `TierService` gRPC service are generated from
 //! `tier.proto` (documented field by field there). This crate adds the
-//! protocol version, small conversions, and a client that connects over a
-//! unix socket or TCP.
+//! protocol version, small conversions, the byte-size format both ends
+//! print ([`human_bytes`]), and a client that connects over a unix socket
+//! or TCP.
 
 /// Generated code for package `tier.v1`.
 #[allow(
@@ -17,9 +18,11 @@ pub mod v1 {
     tonic::include_proto!("tier.v1");
 }
 
+mod bytes;
 mod client;
 mod kind;
 
+pub use bytes::human_bytes;
 pub use client::{ConnectError, Endpoint, connect};
 
 /// Bumped on incompatible changes of `tier.v1`; reported in `DaemonInfo`.

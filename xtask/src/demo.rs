@@ -23,7 +23,7 @@ impl Drop for Daemon {
 
 pub fn run(updates: Option<u64>, ch_bin: Option<PathBuf>) -> anyhow::Result<()> {
     run::step("demo", "building tierd and tierctl (debug)");
-    run::cargo(&["build", "-p", "tier-profiler", "-p", "tier-controller"])
+    run::cargo(&["build", "-p", "tier-profiler", "-p", "tierctl"])
         .context("building tierd and tierctl")?;
     let bin = run::target_dir()?.join("debug");
     let tierd = bin.join("tierd");

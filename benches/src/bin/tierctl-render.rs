@@ -11,11 +11,11 @@ use std::time::Instant;
 use anyhow::Context;
 use tier_benches::progress::Progress;
 use tier_benches::{Row, Summary, print_table, result_line};
-use tier_controller::top::ratatui::Terminal;
-use tier_controller::top::ratatui::backend::TestBackend;
-use tier_controller::top::ratatui::crossterm::event::{KeyCode, KeyEvent, KeyModifiers};
-use tier_controller::top::{App, input, render, synthetic};
-use tier_controller::view;
+use tierctl::top::ratatui::Terminal;
+use tierctl::top::ratatui::backend::TestBackend;
+use tierctl::top::ratatui::crossterm::event::{KeyCode, KeyEvent, KeyModifiers};
+use tierctl::top::{App, input, render, synthetic};
+use tierctl::view;
 
 const WIDTH: u16 = 200;
 const HEIGHT: u16 = 60;

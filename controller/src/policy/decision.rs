@@ -3,6 +3,7 @@
 
 use std::fmt::Write as _;
 
+use tier_proto::human_bytes as hb;
 use tier_proto::v1::{BalloonChange, Decision, DecisionOutcome, DecisionReason};
 
 use super::VmStatus;
@@ -10,10 +11,8 @@ use super::classify::Want;
 use super::config::Config;
 use super::input::VmObs;
 use super::interval::{ActOn, Hit};
-use super::state::Why;
-use super::state::{Dir, Move};
+use super::state::{Dir, Move, Why};
 use super::work::{Pool, Work};
-use crate::view::human_bytes as hb;
 
 /// The ratio as judged: its interval, and what the policy acts on when
 /// that is not the interval.

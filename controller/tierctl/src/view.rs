@@ -1,10 +1,11 @@
 //! Flat per-VM, per-tier rows built from a `StatsUpdate`, and their table,
 //! JSON and CSV forms for `tierctl top --once`. The JSON form is described by
-//! controller/schema/top.schema.json.
+//! controller/tierctl/schema/top.schema.json.
 
 use std::fmt::Write as _;
 
 use serde::Serialize;
+use tier_proto::human_bytes;
 use tier_proto::v1::{StatsUpdate, TierKind, VmSource, VmStats};
 
 /// One tier of one VM in one interval.
@@ -218,22 +219,6 @@ pub fn pmu_rate(p: &tier_proto::v1::SourceCount, interval_s: f64) -> Option<f64>
         interval_s
     };
     (span > 0.0).then(|| p.events as f64 / span)
-}
-
-/// Bytes as a short binary size: 16.0M, 512K, 3.5G.
-pub fn human_bytes(b: u64) -> String {
-    const UNITS: [(&str, u64); 4] = [
-        ("T", 1 << 40),
-        ("G", 1 << 30),
-        ("M", 1 << 20),
-        ("K", 1 << 10),
-    ];
-    for (u, scale) in UNITS {
-        if b >= scale {
-            return format!("{:.1}{u}", b as f64 / scale as f64);
-        }
-    }
-    format!("{b}B")
 }
 
 /// Rates as 188.2k, 3.1M, 950.
@@ -627,13 +612,5 @@ mod tests {
                 .ends_with(",true,,200,,true,12,1.5"),
             "{c}"
         );
-    }
-
-    #[test]
-    fn human_sizes() {
-        assert_eq!(human_bytes(0), "0B");
-        assert_eq!(human_bytes(16 << 20), "16.0M");
-        assert_eq!(human_bytes(1536), "1.5K");
-        assert_eq!(human_bytes(3 << 30), "3.0G");
     }
 }

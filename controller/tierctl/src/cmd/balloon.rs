@@ -3,10 +3,10 @@
 //! printed as it is, never turned into success.
 
 use anyhow::bail;
-use tier_controller::cli::TierSize;
-use tier_controller::conn::Client;
-use tier_controller::view::human_bytes;
+use tier_proto::human_bytes;
 use tier_proto::v1::{BalloonTarget, SetBalloonTargetsRequest};
+use tierctl::cli::TierSize;
+use tierctl::conn::Client;
 
 pub async fn set(client: &mut Client, key: &str, tiers: &[TierSize]) -> anyhow::Result<()> {
     let vm = super::resolve_vm(client, key).await?;

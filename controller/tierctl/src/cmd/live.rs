@@ -6,14 +6,14 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::Context;
 use ratatui::crossterm::event::{self, Event};
-use tier_controller::conn::{self, Client, RpcError};
-use tier_controller::top::app::Conn;
-use tier_controller::top::{App, input, render};
 use tier_proto::Endpoint;
 use tier_proto::v1::{
     DaemonInfo, Decision, GetPolicyRequest, Policy, StatsUpdate, WatchDecisionsRequest,
     WatchStatsRequest,
 };
+use tierctl::conn::{self, Client, RpcError};
+use tierctl::top::app::Conn;
+use tierctl::top::{App, input, render};
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
 use tokio_stream::StreamExt;
 

@@ -59,7 +59,7 @@ fn permission_denied_names_the_group() -> Result<Completion, Failed> {
     // Group 1 is `daemon` on Debian; whatever its name, tierctl must say it.
     std::os::unix::fs::chown(&sock, Some(0), Some(1)).unwrap();
     std::fs::set_permissions(&sock, std::fs::Permissions::from_mode(0o660)).unwrap();
-    let group = tier_controller::conn::group_name(1).unwrap_or_else(|| "1".into());
+    let group = tierctl::conn::group_name(1).unwrap_or_else(|| "1".into());
     // The build tree may not be readable by nobody: a copy is.
     let bin = dir.path().join("tierctl");
     std::fs::copy(env!("CARGO_BIN_EXE_tierctl"), &bin).unwrap();

@@ -22,7 +22,7 @@ pub enum Output {
     /// Aligned table, one per update.
     #[default]
     Table,
-    /// One JSON object per update and line (controller/schema/top.schema.json).
+    /// One JSON object per update and line (controller/tierctl/schema/top.schema.json).
     Json,
     /// CSV with a header row, one row per VM tier.
     Csv,

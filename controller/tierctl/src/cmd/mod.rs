@@ -9,10 +9,10 @@ mod top;
 
 use anyhow::bail;
 use clap::CommandFactory;
-use tier_controller::cli::{BalloonCmd, Cli, Cmd, PolicyCmd};
-use tier_controller::conn::{self, Client, RpcError};
 use tier_proto::Endpoint;
 use tier_proto::v1::{GetVmRequest, ListVmsRequest, Vm};
+use tierctl::cli::{BalloonCmd, Cli, Cmd, PolicyCmd};
+use tierctl::conn::{self, Client, RpcError};
 
 pub async fn run(cli: Cli) -> anyhow::Result<()> {
     if let Cmd::Completions { shell } = cli.cmd {

@@ -7,18 +7,18 @@ use ratatui::layout::Rect;
 use ratatui::style::{Color, Modifier, Style};
 use ratatui::text::{Line, Span};
 use ratatui::widgets::{Block, Paragraph};
+use tier_proto::human_bytes;
 use tier_proto::v1::{DecisionOutcome, TierKind};
 
 use super::app::App;
 use super::estimate::{estimate_line, tier_estimate};
-use super::format::{action, ago, delta, pct, spark};
+use super::format::{action, ago, delta, delta_style, pct, spark};
 use super::model::{VmView, WINDOW_NS};
-use super::render::delta_style;
 
 /// Saturation at tierd's fit cap (1 - e^-3, docs/estimate.md): the tier's
 /// touches are no longer counted, only its pages.
 const SATURATED: f64 = 0.95;
-use crate::view::{guest_hit, hit_range, human_bytes, pmu_rate, pmu_source, rate, source_name};
+use crate::view::{guest_hit, hit_range, pmu_rate, pmu_source, rate, source_name};
 
 /// Widths of the label and of the now/min/max columns of the sparklines.
 const LABEL: usize = 16;

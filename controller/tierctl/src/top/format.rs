@@ -1,9 +1,10 @@
-//! Short text forms of numbers for the `top` screen: percentages, deltas,
-//! text sparklines (so a table cell can hold one), ages, decisions.
+//! Short text forms of numbers for the `top` screen: percentages, deltas
+//! (and their colour), text sparklines (so a table cell can hold one), ages,
+//! decisions. Shared by the table and the detail pane.
 
+use ratatui::style::{Color, Modifier, Style};
+use tier_proto::human_bytes;
 use tier_proto::v1::{Decision, DecisionOutcome, DecisionReason};
-
-use crate::view::human_bytes;
 
 const BARS: [char; 8] = ['▁', '▂', '▃', '▄', '▅', '▆', '▇', '█'];
 
@@ -68,6 +69,17 @@ pub fn pct(r: Option<f64>) -> String {
 /// A ratio difference in percentage points, signed: "+3.2", "-55.8".
 pub fn delta(d: Option<f64>) -> String {
     d.map_or("-".into(), |d| format!("{:+.1}", d * 100.0))
+}
+
+/// Red: below target by more than epsilon (starved); green: within
+/// epsilon; blue: above by more than epsilon (DRAM to spare).
+pub fn delta_style(d: Option<f64>, epsilon: f64) -> Style {
+    match d {
+        Some(d) if d < -epsilon => Style::new().fg(Color::Red).add_modifier(Modifier::BOLD),
+        Some(d) if d > epsilon => Style::new().fg(Color::Blue),
+        Some(_) => Style::new().fg(Color::Green),
+        None => Style::new(),
+    }
 }
 
 /// A duration as its largest unit: "12s", "3m", "5h", "2d".

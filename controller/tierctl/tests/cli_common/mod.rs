@@ -4,7 +4,7 @@
 //! tierd is found next to the test binary's directory
 //! (`<target>/<profile>/deps/<test>` -> `<target>/<profile>/tierd`), where a
 //! workspace build (`cargo test --workspace`, `cargo xtask test`) puts it.
-//! When it is not there (e.g. `cargo test -p tier-controller` on a fresh
+//! When it is not there (e.g. `cargo test -p tierctl` on a fresh
 //! target dir) it is built once with `cargo build -p tier-profiler --bin
 //! tierd` into that same target dir.
 

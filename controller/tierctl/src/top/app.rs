@@ -7,6 +7,7 @@ use std::cmp::Ordering;
 use regex::{Regex, RegexBuilder};
 use tier_proto::v1::{DaemonInfo, Decision, Policy, StatsUpdate};
 
+use super::layout::table_body_height;
 use super::model::{Fleet, VmView};
 
 /// Sortable columns, in the order `s` cycles through them (and keys 1-7).
@@ -320,14 +321,14 @@ impl App {
 
     /// VMs that fit on one page (rows are as high as a VM has tiers).
     pub fn page_vms(&self) -> usize {
-        let rows = super::render::table_body_height(self.height) as usize;
+        let rows = table_body_height(self.height) as usize;
         let per = self.selected_vm().map_or(1, |v| v.vm.tiers.len().max(1));
         (rows / per).max(1)
     }
 
     /// Keeps the selected VM on screen, scrolling as little as possible.
     pub fn scroll_into_view(&mut self) {
-        let rows = super::render::table_body_height(self.height) as usize;
+        let rows = table_body_height(self.height) as usize;
         self.offset = first_visible(self, self.offset, rows);
     }
 

@@ -1,10 +1,10 @@
 //! `info`, `vms`, `vm`.
 
 use anyhow::Context;
-use tier_controller::cli::ListOutput;
-use tier_controller::conn::{Client, RpcError};
-use tier_controller::view;
 use tier_proto::v1::{DaemonInfo, ListVmsRequest, TierKind};
+use tierctl::cli::ListOutput;
+use tierctl::conn::{Client, RpcError};
+use tierctl::view;
 
 pub fn info(info: &DaemonInfo) {
     println!(
@@ -62,7 +62,7 @@ pub async fn vms(client: &mut Client, output: ListOutput) -> anyhow::Result<()> 
                     "{}({}, {})",
                     t.name,
                     kind.short_name(),
-                    view::human_bytes(t.size_bytes)
+                    tier_proto::human_bytes(t.size_bytes)
                 )
             })
             .collect();

@@ -1,11 +1,11 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly on purpose
-//! `top --output json` against controller/schema/top.schema.json with the
+//! `top --output json` against controller/tierctl/schema/top.schema.json with the
 //! jsonschema crate, on synthetic updates (no daemon, no KVM): the schema
 //! accepts what tierctl prints, including nulls, and rejects drift. The
 //! same check runs on a real tierd's output in tests/cli.rs.
 
-use tier_controller::top::synthetic;
-use tier_controller::view;
+use tierctl::top::synthetic;
+use tierctl::view;
 
 fn validator() -> jsonschema::Validator {
     let schema: serde_json::Value =

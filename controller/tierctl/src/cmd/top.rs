@@ -3,11 +3,11 @@
 use std::io::{IsTerminal, Write};
 
 use anyhow::{Context, bail};
-use tier_controller::cli::{Output, TopArgs};
-use tier_controller::conn::{Client, RpcError};
-use tier_controller::view;
 use tier_proto::Endpoint;
 use tier_proto::v1::{DaemonInfo, StatsUpdate, WatchStatsRequest};
+use tierctl::cli::{Output, TopArgs};
+use tierctl::conn::{Client, RpcError};
+use tierctl::view;
 use tokio_stream::StreamExt;
 
 pub async fn top(

@@ -1,10 +1,10 @@
 //! `policy get` and `policy set`: tierd validates, tierctl only parses.
 
 use anyhow::Context;
-use tier_controller::cli::PolicySetArgs;
-use tier_controller::conn::{Client, RpcError};
-use tier_controller::policy_json;
 use tier_proto::v1::{GetPolicyRequest, Policy, SetPolicyRequest};
+use tierctl::cli::PolicySetArgs;
+use tierctl::conn::{Client, RpcError};
+use tierctl::policy_json;
 
 async fn current(client: &mut Client) -> anyhow::Result<Policy> {
     Ok(client

@@ -1,5 +1,5 @@
 //! tierctl: talk to tierd. `info`, `vms`, `vm`, `top`, `policy`, `balloon`,
-//! `completions` (docs/tierctl.md). The command line is `tier_controller::cli`;
+//! `completions` (docs/tierctl.md). The command line is `tierctl::cli`;
 //! the commands themselves are binary-only modules in src/cmd/.
 
 mod cmd;
@@ -7,7 +7,7 @@ mod cmd;
 use std::process::ExitCode;
 
 use clap::Parser;
-use tier_controller::cli::Cli;
+use tierctl::cli::Cli;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();

@@ -2,14 +2,14 @@
 //! The `top` renderer as a pure function: state in, frame out, on
 //! ratatui's TestBackend. Text and colours are read back from the buffer.
 
-use tier_controller::top::app::Conn;
-use tier_controller::top::input::handle_key;
-use tier_controller::top::ratatui::Terminal;
-use tier_controller::top::ratatui::backend::TestBackend;
-use tier_controller::top::ratatui::buffer::Buffer;
-use tier_controller::top::ratatui::crossterm::event::{KeyCode, KeyEvent, KeyModifiers};
-use tier_controller::top::ratatui::style::Color;
-use tier_controller::top::{App, render, synthetic};
+use tierctl::top::app::Conn;
+use tierctl::top::input::handle_key;
+use tierctl::top::ratatui::Terminal;
+use tierctl::top::ratatui::backend::TestBackend;
+use tierctl::top::ratatui::buffer::Buffer;
+use tierctl::top::ratatui::crossterm::event::{KeyCode, KeyEvent, KeyModifiers};
+use tierctl::top::ratatui::style::Color;
+use tierctl::top::{App, render, synthetic};
 
 fn draw(app: &App, w: u16, h: u16) -> Buffer {
     let mut t = Terminal::new(TestBackend::new(w, h)).unwrap();

@@ -8,22 +8,15 @@ use ratatui::layout::{Constraint, Layout, Rect};
 use ratatui::style::{Color, Modifier, Style};
 use ratatui::text::{Line, Span, Text};
 use ratatui::widgets::{Block, Cell, Clear, Paragraph, Row, Table};
+use tier_proto::human_bytes;
 use tier_proto::v1::TierKind;
 
 use super::app::{App, Conn, SortColumn, first_visible};
 use super::detail;
-use super::format::{action, delta, pct, spark};
+use super::format::{action, delta, delta_style, pct, spark};
+use super::layout::BOTTOM_LINES;
 use super::model::{VmView, WINDOW_NS};
-use crate::view::{hit_range, human_bytes, rate};
-
-/// Lines above the table (title, status) and below it (footer).
-const TOP_LINES: u16 = 2;
-const BOTTOM_LINES: u16 = 1;
-
-/// Rows of the terminal available to VM rows (the table header excluded).
-pub fn table_body_height(terminal_height: u16) -> u16 {
-    terminal_height.saturating_sub(TOP_LINES + BOTTOM_LINES + 1)
-}
+use crate::view::{hit_range, rate};
 
 /// Draws the whole screen.
 pub fn render(app: &App, f: &mut Frame<'_>) {
@@ -345,17 +338,6 @@ fn vm_cells(app: &App, v: &VmView, default: Option<f64>, spark_w: usize) -> [Cel
         Cell::from(Span::styled(trend, Style::new().fg(Color::Cyan))),
         Cell::from(last),
     ]
-}
-
-/// Red: below target by more than epsilon (starved); green: within
-/// epsilon; blue: above by more than epsilon (DRAM to spare).
-pub fn delta_style(d: Option<f64>, epsilon: f64) -> Style {
-    match d {
-        Some(d) if d < -epsilon => Style::new().fg(Color::Red).add_modifier(Modifier::BOLD),
-        Some(d) if d > epsilon => Style::new().fg(Color::Blue),
-        Some(_) => Style::new().fg(Color::Green),
-        None => Style::new(),
-    }
 }
 
 const HELP: &[(&str, &str)] = &[

@@ -1,0 +1,24 @@
+//! `tierctl top`: state ([`app`], [`model`]), keys ([`input`]) and a pure
+//! renderer ([`render`](mod@render): state -> frame; the table there, the
+//! detail pane in `detail`) that tests and benches drive with ratatui's
+//! `TestBackend`. Imports go one way: `format` (text forms), `layout`
+//! (screen geometry), `model` and `estimate` import no sibling; `app` reads
+//! `model` and `layout`; `input` and `detail` read `app`; `render` reads all
+//! of these and calls `detail`, which takes nothing from `render`. The
+//! terminal and network loop lives in the tierctl binary.
+
+pub mod app;
+mod detail;
+mod estimate;
+pub mod format;
+pub mod input;
+pub mod layout;
+pub mod model;
+pub mod render;
+pub mod synthetic;
+
+pub use app::App;
+pub use render::render;
+
+/// The ratatui tierctl renders with, for benches and tests (same version).
+pub use ratatui;
