@@ -4,6 +4,8 @@ mod compat;
 mod demo;
 mod demo_ch;
 mod deps;
+#[cfg(test)]
+mod docs;
 mod linux_driver;
 mod run;
 mod uml;
