@@ -7,7 +7,7 @@ use std::process::{Command, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use crate::ChildGuard;
+use crate::child::ChildGuard;
 
 /// Spawns `cmd` with stdout and stderr appended to `log` (appended so a
 /// restarted daemon keeps the earlier lines).
