@@ -10,9 +10,9 @@ mod cli_common;
 
 use std::time::Duration;
 
-use cli_common::{Tierd, kvm_missing, tmux_missing};
+use cli_common::Tierd;
 use libtest_mimic::{Arguments, Completion, Failed, Trial};
-use tier_test_support::Tmux;
+use tier_test_support::{Tmux, kvm_missing, tmux_missing};
 
 /// `tierctl top` in a private tmux server's session (killed on drop);
 /// the shell stays after tierctl exits so its exit status is on screen.

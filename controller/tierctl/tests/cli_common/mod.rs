@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
-use tier_test_support::ChildGuard;
+use tier_test_support::{ChildGuard, tierd_bin};
 
 /// The tierctl under test.
 pub fn tierctl() -> Command {
@@ -30,8 +30,6 @@ pub fn run_tierctl(endpoint: &str, args: &[&str]) -> (Output, String, String) {
     let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
     (out, stdout, stderr)
 }
-
-pub use tier_test_support::{kvm_missing, tierd_bin, tmux_missing};
 
 /// A tierd on a private socket; terminated on drop.
 pub struct Tierd {
