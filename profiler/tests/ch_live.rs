@@ -282,21 +282,15 @@ async fn live(bin: PathBuf) {
     .unwrap();
     let socket = dir.path().join("tierd.sock");
     let log_path = dir.path().join("tierd.log");
-    let tierd = ChildGuard::new(
-        Command::new(env!("CARGO_BIN_EXE_tierd"))
-            .arg("run")
-            .arg("--config")
-            .arg(&config)
-            .arg("--socket")
-            .arg(&socket)
-            .env("TIERD_LOG", "info")
-            .stderr(std::fs::File::create(&log_path).unwrap())
-            .spawn()
-            .unwrap(),
-    );
-    wait_for("tierd socket", 20, || {
-        std::os::unix::net::UnixStream::connect(&socket).is_ok()
-    });
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_tierd"));
+    cmd.arg("run")
+        .arg("--config")
+        .arg(&config)
+        .arg("--socket")
+        .arg(&socket)
+        .env("TIERD_LOG", "info");
+    let mut tierd = tier_test_support::spawn_logged(&mut cmd, &log_path);
+    tier_test_support::wait_listening(&mut tierd, &socket, &log_path, Duration::from_secs(20));
     let mut client = tier_proto::connect(&Endpoint::Unix(socket.clone()))
         .await
         .unwrap();

@@ -3,8 +3,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly on purpose
 
-use std::io::{BufRead, BufReader};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
 use tier_proto::Endpoint;
@@ -14,21 +13,15 @@ use tokio_stream::StreamExt;
 
 /// Starts tier-demo-vm; returns it and the touched pages it announces.
 fn demo_vm() -> (ChildGuard, Vec<u64>) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_tier-demo-vm"))
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
+    let (vm, line) =
+        tier_test_support::spawn_ready_line(&mut Command::new(env!("CARGO_BIN_EXE_tier-demo-vm")));
     // "ready pid=N touched_pages=[50, 96]"
     let touched = line
         .split_once("touched_pages=[")
         .and_then(|(_, r)| r.split_once(']'))
         .map(|(v, _)| v.split(", ").map(|n| n.parse().unwrap()).collect())
         .unwrap_or_else(|| panic!("unexpected ready line {line:?}"));
-    (ChildGuard::new(child), touched)
+    (vm, touched)
 }
 
 #[tokio::test]

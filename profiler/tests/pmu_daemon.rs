@@ -15,7 +15,6 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly on purpose
 
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -107,16 +106,9 @@ fn tierd_counts_per_tier_pmu_events_using_software_events_in_place_of_hardware_o
     std::fs::write(&table, software_table(&cpu)).unwrap();
 
     // The VMM-like process: a real KVM guest, vCPU thread "guest-cpu".
-    let mut child = Command::new(env!("CARGO_BIN_EXE_tier-demo-vm"))
-        .args(["--vcpu-thread-name", "guest-cpu"])
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut ready = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut ready)
-        .unwrap();
-    let vm = ChildGuard::new(child);
+    let (vm, ready) = tier_test_support::spawn_ready_line(
+        Command::new(env!("CARGO_BIN_EXE_tier-demo-vm")).args(["--vcpu-thread-name", "guest-cpu"]),
+    );
     assert!(ready.starts_with("ready"), "{ready:?}");
     let pid = vm.id();
 

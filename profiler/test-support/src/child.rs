@@ -55,3 +55,18 @@ impl Drop for ChildGuard {
         self.terminate();
     }
 }
+
+/// Spawns `cmd` with stdout piped and reads its first line (a "ready ..."
+/// announcement); the rest of stdout is left unread.
+pub fn spawn_ready_line(cmd: &mut std::process::Command) -> (ChildGuard, String) {
+    use std::io::BufRead;
+    let mut child = cmd
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("spawning {cmd:?}: {e}"));
+    let mut line = String::new();
+    std::io::BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    (ChildGuard::new(child), line)
+}
