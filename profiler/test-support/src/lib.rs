@@ -11,6 +11,7 @@
 pub mod caps;
 pub mod child;
 pub mod daemon;
+pub mod fake_http;
 pub mod http;
 pub mod tmux;
 
