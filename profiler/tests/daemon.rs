@@ -335,18 +335,10 @@ async fn bad_requests_get_clear_status_and_the_daemon_keeps_serving() {
 #[test]
 fn refuses_a_live_socket_and_a_non_socket_path() {
     let first = Tierd::start(&[]);
-    let out = Command::new(env!("CARGO_BIN_EXE_tierd"))
-        .args([
-            "run",
-            "--config",
-            "/dev/null",
-            "--metrics-listen",
-            "",
-            "--socket",
-        ])
-        .arg(&first.socket)
-        .output()
-        .unwrap();
+    let out =
+        tier_test_support::tierd_no_metrics(Path::new(env!("CARGO_BIN_EXE_tierd")), &first.socket)
+            .output()
+            .unwrap();
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("already serving"), "{err}");
@@ -354,16 +346,7 @@ fn refuses_a_live_socket_and_a_non_socket_path() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("not-a-socket");
     std::fs::write(&file, "keep me").unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_tierd"))
-        .args([
-            "run",
-            "--config",
-            "/dev/null",
-            "--metrics-listen",
-            "",
-            "--socket",
-        ])
-        .arg(&file)
+    let out = tier_test_support::tierd_no_metrics(Path::new(env!("CARGO_BIN_EXE_tierd")), &file)
         .output()
         .unwrap();
     assert!(!out.status.success());

@@ -62,6 +62,16 @@ pub fn tierd_isolated(bin: &Path, socket: &Path) -> Command {
     c
 }
 
+/// `tierd run` on `socket` with no config file and no metrics endpoint:
+/// for runs that are expected to stop at start-up.
+pub fn tierd_no_metrics(bin: &Path, socket: &Path) -> Command {
+    let mut c = Command::new(bin);
+    c.args(["run", "--config", "/dev/null", "--metrics-listen", ""])
+        .arg("--socket")
+        .arg(socket);
+    c
+}
+
 /// The `bound=ADDR` of the first log line containing `phrase` (e.g.
 /// "metrics on"), if there is one yet.
 pub fn bound_in(log: &str, phrase: &str) -> Option<SocketAddr> {
