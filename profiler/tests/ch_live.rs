@@ -289,8 +289,8 @@ async fn live(bin: PathBuf) {
         .arg("--socket")
         .arg(&socket)
         .env("TIERD_LOG", "info");
-    let mut tierd = tier_test_support::spawn_logged(&mut cmd, &log_path);
-    tier_test_support::wait_listening(&mut tierd, &socket, &log_path, Duration::from_secs(20));
+    let tierd =
+        tier_test_support::spawn_listening(&mut cmd, &socket, &log_path, Duration::from_secs(20));
     let mut client = tier_proto::connect(&Endpoint::Unix(socket.clone()))
         .await
         .unwrap();

@@ -27,8 +27,12 @@ impl Tierd {
         // business, nor a config file or metrics port of the host's.
         let mut cmd =
             tier_test_support::tierd_isolated(Path::new(env!("CARGO_BIN_EXE_tierd")), &socket);
-        let mut child = tier_test_support::spawn_logged(cmd.args(extra), &log);
-        tier_test_support::wait_listening(&mut child, &socket, &log, Duration::from_secs(20));
+        let child = tier_test_support::spawn_listening(
+            cmd.args(extra),
+            &socket,
+            &log,
+            Duration::from_secs(20),
+        );
         Tierd {
             child,
             socket,

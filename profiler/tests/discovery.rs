@@ -48,8 +48,8 @@ async fn discovers_samples_and_drops_a_vm_process() {
         "--socket",
     ])
     .arg(&socket);
-    let mut tierd = tier_test_support::spawn_logged(&mut cmd, &log);
-    tier_test_support::wait_listening(&mut tierd, &socket, &log, Duration::from_secs(20));
+    let tierd =
+        tier_test_support::spawn_listening(&mut cmd, &socket, &log, Duration::from_secs(20));
     let mut client = tier_proto::connect(&Endpoint::Unix(socket.clone()))
         .await
         .unwrap();

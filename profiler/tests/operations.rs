@@ -93,8 +93,8 @@ impl Daemon {
             .arg("--socket")
             .arg(&socket)
             .args(flags);
-        let mut child = tier_test_support::spawn_logged(&mut cmd, &log);
-        tier_test_support::wait_listening(&mut child, &socket, &log, Duration::from_secs(20));
+        let child =
+            tier_test_support::spawn_listening(&mut cmd, &socket, &log, Duration::from_secs(20));
         Daemon {
             child,
             log,

@@ -59,8 +59,8 @@ impl Tierd {
                 "250",
             ])
             .args(extra);
-        let mut child = tier_test_support::spawn_logged(&mut cmd, &log);
-        tier_test_support::wait_listening(&mut child, &socket, &log, Duration::from_secs(30));
+        let child =
+            tier_test_support::spawn_listening(&mut cmd, &socket, &log, Duration::from_secs(30));
         Tierd {
             _child: child,
             socket,

@@ -47,6 +47,18 @@ fn read_log(log: &Path) -> String {
     std::fs::read_to_string(log).unwrap_or_default()
 }
 
+/// [`spawn_logged`], then [`wait_listening`] on `socket`.
+pub fn spawn_listening(
+    cmd: &mut Command,
+    socket: &Path,
+    log: &Path,
+    timeout: Duration,
+) -> ChildGuard {
+    let mut child = spawn_logged(cmd, log);
+    wait_listening(&mut child, socket, log, timeout);
+    child
+}
+
 /// `tierd run` on `socket`, isolated from the host and from tests running
 /// in parallel: no discovery of other VMs, no config file, an ephemeral
 /// metrics port.

@@ -18,7 +18,8 @@ pub mod tmux;
 pub use caps::{ch_bin, kvm_missing, tmux_missing, tool, tool_missing};
 pub use child::{ChildGuard, spawn_ready_line};
 pub use daemon::{
-    bound_in, spawn_logged, tierd_bin, tierd_isolated, tierd_no_metrics, wait_bound, wait_listening,
+    bound_in, spawn_listening, spawn_logged, tierd_bin, tierd_isolated, tierd_no_metrics,
+    wait_bound, wait_listening,
 };
 pub use http::{http_get, http_get_with};
 pub use tmux::Tmux;

@@ -78,7 +78,5 @@ impl Tierd {
 fn spawn(socket: &Path, dir: &Path, extra: &[String]) -> ChildGuard {
     let log = dir.join("tierd.log");
     let mut cmd = tier_test_support::tierd_isolated(tierd_bin(), socket);
-    let mut child = tier_test_support::spawn_logged(cmd.args(extra), &log);
-    tier_test_support::wait_listening(&mut child, socket, &log, Duration::from_secs(20));
-    child
+    tier_test_support::spawn_listening(cmd.args(extra), socket, &log, Duration::from_secs(20))
 }
