@@ -11,6 +11,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use libtest_mimic::{Arguments, Completion, Failed, Trial};
+use tier_test_support::{Tmux, tmux_missing};
 
 const BENCH: &str = env!("CARGO_BIN_EXE_schedule");
 /// The RESULT keys of `schedule`, in order.
@@ -66,74 +67,15 @@ fn piped_output_is_plain() {
     check_result_line(&stdout);
 }
 
-/// A private tmux server (its socket in a temporary folder) running the
-/// bench; the session and server are killed on drop, the socket removed.
-struct Tmux {
-    dir: tempfile::TempDir,
-    session: String,
-}
-
-impl Tmux {
-    fn socket(&self) -> std::path::PathBuf {
-        self.dir.path().join("tmux.sock")
-    }
-
-    fn tmux(&self, args: &[&str]) -> String {
-        let out = Command::new("tmux")
-            .arg("-S")
-            .arg(self.socket())
-            .args(args)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "tmux {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    }
-}
-
-impl Drop for Tmux {
-    fn drop(&mut self) {
-        let _ = Command::new("tmux")
-            .arg("-S")
-            .arg(self.socket())
-            .args(["kill-session", "-t", &self.session])
-            .output();
-        let _ = Command::new("tmux")
-            .arg("-S")
-            .arg(self.socket())
-            .arg("kill-server")
-            .output();
-    }
-}
-
 fn terminal_shows_a_bar() {
-    let t = Tmux {
-        dir: tempfile::tempdir().unwrap(),
-        session: format!("bench-progress-{}", std::process::id()),
-    };
     // The shell stays after the bench so the final screen can be read.
     let cmd = format!("{BENCH} --intervals 15; echo BENCH-EXIT=$?; sleep 600");
-    t.tmux(&[
-        "-f",
-        "/dev/null",
-        "new-session",
-        "-d",
-        "-s",
-        &t.session,
-        "-x",
-        "170",
-        "-y",
-        "50",
-        &cmd,
-    ]);
+    let t = Tmux::start("bench-progress", 170, 50, &cmd);
     let is_bar = |l: &str| l.starts_with("schedule: [") && l.contains("/28");
     let deadline = Instant::now() + Duration::from_secs(30);
     let mut bar = None;
     let screen = loop {
-        let s = t.tmux(&["capture-pane", "-p", "-t", &t.session]);
+        let s = t.screen();
         if bar.is_none() {
             bar = s.lines().find(|l| is_bar(l)).map(str::to_string);
         }
@@ -156,16 +98,6 @@ fn terminal_shows_a_bar() {
         .collect();
     assert_eq!(out.lines().count(), 2 + 28 + 5 + 1, "{screen}");
     check_result_line(&out);
-}
-
-fn tmux_missing() -> Option<String> {
-    match Command::new("tmux").arg("-V").output() {
-        Ok(o) if o.status.success() => None,
-        Ok(o) => Some(format!("tmux -V failed: {}", o.status)),
-        Err(e) => Some(format!(
-            "needs tmux for a real terminal (cargo xtask deps): {e}"
-        )),
-    }
 }
 
 fn main() {

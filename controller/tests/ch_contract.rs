@@ -14,17 +14,11 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use tier_controller::actuate::{ActuateError, BALLOON_DEVICE, Backoff, ChApi, TierState, Vmm};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{UnixListener, UnixStream};
+use tier_test_support::fake_http::{ch_fixture as fixture, read_request};
+use tokio::io::AsyncWriteExt;
+use tokio::net::UnixListener;
 
 const MIB: u64 = 1 << 20;
-
-fn fixture(name: &str) -> Vec<u8> {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures/ch-v53-tierd")
-        .join(name);
-    std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
-}
 
 /// What the stand-in VMM does with the request on each connection, in order.
 enum Step {
@@ -57,28 +51,6 @@ impl Server {
     }
     fn accepted(&self) -> Vec<Instant> {
         self.seen.lock().unwrap().iter().map(|(t, _)| *t).collect()
-    }
-}
-
-async fn read_request(stream: &mut UnixStream) -> Vec<u8> {
-    let mut buf = Vec::new();
-    let mut chunk = [0u8; 4096];
-    loop {
-        if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-            let head = String::from_utf8_lossy(&buf[..end]).to_ascii_lowercase();
-            let len = head
-                .lines()
-                .find_map(|l| l.strip_prefix("content-length:"))
-                .map_or(0, |v| v.trim().parse::<usize>().unwrap());
-            if buf.len() >= end + 4 + len {
-                return buf;
-            }
-        }
-        let n = stream.read(&mut chunk).await.unwrap();
-        if n == 0 {
-            return buf;
-        }
-        buf.extend_from_slice(&chunk[..n]);
     }
 }
 

@@ -19,26 +19,19 @@ use tier_controller::actuate::{ActuateError, BALLOON_DEVICE, ChApi, Vmm};
 const MIB: u64 = 1 << 20;
 
 fn capability() -> Result<(PathBuf, PathBuf), String> {
-    let bin = std::env::var_os("TIERD_CH_BIN")
-        .map(PathBuf::from)
-        .ok_or("TIERD_CH_BIN is not set (path of the patched cloud-hypervisor)")?;
+    let bin = tier_test_support::ch_bin()?;
     let kernel = std::env::var_os("TIERD_CH_KERNEL")
         .map(PathBuf::from)
         .ok_or("TIERD_CH_KERNEL is not set (a PVH guest ELF, e.g. /work/pvh/tiny.elf)")?;
-    if !bin.is_file() {
-        return Err(format!("TIERD_CH_BIN={} is not a file", bin.display()));
-    }
     if !kernel.is_file() {
         return Err(format!(
             "TIERD_CH_KERNEL={} is not a file",
             kernel.display()
         ));
     }
-    std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open("/dev/kvm")
-        .map_err(|e| format!("/dev/kvm: {e}"))?;
+    if let Some(why) = tier_test_support::kvm_missing() {
+        return Err(why);
+    }
     Ok((bin, kernel))
 }
 

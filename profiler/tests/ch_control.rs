@@ -21,18 +21,12 @@ use tier_profiler::control::InProcess;
 use tier_profiler::server::{Shared, TierServer};
 use tier_proto::v1::tier_service_server::TierService;
 use tier_proto::v1::*;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{UnixListener, UnixStream};
+use tier_test_support::fake_http::{ch_fixture as recorded, read_request};
+use tokio::io::AsyncWriteExt;
+use tokio::net::UnixListener;
 
 const M: u64 = 1 << 20;
 const VM_ID: &str = "ch:4242:30";
-
-fn recorded(name: &str) -> Vec<u8> {
-    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../controller/tests/fixtures/ch-v53-tierd")
-        .join(name);
-    std::fs::read(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
-}
 
 /// A recorded response with its body passed through `edit`.
 fn edited(name: &str, edit: impl Fn(&str) -> String) -> Vec<u8> {
@@ -83,28 +77,6 @@ struct Vmm {
     info: Arc<Mutex<Vec<u8>>>,
     resize: Arc<Mutex<VecDeque<Vec<u8>>>>,
     seen: Arc<Mutex<Vec<(String, String)>>>,
-}
-
-async fn read_request(s: &mut UnixStream) -> Vec<u8> {
-    let mut buf = Vec::new();
-    let mut chunk = [0u8; 4096];
-    loop {
-        if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-            let head = String::from_utf8_lossy(&buf[..end]).to_ascii_lowercase();
-            let len = head
-                .lines()
-                .find_map(|l| l.strip_prefix("content-length:"))
-                .map_or(0, |v| v.trim().parse::<usize>().unwrap());
-            if buf.len() >= end + 4 + len {
-                return buf;
-            }
-        }
-        let n = s.read(&mut chunk).await.unwrap();
-        if n == 0 {
-            return buf;
-        }
-        buf.extend_from_slice(&chunk[..n]);
-    }
 }
 
 impl Vmm {

@@ -20,44 +20,27 @@
 
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use libtest_mimic::{Arguments, Completion, Failed, Trial};
 use tier_controller::actuate::ChApi;
 use tier_proto::Endpoint;
 use tier_proto::v1::*;
+use tier_test_support::ChildGuard;
 use tokio_stream::StreamExt;
 
 const M: u64 = 1 << 20;
 
-struct Kill(Child);
-impl Drop for Kill {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 fn capability() -> Result<PathBuf, String> {
-    let bin = std::env::var_os("TIERD_CH_BIN")
-        .map(PathBuf::from)
-        .ok_or("TIERD_CH_BIN is not set (path of the patched cloud-hypervisor)")?;
-    if !bin.is_file() {
-        return Err(format!("TIERD_CH_BIN={} is not a file", bin.display()));
+    let bin = tier_test_support::ch_bin()?;
+    if let Some(why) = tier_test_support::kvm_missing() {
+        return Err(why);
     }
-    std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open("/dev/kvm")
-        .map_err(|e| format!("/dev/kvm: {e}"))?;
     for tool in ["cc", "ld"] {
-        Command::new(tool)
-            .arg("--version")
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status()
-            .map_err(|e| format!("{tool} (to build the PVH test guest): {e}"))?;
+        if let Some(why) = tier_test_support::tool_missing(tool, "to build the PVH test guest") {
+            return Err(why);
+        }
     }
     Ok(bin)
 }
@@ -87,14 +70,14 @@ fn guest(dir: &Path, slow_base: u64) -> PathBuf {
 }
 
 struct ChVm {
-    proc: Kill,
+    proc: ChildGuard,
     socket: PathBuf,
     serial: PathBuf,
 }
 
 impl ChVm {
     fn pid(&self) -> u32 {
-        self.proc.0.id()
+        self.proc.id()
     }
 }
 
@@ -136,7 +119,7 @@ fn start_ch(
         .stdout(Stdio::null())
         .stderr(Stdio::null());
     ChVm {
-        proc: Kill(cmd.spawn().unwrap()),
+        proc: ChildGuard::new(cmd.spawn().unwrap()),
         socket: socket.to_path_buf(),
         serial,
     }
@@ -299,21 +282,15 @@ async fn live(bin: PathBuf) {
     .unwrap();
     let socket = dir.path().join("tierd.sock");
     let log_path = dir.path().join("tierd.log");
-    let tierd = Kill(
-        Command::new(env!("CARGO_BIN_EXE_tierd"))
-            .arg("run")
-            .arg("--config")
-            .arg(&config)
-            .arg("--socket")
-            .arg(&socket)
-            .env("TIERD_LOG", "info")
-            .stderr(std::fs::File::create(&log_path).unwrap())
-            .spawn()
-            .unwrap(),
-    );
-    wait_for("tierd socket", 20, || {
-        std::os::unix::net::UnixStream::connect(&socket).is_ok()
-    });
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_tierd"));
+    cmd.arg("run")
+        .arg("--config")
+        .arg(&config)
+        .arg("--socket")
+        .arg(&socket)
+        .env("TIERD_LOG", "info");
+    let tierd =
+        tier_test_support::spawn_listening(&mut cmd, &socket, &log_path, Duration::from_secs(20));
     let mut client = tier_proto::connect(&Endpoint::Unix(socket.clone()))
         .await
         .unwrap();

@@ -4,15 +4,16 @@
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use tier_proto::v1::*;
 use tier_proto::{Endpoint, PROTOCOL_VERSION};
+use tier_test_support::ChildGuard;
 use tokio_stream::StreamExt;
 
 struct Tierd {
-    child: Child,
+    child: ChildGuard,
     socket: PathBuf,
     _dir: tempfile::TempDir,
 }
@@ -21,45 +22,22 @@ impl Tierd {
     fn start(extra: &[&str]) -> Tierd {
         let dir = tempfile::tempdir().unwrap();
         let socket = dir.path().join("run/tierd.sock");
-        let log = std::fs::File::create(dir.path().join("tierd.log")).unwrap();
-        let child = Command::new(env!("CARGO_BIN_EXE_tierd"))
-            .arg("run")
-            .arg("--socket")
-            .arg(&socket)
-            // Tests run in parallel: other tests' VMs are not this one's
-            // business, nor a config file or metrics port of the host's.
-            .args([
-                "--no-discover",
-                "--config",
-                "/dev/null",
-                "--metrics-listen",
-                "127.0.0.1:0",
-            ])
-            .args(extra)
-            .stderr(Stdio::from(log))
-            .spawn()
-            .unwrap();
-        let mut t = Tierd {
+        let log = dir.path().join("tierd.log");
+        // Tests run in parallel: other tests' VMs are not this one's
+        // business, nor a config file or metrics port of the host's.
+        let mut cmd =
+            tier_test_support::tierd_isolated(Path::new(env!("CARGO_BIN_EXE_tierd")), &socket);
+        let child = tier_test_support::spawn_listening(
+            cmd.args(extra),
+            &socket,
+            &log,
+            Duration::from_secs(20),
+        );
+        Tierd {
             child,
             socket,
             _dir: dir,
-        };
-        t.wait_ready();
-        t
-    }
-
-    fn wait_ready(&mut self) {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while Instant::now() < deadline {
-            if std::os::unix::net::UnixStream::connect(&self.socket).is_ok() {
-                return;
-            }
-            if let Some(st) = self.child.try_wait().unwrap() {
-                panic!("tierd exited early: {st}");
-            }
-            std::thread::sleep(Duration::from_millis(50));
         }
-        panic!("tierd did not listen on {}", self.socket.display());
     }
 
     fn endpoint(&self) -> Endpoint {
@@ -68,23 +46,7 @@ impl Tierd {
 
     /// SIGTERM by PID; returns the exit status.
     fn terminate(mut self) -> std::process::ExitStatus {
-        // SAFETY: kill(2) on our own child's PID, not yet reaped.
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            if let Some(st) = self.child.try_wait().unwrap() {
-                return st;
-            }
-            assert!(Instant::now() < deadline, "tierd ignored SIGTERM");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-}
-
-impl Drop for Tierd {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        self.child.terminate().expect("tierd ignored SIGTERM")
     }
 }
 
@@ -377,18 +339,10 @@ async fn bad_requests_get_clear_status_and_the_daemon_keeps_serving() {
 #[test]
 fn refuses_a_live_socket_and_a_non_socket_path() {
     let first = Tierd::start(&[]);
-    let out = Command::new(env!("CARGO_BIN_EXE_tierd"))
-        .args([
-            "run",
-            "--config",
-            "/dev/null",
-            "--metrics-listen",
-            "",
-            "--socket",
-        ])
-        .arg(&first.socket)
-        .output()
-        .unwrap();
+    let out =
+        tier_test_support::tierd_no_metrics(Path::new(env!("CARGO_BIN_EXE_tierd")), &first.socket)
+            .output()
+            .unwrap();
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("already serving"), "{err}");
@@ -396,16 +350,7 @@ fn refuses_a_live_socket_and_a_non_socket_path() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("not-a-socket");
     std::fs::write(&file, "keep me").unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_tierd"))
-        .args([
-            "run",
-            "--config",
-            "/dev/null",
-            "--metrics-listen",
-            "",
-            "--socket",
-        ])
-        .arg(&file)
+    let out = tier_test_support::tierd_no_metrics(Path::new(env!("CARGO_BIN_EXE_tierd")), &file)
         .output()
         .unwrap();
     assert!(!out.status.success());

@@ -3,75 +3,53 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly on purpose
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
+use std::time::Duration;
 
 use tier_proto::Endpoint;
 use tier_proto::v1::*;
+use tier_test_support::ChildGuard;
 use tokio_stream::StreamExt;
 
-struct Kill(Child);
-impl Drop for Kill {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 /// Starts tier-demo-vm; returns it and the touched pages it announces.
-fn demo_vm() -> (Kill, Vec<u64>) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_tier-demo-vm"))
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
+fn demo_vm() -> (ChildGuard, Vec<u64>) {
+    let (vm, line) =
+        tier_test_support::spawn_ready_line(&mut Command::new(env!("CARGO_BIN_EXE_tier-demo-vm")));
     // "ready pid=N touched_pages=[50, 96]"
     let touched = line
         .split_once("touched_pages=[")
         .and_then(|(_, r)| r.split_once(']'))
         .map(|(v, _)| v.split(", ").map(|n| n.parse().unwrap()).collect())
         .unwrap_or_else(|| panic!("unexpected ready line {line:?}"));
-    (Kill(child), touched)
+    (vm, touched)
 }
 
 #[tokio::test]
 #[cfg_attr(not(has_kvm), ignore = "needs a usable /dev/kvm")]
 async fn discovers_samples_and_drops_a_vm_process() {
     let (mut vm, touched) = demo_vm();
-    let pid = vm.0.id();
+    let pid = vm.id();
     let dir = tempfile::tempdir().unwrap();
     let socket = dir.path().join("tierd.sock");
-    let log = std::fs::File::create(dir.path().join("tierd.log")).unwrap();
-    let tierd = Kill(
-        Command::new(env!("CARGO_BIN_EXE_tierd"))
-            .args([
-                "run",
-                "--config",
-                "/dev/null",
-                "--metrics-listen",
-                "127.0.0.1:0",
-            ])
-            .args([
-                "--interval-ms",
-                "250",
-                "--tier-kind",
-                "slow=cxl",
-                "--socket",
-            ])
-            .arg(&socket)
-            .stderr(log)
-            .spawn()
-            .unwrap(),
-    );
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while std::os::unix::net::UnixStream::connect(&socket).is_err() {
-        assert!(Instant::now() < deadline, "tierd did not start");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    let log = dir.path().join("tierd.log");
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_tierd"));
+    cmd.args([
+        "run",
+        "--config",
+        "/dev/null",
+        "--metrics-listen",
+        "127.0.0.1:0",
+    ])
+    .args([
+        "--interval-ms",
+        "250",
+        "--tier-kind",
+        "slow=cxl",
+        "--socket",
+    ])
+    .arg(&socket);
+    let tierd =
+        tier_test_support::spawn_listening(&mut cmd, &socket, &log, Duration::from_secs(20));
     let mut client = tier_proto::connect(&Endpoint::Unix(socket.clone()))
         .await
         .unwrap();
@@ -135,8 +113,8 @@ async fn discovers_samples_and_drops_a_vm_process() {
     assert_eq!(sampled, 2, "never saw two sampled intervals of {prefix}*");
 
     // Kill the VM: it leaves the stream within 2 intervals.
-    vm.0.kill().unwrap();
-    vm.0.wait().unwrap();
+    vm.child_mut().kill().unwrap();
+    vm.child_mut().wait().unwrap();
     let mut departed = false;
     for _ in 0..2 {
         let u = stream.next().await.unwrap().unwrap();

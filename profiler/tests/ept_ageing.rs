@@ -55,19 +55,13 @@ fn ept_backends_count_the_demo_guests_pages() {
 )]
 fn forcing_an_ept_backend_without_page_idle_fails_with_the_reason() {
     let dir = tempfile::tempdir().unwrap();
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_tierd"))
-        .args([
-            "run",
-            "--config",
-            "/dev/null",
-            "--metrics-listen",
-            "",
-            "--no-discover",
-        ])
-        .args(["--backend", "ept-tracepoint", "--socket"])
-        .arg(dir.path().join("s.sock"))
-        .output()
-        .unwrap();
+    let out = tier_test_support::tierd_no_metrics(
+        std::path::Path::new(env!("CARGO_BIN_EXE_tierd")),
+        &dir.path().join("s.sock"),
+    )
+    .args(["--no-discover", "--backend", "ept-tracepoint"])
+    .output()
+    .unwrap();
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(

@@ -3,14 +3,14 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly on purpose
 
-use std::io::{Read, Write};
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use tier_proto::v1::GetInfoRequest;
 use tier_proto::v1::tier_service_client::TierServiceClient;
+use tier_test_support::ChildGuard;
 use tonic::transport::{Certificate, ClientTlsConfig, Endpoint};
 
 fn tierd() -> Command {
@@ -74,7 +74,7 @@ fn bad_configs_exit_2_and_name_the_key() {
 }
 
 struct Daemon {
-    child: Child,
+    child: ChildGuard,
     log: PathBuf,
     socket: PathBuf,
     _dir: tempfile::TempDir,
@@ -87,57 +87,25 @@ impl Daemon {
         std::fs::write(&cfg, config).unwrap();
         let log = dir.path().join("tierd.log");
         let socket = dir.path().join("tierd.sock");
-        let child = tierd()
-            .args(["run", "--no-discover", "--config"])
+        let mut cmd = tierd();
+        cmd.args(["run", "--no-discover", "--config"])
             .arg(&cfg)
             .arg("--socket")
             .arg(&socket)
-            .args(flags)
-            .stderr(Stdio::from(std::fs::File::create(&log).unwrap()))
-            .spawn()
-            .unwrap();
-        let mut d = Daemon {
+            .args(flags);
+        let child =
+            tier_test_support::spawn_listening(&mut cmd, &socket, &log, Duration::from_secs(20));
+        Daemon {
             child,
             log,
             socket,
             _dir: dir,
-        };
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while std::os::unix::net::UnixStream::connect(&d.socket).is_err() {
-            if let Some(st) = d.child.try_wait().unwrap() {
-                panic!(
-                    "tierd exited: {st}: {}",
-                    std::fs::read_to_string(&d.log).unwrap()
-                );
-            }
-            assert!(Instant::now() < deadline, "tierd did not start");
-            std::thread::sleep(Duration::from_millis(50));
         }
-        d
     }
 
     /// The `bound=ADDR` that a log line containing `what` announced.
     fn bound(&self, what: &str) -> std::net::SocketAddr {
-        let log = std::fs::read_to_string(&self.log).unwrap();
-        let line = log
-            .lines()
-            .find(|l| l.contains(what))
-            .unwrap_or_else(|| panic!("no {what:?} in {log}"));
-        let addr = line
-            .split("bound=")
-            .nth(1)
-            .unwrap()
-            .split_whitespace()
-            .next()
-            .unwrap();
-        addr.parse().unwrap()
-    }
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        tier_test_support::wait_bound(&self.log, what)
     }
 }
 
@@ -153,16 +121,10 @@ fn socket_gets_the_configured_mode_and_group() {
     assert_eq!(meta.gid(), gid);
 }
 
+/// The whole answer (status line, headers, body) to an HTTP/1.1 GET.
 fn http_get(addr: std::net::SocketAddr, path: &str) -> String {
-    let mut s = std::net::TcpStream::connect(addr).unwrap();
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
-    )
-    .unwrap();
-    let mut out = String::new();
-    s.read_to_string(&mut out).unwrap();
-    out
+    let (head, body) = tier_test_support::http_get_with(addr, "HTTP/1.1", path, None);
+    format!("{head}\r\n\r\n{body}")
 }
 
 #[test]

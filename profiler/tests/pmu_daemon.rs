@@ -15,9 +15,8 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly on purpose
 
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use libtest_mimic::{Arguments, Completion, Failed, Trial};
@@ -25,6 +24,7 @@ use tier_profiler::sampler::pmu::events::{CpuId, EventTable};
 use tier_profiler::sampler::pmu::events_status;
 use tier_proto::Endpoint;
 use tier_proto::v1::*;
+use tier_test_support::ChildGuard;
 use tokio_stream::StreamExt;
 
 /// `period` of the two software events: for sampling only, which the
@@ -32,17 +32,9 @@ use tokio_stream::StreamExt;
 const TASK_CLOCK_PERIOD: u64 = 1_000_000;
 const CPU_CLOCK_PERIOD: u64 = 2_000_000;
 
-struct Kill(Child);
-impl Drop for Kill {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 /// tierd with a config file, discovery as asked, logs into `dir/tierd.log`.
 struct Tierd {
-    _child: Kill,
+    _child: ChildGuard,
     socket: PathBuf,
     log: PathBuf,
 }
@@ -53,8 +45,8 @@ impl Tierd {
         let log = dir.join("tierd.log");
         let cfg = dir.join("tierd.toml");
         std::fs::write(&cfg, config).unwrap();
-        let child = Command::new(env!("CARGO_BIN_EXE_tierd"))
-            .arg("run")
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_tierd"));
+        cmd.arg("run")
             .arg("--config")
             .arg(&cfg)
             .arg("--socket")
@@ -66,22 +58,9 @@ impl Tierd {
                 "--interval-ms",
                 "250",
             ])
-            .args(extra)
-            .stderr(std::fs::File::create(&log).unwrap())
-            .spawn()
-            .unwrap();
-        let mut child = Kill(child);
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while std::os::unix::net::UnixStream::connect(&socket).is_err() {
-            if let Some(st) = child.0.try_wait().unwrap() {
-                panic!(
-                    "tierd exited early: {st}\n{}",
-                    std::fs::read_to_string(&log).unwrap_or_default()
-                );
-            }
-            assert!(Instant::now() < deadline, "tierd did not start");
-            std::thread::sleep(Duration::from_millis(50));
-        }
+            .args(extra);
+        let child =
+            tier_test_support::spawn_listening(&mut cmd, &socket, &log, Duration::from_secs(30));
         Tierd {
             _child: child,
             socket,
@@ -127,18 +106,11 @@ fn tierd_counts_per_tier_pmu_events_using_software_events_in_place_of_hardware_o
     std::fs::write(&table, software_table(&cpu)).unwrap();
 
     // The VMM-like process: a real KVM guest, vCPU thread "guest-cpu".
-    let mut child = Command::new(env!("CARGO_BIN_EXE_tier-demo-vm"))
-        .args(["--vcpu-thread-name", "guest-cpu"])
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut ready = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut ready)
-        .unwrap();
-    let vm = Kill(child);
+    let (vm, ready) = tier_test_support::spawn_ready_line(
+        Command::new(env!("CARGO_BIN_EXE_tier-demo-vm")).args(["--vcpu-thread-name", "guest-cpu"]),
+    );
     assert!(ready.starts_with("ready"), "{ready:?}");
-    let pid = vm.0.id();
+    let pid = vm.id();
 
     let tierd = Tierd::start(
         dir.path(),

@@ -7,14 +7,14 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly on purpose
 
-use std::io::{Read, Write};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use tier_proto::v1::{StatsUpdate, WatchStatsRequest};
 use tier_proto::{Endpoint, connect};
+use tier_test_support::{ChildGuard, http_get};
 use tokio_stream::StreamExt;
 
 fn deploy(rel: &str) -> PathBuf {
@@ -26,14 +26,7 @@ fn deploy(rel: &str) -> PathBuf {
 /// A tool of the prometheus package; fails (not skips) without it: the
 /// package is one of the project's dependencies.
 fn tool(name: &str) -> Command {
-    let found = std::env::var_os("PATH")
-        .map(|p| std::env::split_paths(&p).any(|d| d.join(name).is_file()))
-        .unwrap_or(false);
-    assert!(
-        found,
-        "{name} not found: `cargo xtask deps` installs Debian's prometheus package"
-    );
-    Command::new(name)
+    tier_test_support::tool(name, "Debian's prometheus package")
 }
 
 fn run_ok(mut c: Command) -> String {
@@ -62,9 +55,9 @@ fn promtool_checks_the_rules_and_runs_their_unit_tests() {
     assert!(out.contains("SUCCESS"), "{out}");
 }
 
-/// A child process ended by PID when dropped.
+/// A child process ended by PID when dropped, with its output in `log`.
 struct Proc {
-    child: Child,
+    _child: ChildGuard,
     log: PathBuf,
 }
 
@@ -74,44 +67,9 @@ impl Proc {
     }
 }
 
-impl Drop for Proc {
-    fn drop(&mut self) {
-        // SAFETY: kill(2) on our own child's PID, not yet reaped.
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 fn spawn(mut c: Command, log: PathBuf) -> Proc {
-    let f = std::fs::File::create(&log).unwrap();
-    let child = c
-        .stdout(Stdio::from(f.try_clone().unwrap()))
-        .stderr(Stdio::from(f))
-        .spawn()
-        .unwrap();
-    Proc { child, log }
-}
-
-/// HTTP/1.0 GET (no chunked answers); returns (status line, headers+body).
-fn http_get(addr: SocketAddr, path: &str, accept: Option<&str>) -> (String, String) {
-    let mut s = std::net::TcpStream::connect(addr).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    let accept = accept
-        .map(|a| format!("Accept: {a}\r\n"))
-        .unwrap_or_default();
-    write!(s, "GET {path} HTTP/1.0\r\nHost: localhost\r\n{accept}\r\n").unwrap();
-    let mut out = String::new();
-    s.read_to_string(&mut out).unwrap();
-    let (head, body) = out.split_once("\r\n\r\n").unwrap_or((&out, ""));
-    (head.to_string(), body.to_string())
+    let child = tier_test_support::spawn_logged(&mut c, &log);
+    Proc { _child: child, log }
 }
 
 fn urlencode(q: &str) -> String {
@@ -156,23 +114,7 @@ fn free_port() -> u16 {
 
 /// The `bound=ADDR` of tierd's "metrics on" log line.
 fn metrics_addr(tierd: &Proc) -> SocketAddr {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let log = tierd.log();
-        if let Some(addr) = log
-            .lines()
-            .find(|l| l.contains("metrics on"))
-            .and_then(|l| l.split("bound=").nth(1))
-            .and_then(|a| a.split_whitespace().next())
-        {
-            return addr.parse().unwrap();
-        }
-        assert!(
-            Instant::now() < deadline,
-            "tierd announced no metrics address:\n{log}"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    tier_test_support::wait_bound(&tierd.log, "metrics on")
 }
 
 /// Every PromQL expression of the dashboard with its template variables

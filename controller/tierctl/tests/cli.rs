@@ -12,10 +12,11 @@ mod cli_common;
 use std::os::unix::fs::PermissionsExt;
 use std::pin::Pin;
 
-use cli_common::{Tierd, kvm_missing, run_tierctl};
+use cli_common::{Tierd, run_tierctl};
 use libtest_mimic::{Arguments, Completion, Failed, Trial};
 use tier_proto::v1::tier_service_server::{TierService, TierServiceServer};
 use tier_proto::v1::*;
+use tier_test_support::kvm_missing;
 use tokio_stream::Stream;
 use tonic::{Request, Response, Status};
 

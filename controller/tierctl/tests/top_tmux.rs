@@ -8,106 +8,43 @@
 
 mod cli_common;
 
-use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use cli_common::{Tierd, kvm_missing, tmux_missing};
+use cli_common::Tierd;
 use libtest_mimic::{Arguments, Completion, Failed, Trial};
+use tier_test_support::{Tmux, kvm_missing, tmux_missing};
 
-/// A private tmux server (its own socket label) with one session running
-/// tierctl top; the server is killed on drop.
-struct Tmux {
-    server: String,
-    session: String,
-}
+/// `tierctl top` in a private tmux server's session (killed on drop);
+/// the shell stays after tierctl exits so its exit status is on screen.
+struct Top(Tmux);
 
-impl Tmux {
-    fn start(test: &str, endpoint: &str, width: u16, height: u16) -> Tmux {
-        let id = format!("tierctl-{test}-{}", std::process::id());
-        let t = Tmux {
-            server: id.clone(),
-            session: id,
-        };
-        // The shell stays after tierctl exits so its exit status is on screen.
+impl Top {
+    fn start(test: &str, endpoint: &str, width: u16, height: u16) -> Top {
         let cmd = format!(
             "{} --endpoint {endpoint} top; echo TIERCTL-EXIT=$?; sleep 600",
             env!("CARGO_BIN_EXE_tierctl")
         );
-        let (w, h) = (width.to_string(), height.to_string());
-        t.tmux(&[
-            "-f",
-            "/dev/null",
-            "new-session",
-            "-d",
-            "-s",
-            &t.session,
-            "-x",
-            &w,
-            "-y",
-            &h,
-            &cmd,
-        ]);
+        let t = Tmux::start(&format!("tierctl-{test}"), width, height, &cmd);
         // Esc reaches tierctl at once instead of after tmux's 500 ms wait.
         t.tmux(&["set-option", "-g", "escape-time", "0"]);
-        t
+        Top(t)
     }
 
-    fn tmux(&self, args: &[&str]) -> String {
-        let out = Command::new("tmux")
-            .args(["-L", &self.server])
-            .args(args)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "tmux {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    }
-
-    /// One key at a time: Esc followed at once by a letter would read as Alt.
     fn keys(&self, keys: &[&str]) {
-        for k in keys {
-            self.tmux(&["send-keys", "-t", &self.session, k]);
-            std::thread::sleep(Duration::from_millis(120));
-        }
+        self.0.keys(keys, Duration::from_millis(120));
     }
 
     fn screen(&self) -> String {
-        self.tmux(&["capture-pane", "-p", "-t", &self.session])
+        self.0.screen()
     }
 
     /// Waits until the screen satisfies `ok`; fails with the screen if it never does.
     fn wait(&self, what: &str, ok: impl Fn(&str) -> bool) -> String {
-        let deadline = Instant::now() + Duration::from_secs(15);
-        loop {
-            let s = self.screen();
-            if ok(&s) {
-                return s;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "timed out waiting for {what}; screen:\n{s}"
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
+        self.0.wait(what, Duration::from_secs(15), ok)
     }
 
     fn resize(&self, width: u16, height: u16) {
-        let (w, h) = (width.to_string(), height.to_string());
-        self.tmux(&["resize-window", "-t", &self.session, "-x", &w, "-y", &h]);
-    }
-}
-
-impl Drop for Tmux {
-    fn drop(&mut self) {
-        let _ = Command::new("tmux")
-            .args(["-L", &self.server, "kill-session", "-t", &self.session])
-            .output();
-        let _ = Command::new("tmux")
-            .args(["-L", &self.server, "kill-server"])
-            .output();
+        self.0.resize(width, height);
     }
 }
 
@@ -122,7 +59,7 @@ fn has_all(s: &str, parts: &[&str]) -> bool {
 
 fn sort_filter_detail_help_pause_resize_quit() {
     let tierd = Tierd::start(&["--demo-vm", "--interval-ms", "500"]);
-    let tmux = Tmux::start("keys", &tierd.endpoint(), 160, 40);
+    let tmux = Top::start("keys", &tierd.endpoint(), 160, 40);
 
     // The demo VM's row with both tiers, once host samples have arrived.
     let s = tmux.wait("the demo VM with hostpte samples", |s| {
@@ -244,7 +181,7 @@ fn sort_filter_detail_help_pause_resize_quit() {
 
 fn daemon_goes_away_and_comes_back() {
     let mut tierd = Tierd::start(&["--demo-vm", "--interval-ms", "300"]);
-    let tmux = Tmux::start("restart", &tierd.endpoint(), 160, 30);
+    let tmux = Top::start("restart", &tierd.endpoint(), 160, 30);
     tmux.wait("the demo VM", |s| {
         demo_row(s).is_some() && s.contains("● connected")
     });

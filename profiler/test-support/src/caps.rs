@@ -1,0 +1,66 @@
+//! What the host must offer: each check returns why a test cannot run
+//! here (to report it as ignored with that reason), or a tool that the
+//! project's own dependencies provide (missing it is a failure).
+
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+
+/// Why /dev/kvm is not usable, if it is not.
+pub fn kvm_missing() -> Option<String> {
+    match std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/kvm")
+    {
+        Ok(_) => None,
+        Err(e) => Some(format!("needs a usable /dev/kvm: {e}")),
+    }
+}
+
+/// Why tmux cannot run here, if it cannot.
+pub fn tmux_missing() -> Option<String> {
+    match Command::new("tmux").arg("-V").output() {
+        Ok(o) if o.status.success() => None,
+        Ok(o) => Some(format!("tmux -V failed: {}", o.status)),
+        Err(e) => Some(format!(
+            "needs tmux for a real terminal (install with `cargo xtask deps`): {e}"
+        )),
+    }
+}
+
+/// Why `name --version` does not run, if it does not.
+pub fn tool_missing(name: &str, why: &str) -> Option<String> {
+    match Command::new(name)
+        .arg("--version")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+    {
+        Ok(_) => None,
+        Err(e) => Some(format!("{name} ({why}): {e}")),
+    }
+}
+
+/// The patched cloud-hypervisor named by TIERD_CH_BIN, or why there is none.
+pub fn ch_bin() -> Result<PathBuf, String> {
+    let bin = std::env::var_os("TIERD_CH_BIN")
+        .map(PathBuf::from)
+        .ok_or("TIERD_CH_BIN is not set (path of the patched cloud-hypervisor)")?;
+    if !bin.is_file() {
+        return Err(format!("TIERD_CH_BIN={} is not a file", bin.display()));
+    }
+    Ok(bin)
+}
+
+/// A command for `name` found on PATH; fails (not skips) without it, as
+/// the project's dependencies provide it: `package` names what installs it.
+pub fn tool(name: &str, package: &str) -> Command {
+    let found = std::env::var_os("PATH")
+        .map(|p| std::env::split_paths(&p).any(|d| d.join(name).is_file()))
+        .unwrap_or(false);
+    assert!(
+        found,
+        "{name} not found on PATH: install with `cargo xtask deps` ({package})"
+    );
+    Command::new(name)
+}
