@@ -459,8 +459,13 @@ async fn a_slow_watcher_loses_updates_without_stalling_the_others() {
         slow_lost > 0,
         "the slow watcher lost nothing over 64 updates"
     );
-    // The fast watcher kept receiving while the slow one was stuck.
-    assert!(fast_received >= 64, "fast watcher got only {fast_received}");
+    // The fast watcher kept receiving while the slow one was stuck: its
+    // stream spans the 64 updates (at 1 ms intervals with 1000 VMs it may
+    // itself lose a few on a loaded machine, but fewer than the slow one).
+    assert!(
+        fast_received + fast_lost >= 64,
+        "fast watcher saw only {fast_received} updates and {fast_lost} gaps"
+    );
     assert!(
         fast_lost < slow_lost,
         "fast watcher lost {fast_lost}, slow lost {slow_lost}"
