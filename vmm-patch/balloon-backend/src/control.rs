@@ -13,12 +13,21 @@
 //! Answers: `{"ok":true,...}` or `{"ok":false,"status":N,"error":"..."}`
 //! with HTTP-like status: 400 malformed request, 422 targets refused
 //! (nothing changed), 503 too many connections.
+//!
+//! Connections cannot lock the controller out: a new connection must
+//! send its first request within [`FIRST_REQUEST_TIMEOUT`], every request
+//! line must be complete within [`LINE_TIMEOUT`] of its first byte, and
+//! when all [`MAX_CONNECTIONS`] slots are taken a new connection evicts
+//! the oldest one that is waiting for a request (not one mid-request). So
+//! idle or slow clients hold a slot for seconds at most, and only
+//! connections busy with a request make the next one wait (503).
 
-use std::io::{self, BufRead, BufReader, Read, Write};
+use std::io::{self, BufRead, BufReader, Write};
+use std::net::Shutdown;
 use std::os::unix::net::{UnixListener, UnixStream};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::Duration;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -31,8 +40,14 @@ pub const MAX_LINE: usize = 64 << 10;
 pub const PROTOCOL: u32 = 1;
 /// Connections served at once; more are answered 503 and closed.
 pub const MAX_CONNECTIONS: usize = 32;
-/// A connection idle this long is closed.
+/// A connection idle this long between requests is closed.
 pub const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
+/// A new connection that sends no request this long is closed.
+pub const FIRST_REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
+/// A request line must be complete this long after its first byte.
+pub const LINE_TIMEOUT: Duration = Duration::from_secs(2);
+/// An answer the client does not read this long closes the connection.
+pub const WRITE_TIMEOUT: Duration = Duration::from_secs(5);
 
 fn error(status: u16, msg: impl std::fmt::Display) -> Value {
     json!({"ok": false, "status": status, "error": msg.to_string()})
@@ -112,23 +127,111 @@ pub fn handle_line(device: &Balloon, line: &str) -> Value {
     }
 }
 
-/// Serves one connection: reads lines, answers each.
-fn serve_connection(device: &Balloon, stream: UnixStream) -> io::Result<()> {
-    stream.set_read_timeout(Some(IDLE_TIMEOUT))?;
-    stream.set_write_timeout(Some(IDLE_TIMEOUT))?;
-    let mut reader = BufReader::new(&stream);
-    let mut line = Vec::new();
+/// One served connection, as the accept loop sees it.
+struct Slot {
+    id: u64,
+    /// A clone of the connection, to shut it down when evicted.
+    stream: UnixStream,
+    /// Waiting for the first byte of a request (evictable).
+    idle: Arc<AtomicBool>,
+}
+
+/// The served connections, oldest first.
+#[derive(Default)]
+struct Slots {
+    slots: Mutex<Vec<Slot>>,
+}
+
+impl Slots {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Slot>> {
+        self.slots.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Takes a slot for a new connection, evicting the oldest idle one if
+    /// all are taken; false if every slot is busy with a request.
+    fn admit(&self, slot: Slot) -> bool {
+        let mut slots = self.lock();
+        if slots.len() >= MAX_CONNECTIONS {
+            let Some(i) = slots.iter().position(|s| s.idle.load(Ordering::SeqCst)) else {
+                return false;
+            };
+            let old = slots.remove(i);
+            // Its thread sees end-of-file (or an error) and ends.
+            let _ = old.stream.shutdown(Shutdown::Both);
+            tracing::debug!("control: evicted an idle connection for a new one");
+        }
+        slots.push(slot);
+        true
+    }
+
+    fn release(&self, id: u64) {
+        self.lock().retain(|s| s.id != id);
+    }
+}
+
+/// Reads one request line into `line` (at most `MAX_LINE + 1` bytes):
+/// waits up to `idle` for its first byte (marked idle meanwhile), then
+/// up to [`LINE_TIMEOUT`] for the rest. `Ok(false)` at end of file.
+fn read_line(
+    reader: &mut BufReader<&UnixStream>,
+    idle_flag: &AtomicBool,
+    idle: Duration,
+    line: &mut Vec<u8>,
+) -> io::Result<bool> {
+    line.clear();
+    reader.get_ref().set_read_timeout(Some(idle))?;
+    idle_flag.store(true, Ordering::SeqCst);
+    let first = reader.fill_buf().map(|b| b.is_empty());
+    idle_flag.store(false, Ordering::SeqCst);
+    if first? {
+        return Ok(false);
+    }
+    let deadline = Instant::now() + LINE_TIMEOUT;
     loop {
-        line.clear();
-        let n = (&mut reader)
-            .take(MAX_LINE as u64 + 1)
-            .read_until(b'\n', &mut line)?;
-        if n == 0 {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                "request line not complete in time",
+            ));
+        }
+        reader.get_ref().set_read_timeout(Some(left))?;
+        let buf = reader.fill_buf()?;
+        if buf.is_empty() {
+            return Ok(true); // end of file after a partial line
+        }
+        let room = MAX_LINE + 1 - line.len();
+        let take = buf.len().min(room);
+        let (n, done) = match buf[..take].iter().position(|&b| b == b'\n') {
+            Some(i) => (i + 1, true),
+            None => (take, take == room),
+        };
+        line.extend_from_slice(&buf[..n]);
+        reader.consume(n);
+        if done {
+            return Ok(true);
+        }
+    }
+}
+
+/// Serves one connection: reads lines, answers each.
+fn serve_connection(
+    device: &Balloon,
+    stream: &UnixStream,
+    idle_flag: &AtomicBool,
+) -> io::Result<()> {
+    stream.set_write_timeout(Some(WRITE_TIMEOUT))?;
+    let mut reader = BufReader::new(stream);
+    let mut line = Vec::new();
+    let mut idle = FIRST_REQUEST_TIMEOUT;
+    loop {
+        if !read_line(&mut reader, idle_flag, idle, &mut line)? {
             return Ok(());
         }
+        idle = IDLE_TIMEOUT;
         let answer = if line.len() > MAX_LINE {
             let a = error(400, format!("request line longer than {MAX_LINE} bytes"));
-            write_answer(&stream, &a)?;
+            write_answer(stream, &a)?;
             return Ok(()); // the rest of the line cannot be resynchronised
         } else {
             match std::str::from_utf8(&line) {
@@ -137,7 +240,7 @@ fn serve_connection(device: &Balloon, stream: UnixStream) -> io::Result<()> {
                 Err(_) => error(400, "request is not UTF-8"),
             }
         };
-        write_answer(&stream, &answer)?;
+        write_answer(stream, &answer)?;
     }
 }
 
@@ -148,9 +251,10 @@ fn write_answer(mut stream: &UnixStream, v: &Value) -> io::Result<()> {
 }
 
 /// Accepts control connections forever, one thread each (at most
-/// [`MAX_CONNECTIONS`]).
+/// [`MAX_CONNECTIONS`], idle ones evicted for new ones).
 pub fn serve(device: Balloon, listener: UnixListener) -> io::Result<()> {
-    let active = Arc::new(AtomicUsize::new(0));
+    let slots = Arc::new(Slots::default());
+    let mut next_id = 0u64;
     for stream in listener.incoming() {
         let stream = match stream {
             Ok(s) => s,
@@ -161,22 +265,36 @@ pub fn serve(device: Balloon, listener: UnixListener) -> io::Result<()> {
                 continue;
             }
         };
-        if active.fetch_add(1, Ordering::SeqCst) >= MAX_CONNECTIONS {
-            active.fetch_sub(1, Ordering::SeqCst);
+        let clone = match stream.try_clone() {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::warn!("control connection: {e}");
+                continue;
+            }
+        };
+        next_id += 1;
+        let (id, idle) = (next_id, Arc::new(AtomicBool::new(true)));
+        let slot = Slot {
+            id,
+            stream: clone,
+            idle: Arc::clone(&idle),
+        };
+        if !slots.admit(slot) {
+            let _ = stream.set_write_timeout(Some(WRITE_TIMEOUT));
             let _ = write_answer(&stream, &error(503, "too many control connections"));
             continue;
         }
-        let (device, active2) = (device.clone(), Arc::clone(&active));
+        let (device, slots2) = (device.clone(), Arc::clone(&slots));
         let spawned = std::thread::Builder::new()
             .name("control".into())
             .spawn(move || {
-                if let Err(e) = serve_connection(&device, stream) {
+                if let Err(e) = serve_connection(&device, &stream, &idle) {
                     tracing::debug!("control connection: {e}");
                 }
-                active2.fetch_sub(1, Ordering::SeqCst);
+                slots2.release(id);
             });
         if let Err(e) = spawned {
-            active.fetch_sub(1, Ordering::SeqCst);
+            slots.release(id);
             tracing::warn!("control thread: {e}");
         }
     }

@@ -28,8 +28,9 @@ use vhost_user_backend::{VhostUserBackend, VringRwLock, VringT};
 use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
 use virtio_bindings::virtio_ring::{VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRECT_DESC};
 use virtio_queue::QueueT;
+use virtio_queue::desc::split::Descriptor;
 use vm_memory::{
-    Address, Bytes, GuestAddressSpace, GuestMemory, GuestMemoryAtomic, GuestMemoryBackend,
+    Address, Bytes, GuestAddress, GuestAddressSpace, GuestMemoryAtomic, GuestMemoryBackend,
     GuestMemoryMmap, GuestMemoryRegion,
 };
 use vmm_sys_util::epoll::EventSet;
@@ -38,6 +39,7 @@ use vmm_sys_util::event::{
 };
 use vmm_sys_util::timerfd::TimerFd;
 
+use crate::chain::{ChainError, Walker};
 use crate::config::{self, ConfigValues, ConfigWrite};
 use crate::release::{
     Backing, HUGE_PAGE_SIZE, LayoutError, MAX_CHAIN_PFNS, Op, PAGE_SIZE, Region, RejectReason,
@@ -236,7 +238,24 @@ fn build_engine(specs: &[TierSpec], mem: Arc<GuestMemoryMmap<()>>) -> io::Result
             continue;
         };
         regions += 1;
-        let backing = backing_of(fo.file())?;
+        // One unusable region (fstatfs or dup failing, a geometry the
+        // engine refuses) must not fail the whole memory update and with
+        // it the connection: it is skipped like a region without a file,
+        // and PFNs in it are rejected as outside guest memory.
+        let skip = |what: &str, e: &dyn std::fmt::Display| {
+            tracing::warn!(
+                gpa = format_args!("{gpa:#x}"),
+                len = format_args!("{len:#x}"),
+                "guest memory region skipped ({what}: {e}): its pages are never released"
+            );
+        };
+        let backing = match backing_of(fo.file()) {
+            Ok(b) => b,
+            Err(e) => {
+                skip("fstatfs", &e);
+                continue;
+            }
+        };
         let granule = match backing {
             Backing::Small => PAGE_SIZE,
             Backing::Huge2M => HUGE_PAGE_SIZE,
@@ -267,15 +286,26 @@ fn build_engine(specs: &[TierSpec], mem: Arc<GuestMemoryMmap<()>>) -> io::Result
             (gpa + len) / granule * granule,
         );
         if lo < hi {
-            legacy.push(adopt(lo, hi)?);
+            match adopt(lo, hi) {
+                Ok(r) => legacy.push(r),
+                Err(e) => {
+                    skip("legacy", &e);
+                    continue;
+                }
+            }
         }
         for (t, spec) in specs.iter().enumerate() {
             for range in &spec.ranges {
                 let a = range.start.max(gpa).next_multiple_of(granule);
                 let b = range.end().min(gpa + len) / granule * granule;
                 if a < b {
-                    tiers[t].push(adopt(a, b)?);
-                    mapped[t] += b - a;
+                    match adopt(a, b) {
+                        Ok(r) => {
+                            tiers[t].push(r);
+                            mapped[t] += b - a;
+                        }
+                        Err(e) => skip(&spec.name, &e),
+                    }
                 }
             }
         }
@@ -309,6 +339,7 @@ struct GuestStats {
 struct ConfigCounters {
     writes_accepted: u64,
     writes_ignored: u64,
+    reads_refused: u64,
     changes_sent: u64,
     change_errors: u64,
     changes_suppressed: u64,
@@ -330,6 +361,9 @@ struct State {
     /// Rejections so far (for rate-limited logging).
     rejections: u64,
     scratch: Vec<u8>,
+    /// The chain being served, as walked by `walker`.
+    descs: Vec<Descriptor>,
+    walker: Walker,
 }
 
 struct Inner {
@@ -382,6 +416,8 @@ impl Balloon {
                     connections: 0,
                     rejections: 0,
                     scratch: Vec::new(),
+                    descs: Vec::new(),
+                    walker: Walker::default(),
                 }),
                 specs,
                 opts,
@@ -450,6 +486,30 @@ impl Balloon {
         st.values.legacy_actual = 0;
         st.values.actuals.iter_mut().for_each(|a| *a = 0);
         st.stats_held = None;
+    }
+
+    /// A GET_CONFIG (`read`) or SET_CONFIG the relay answered itself
+    /// because the vhost crate would have dropped the connection over it
+    /// (outside the window, zero length, malformed): counted and logged
+    /// like an ignored write.
+    pub fn config_request_refused(&self, read: bool, offset: u32, len: u32) {
+        let mut st = lock(&self.inner.state);
+        let n = if read {
+            st.config.reads_refused += 1;
+            st.config.reads_refused
+        } else {
+            st.config.writes_ignored += 1;
+            st.config.writes_ignored
+        };
+        if n <= LOG_FIRST || n.is_multiple_of(1024) {
+            tracing::warn!(
+                offset = format_args!("{offset:#x}"),
+                len,
+                total = n,
+                "config {} outside the 4 KiB window refused",
+                if read { "read" } else { "write" }
+            );
+        }
     }
 
     /// Our end of the backend-request channel (from the relay).
@@ -606,6 +666,7 @@ impl Balloon {
             config: ConfigSnapshot {
                 writes_accepted: st.config.writes_accepted,
                 writes_ignored: st.config.writes_ignored,
+                reads_refused: st.config.reads_refused,
                 changes_sent: st.config.changes_sent,
                 change_errors: st.config.change_errors,
                 changes_suppressed: st.config.changes_suppressed,
@@ -641,34 +702,45 @@ impl Balloon {
             }
             let mut used = false;
             loop {
-                let chain = vring
-                    .get_mut()
-                    .get_queue_mut()
-                    .pop_descriptor_chain(mem.memory());
-                let Some(chain) = chain else { break };
-                let head = chain.head_index();
+                // Only the head comes from virtio-queue: its chain iterator
+                // ends a looping or broken chain as if it were complete, so
+                // the chain is walked by `crate::chain` instead.
+                let popped = {
+                    let mut v = vring.get_mut();
+                    let q = v.get_queue_mut();
+                    let (table, size) = (q.desc_table(), q.size());
+                    q.pop_descriptor_chain(mem.memory())
+                        .map(|c| (c.head_index(), table, size))
+                };
+                let Some((head, table, size)) = popped else {
+                    break;
+                };
                 let guest = mem.memory();
                 // The state lock is taken per chain, not for the whole drain:
                 // a guest that keeps the queue full must not starve the
                 // control socket (targets, state) for as long as it likes.
-                let mut st = lock(&self.inner.state);
+                let mut guard = lock(&self.inner.state);
+                let st = &mut *guard;
+                let walked =
+                    st.walker
+                        .walk(&*guest, GuestAddress(table), size, head, &mut st.descs);
                 let hold = match role {
-                    QueueRole::Stats => self.take_stats(&mut st, chain, &guest, vring),
+                    QueueRole::Stats => self.take_stats(st, head, walked, &guest, vring),
                     QueueRole::Tier { tier, op } => {
-                        self.take_pfns(&mut st, Some(tier), op, chain, &guest);
+                        self.take_pfns(st, Some(tier), op, walked, &guest);
                         false
                     }
                     QueueRole::LegacyInflate => {
-                        self.take_pfns(&mut st, None, Op::Inflate, chain, &guest);
+                        self.take_pfns(st, None, Op::Inflate, walked, &guest);
                         false
                     }
                     QueueRole::LegacyDeflate => {
-                        self.take_pfns(&mut st, None, Op::Deflate, chain, &guest);
+                        self.take_pfns(st, None, Op::Deflate, walked, &guest);
                         false
                     }
                     QueueRole::Absent => false,
                 };
-                drop(st);
+                drop(guard);
                 if !hold {
                     if let Err(e) = vring.add_used(head, 0) {
                         tracing::warn!(queue = index, "add_used: {e}");
@@ -693,19 +765,17 @@ impl Balloon {
         }
     }
 
-    /// Reads a chain's readable bytes into `st.scratch`, at most `max`.
-    fn gather<M>(
+    /// Reads a walked chain's readable bytes into `scratch`, at most `max`.
+    fn gather(
         scratch: &mut Vec<u8>,
-        chain: virtio_queue::DescriptorChain<M>,
+        walked: Result<(), ChainError>,
+        descs: &[Descriptor],
         guest: &GuestMemoryMmap<()>,
         max: usize,
-    ) -> Result<(), Gather>
-    where
-        M: std::ops::Deref,
-        M::Target: GuestMemory,
-    {
+    ) -> Result<(), Gather> {
         scratch.clear();
-        for desc in chain {
+        walked.map_err(Gather::Malformed)?;
+        for desc in descs {
             if desc.is_write_only() {
                 return Err(Gather::Bad(scratch.len()));
             }
@@ -725,19 +795,20 @@ impl Balloon {
         Ok(())
     }
 
-    fn take_pfns<M>(
+    fn take_pfns(
         &self,
         st: &mut State,
         tier: Option<usize>,
         op: Op,
-        chain: virtio_queue::DescriptorChain<M>,
+        walked: Result<(), ChainError>,
         guest: &GuestMemoryMmap<()>,
-    ) where
-        M: std::ops::Deref,
-        M::Target: GuestMemory,
-    {
+    ) {
         let mut scratch = std::mem::take(&mut st.scratch);
-        let gathered = Self::gather(&mut scratch, chain, guest, MAX_CHAIN_PFNS * 4);
+        let gathered = Self::gather(&mut scratch, walked, &st.descs, guest, MAX_CHAIN_PFNS * 4);
+        let malformed = match gathered {
+            Err(Gather::Malformed(e)) => Some(e),
+            _ => None,
+        };
         let engine = &mut st.engine;
         let balloon = match tier {
             Some(t) => &mut engine.tiers[t],
@@ -750,6 +821,10 @@ impl Balloon {
             }
             Err(Gather::TooLong(bytes)) => {
                 Err(balloon.count_rejected(RejectReason::TooLong, bytes / 4))
+            }
+            // Nothing of a malformed chain is read: no PFN counted.
+            Err(Gather::Malformed(_)) => {
+                Err(balloon.count_rejected(RejectReason::BadDescriptor, 0))
             }
         };
         st.scratch = scratch;
@@ -766,7 +841,10 @@ impl Balloon {
             Err(rej) => {
                 st.rejections += 1;
                 if st.rejections <= LOG_FIRST || st.rejections.is_multiple_of(1024) {
-                    tracing::warn!(queue, ?op, total = st.rejections, "{rej}");
+                    match malformed {
+                        Some(e) => tracing::warn!(queue, ?op, total = st.rejections, "{rej}: {e}"),
+                        None => tracing::warn!(queue, ?op, total = st.rejections, "{rej}"),
+                    }
                 }
             }
         }
@@ -774,20 +852,16 @@ impl Balloon {
 
     /// Stores a stats buffer's entries; returns true if the device now
     /// holds the buffer (it is returned by the stats timer).
-    fn take_stats<M>(
+    fn take_stats(
         &self,
         st: &mut State,
-        chain: virtio_queue::DescriptorChain<M>,
+        head: u16,
+        walked: Result<(), ChainError>,
         guest: &GuestMemoryMmap<()>,
         vring: &Vring,
-    ) -> bool
-    where
-        M: std::ops::Deref,
-        M::Target: GuestMemory,
-    {
-        let head = chain.head_index();
+    ) -> bool {
         let mut scratch = std::mem::take(&mut st.scratch);
-        let ok = Self::gather(&mut scratch, chain, guest, MAX_STATS_BYTES).is_ok();
+        let ok = Self::gather(&mut scratch, walked, &st.descs, guest, MAX_STATS_BYTES).is_ok();
         if ok {
             for e in scratch.chunks_exact(10) {
                 let tag = u16::from_le_bytes([e[0], e[1]]);
@@ -855,6 +929,8 @@ enum Gather {
     Bad(usize),
     /// More than the limit (bytes announced so far).
     TooLong(usize),
+    /// The chain itself is malformed (loops, leaves its table, ...).
+    Malformed(ChainError),
 }
 
 /// Whether SPEC.md section 4 defines `tag`: the standard tags 0-15 and the
@@ -965,6 +1041,9 @@ pub struct FrontendSnapshot {
 pub struct ConfigSnapshot {
     pub writes_accepted: u64,
     pub writes_ignored: u64,
+    /// GET_CONFIG requests outside the 4 KiB window (or malformed),
+    /// answered with an empty payload by [`crate::relay`].
+    pub reads_refused: u64,
     pub changes_sent: u64,
     pub change_errors: u64,
     pub changes_suppressed: u64,

@@ -10,13 +10,17 @@
 //! - [`device`]: the vhost-user device (vhost-user-backend): queues in SPEC
 //!   order, config space through GET/SET_CONFIG, stats queue, targets and
 //!   the config-change message.
+//! - [`chain`]: the bounded descriptor-chain walk (loops, indices past a
+//!   table and bad indirect tables make the whole chain malformed).
 //! - [`control`]: the control socket (newline-delimited JSON) for targets
-//!   and state; [`server`] and [`relay`]: the vhost-user socket.
+//!   and state; [`server`] and [`relay`]: the vhost-user socket (the relay
+//!   also answers out-of-window GET/SET_CONFIG itself).
 //! - [`spec`]: the tiers (`--tier name=...,ranges=...`); [`config`]: the
 //!   config-space layout and write rules.
 //!
 //! See `docs/balloon-backend.md`.
 
+pub mod chain;
 pub mod config;
 pub mod control;
 pub mod device;

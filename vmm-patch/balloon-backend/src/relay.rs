@@ -17,21 +17,50 @@
 //! ([`normalise`]): Linux's virtio_uml sends the room for two regions with
 //! `num_regions = 1` (72 bytes), which the vhost crate rejects; the
 //! vhost-user spec makes `num_regions` the rule.
+//!
+//! And it answers `GET_CONFIG` / `SET_CONFIG` requests the vhost crate
+//! would drop the connection over ([`config_refusal`]): an offset or
+//! length outside the 4 KiB config window (`0xfffffffc + 4` included: the
+//! arithmetic is checked), a zero length, unknown flags, a payload that
+//! does not match its size. A bad `GET_CONFIG` gets the vhost-user error
+//! reply (a config header with size 0 and no payload, as the spec and the
+//! vhost crate's frontend read it); a bad `SET_CONFIG` is ignored (virtio:
+//! writes outside the device config are ignored) and, if `REPLY_ACK` is
+//! negotiated and asked, acked with success like every ignored write
+//! (SPEC.md section 6 rule 2). Replies from both sources are written whole
+//! under one lock, so they never interleave.
 
 use std::io::{self, Read, Write};
 use std::net::Shutdown;
 use std::os::fd::{AsFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
 use vhost::vhost_user::message::MAX_MSG_SIZE;
 use vmm_sys_util::sock_ctrl_msg::ScmSocket;
 
+use crate::config::CONFIG_WINDOW;
 use crate::device::Balloon;
 
 const HEADER: usize = 12;
+const SET_FEATURES: u32 = 2;
 const SET_MEM_TABLE: u32 = 5;
+const SET_PROTOCOL_FEATURES: u32 = 16;
 const SET_BACKEND_REQ_FD: u32 = 21;
+const GET_CONFIG: u32 = 24;
+const SET_CONFIG: u32 = 25;
+/// Header flags: version 1, reply, need-reply.
+const VERSION: u32 = 0x1;
+const REPLY: u32 = 0x4;
+const NEED_REPLY: u32 = 0x8;
+/// `VhostUserConfig`: offset, size, flags (u32 each).
+const CONFIG_HEAD: usize = 12;
+/// `VhostUserConfigFlags::all()`: WRITABLE | LIVE_MIGRATION.
+const CONFIG_FLAGS: u32 = 0x3;
+/// `VHOST_USER_F_PROTOCOL_FEATURES` and `VHOST_USER_PROTOCOL_F_REPLY_ACK`.
+const F_PROTOCOL_FEATURES: u64 = 1 << 30;
+const PROTOCOL_F_REPLY_ACK: u64 = 1 << 3;
 /// `VhostUserMemory`: num_regions (u32) and padding (u32).
 const MEM_TABLE_HEAD: usize = 8;
 /// `VhostUserMemoryRegion`: guest address, size, user address, mmap offset.
@@ -53,13 +82,121 @@ pub fn normalise(hdr: &mut [u8; HEADER], body: &mut Vec<u8>) {
         hdr[8..12].copy_from_slice(&(needed as u32).to_le_bytes());
     }
 }
+/// What the relay learned from the messages it forwarded.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Negotiated {
+    features: u64,
+    protocol: u64,
+}
+
+impl Negotiated {
+    /// Notes `SET_FEATURES` / `SET_PROTOCOL_FEATURES`.
+    pub fn observe(&mut self, hdr: &[u8; HEADER], body: &[u8]) {
+        let (Ok(v), request) = (<[u8; 8]>::try_from(body), word(hdr, 0)) else {
+            return;
+        };
+        match request {
+            SET_FEATURES => self.features = u64::from_le_bytes(v),
+            SET_PROTOCOL_FEATURES => self.protocol = u64::from_le_bytes(v),
+            _ => {}
+        }
+    }
+
+    /// The vhost crate's rule for sending acks.
+    fn reply_ack(&self) -> bool {
+        self.features & F_PROTOCOL_FEATURES != 0 && self.protocol & PROTOCOL_F_REPLY_ACK != 0
+    }
+}
+
+fn word(b: &[u8], i: usize) -> u32 {
+    u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]])
+}
+
+/// A config request the relay answers instead of forwarding.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refusal {
+    /// `GET_CONFIG` (else `SET_CONFIG`).
+    pub read: bool,
+    pub offset: u32,
+    pub size: u32,
+    /// The bytes to send the frontend, if any.
+    pub reply: Option<Vec<u8>>,
+}
+
+/// `Some` for a `GET_CONFIG` / `SET_CONFIG` the vhost crate would refuse
+/// by dropping the connection; `None` for everything else.
+pub fn config_refusal(hdr: &[u8; HEADER], body: &[u8], neg: &Negotiated) -> Option<Refusal> {
+    let request = word(hdr, 0);
+    if request != GET_CONFIG && request != SET_CONFIG {
+        return None;
+    }
+    let (offset, size, flags) = if body.len() >= CONFIG_HEAD {
+        (word(body, 0), word(body, 4), word(body, 8))
+    } else {
+        (0, 0, 0)
+    };
+    let in_window = offset
+        .checked_add(size)
+        .is_some_and(|end| end <= CONFIG_WINDOW);
+    let valid = body.len() >= CONFIG_HEAD
+        && size > 0
+        && in_window
+        && flags & !CONFIG_FLAGS == 0
+        && body.len() - CONFIG_HEAD == size as usize;
+    if valid {
+        return None;
+    }
+    let reply_hdr = |size: u32| {
+        let mut r = Vec::with_capacity(HEADER + size as usize);
+        r.extend_from_slice(&request.to_le_bytes());
+        r.extend_from_slice(&(VERSION | REPLY).to_le_bytes());
+        r.extend_from_slice(&size.to_le_bytes());
+        r
+    };
+    let reply = if request == GET_CONFIG {
+        // The error reply: the request's offset, size 0, no payload.
+        let mut r = reply_hdr(CONFIG_HEAD as u32);
+        r.extend_from_slice(&offset.to_le_bytes());
+        r.extend_from_slice(&0u32.to_le_bytes());
+        r.extend_from_slice(&(flags & CONFIG_FLAGS).to_le_bytes());
+        Some(r)
+    } else if neg.reply_ack() && word(hdr, 4) & NEED_REPLY != 0 {
+        let mut r = reply_hdr(8);
+        r.extend_from_slice(&0u64.to_le_bytes());
+        Some(r)
+    } else {
+        None
+    };
+    Some(Refusal {
+        read: request == GET_CONFIG,
+        offset,
+        size,
+        reply,
+    })
+}
+
+/// The frontend socket's write side, shared by both directions so that
+/// whole messages never interleave.
+type FrontWriter = Arc<Mutex<UnixStream>>;
+
+fn write_front(front: &FrontWriter, bytes: &[u8]) -> io::Result<()> {
+    let guard = front.lock().unwrap_or_else(|p| p.into_inner());
+    (&*guard).write_all(bytes)
+}
+
 /// `MAX_ATTACHED_FD_ENTRIES` of the vhost crate.
 const MAX_FDS: usize = 32;
 
 /// Frontend -> backend: one message at a time, fds kept with their header.
-fn forward_requests(front: &UnixStream, inner: &UnixStream, device: &Balloon) -> io::Result<()> {
+fn forward_requests(
+    front: &UnixStream,
+    writer: &FrontWriter,
+    inner: &UnixStream,
+    device: &Balloon,
+) -> io::Result<()> {
     let mut hdr = [0u8; HEADER];
     let mut body = Vec::new();
+    let mut neg = Negotiated::default();
     loop {
         let mut raw = [-1 as RawFd; MAX_FDS];
         let mut iov = [libc::iovec {
@@ -82,8 +219,7 @@ fn forward_requests(front: &UnixStream, inner: &UnixStream, device: &Balloon) ->
         if n < HEADER {
             (&*front).read_exact(&mut hdr[n..])?;
         }
-        let word = |i: usize| u32::from_le_bytes([hdr[i], hdr[i + 1], hdr[i + 2], hdr[i + 3]]);
-        let (request, size) = (word(0), word(8) as usize);
+        let (request, size) = (word(&hdr, 0), word(&hdr, 8) as usize);
         if size > MAX_MSG_SIZE {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidData,
@@ -93,6 +229,14 @@ fn forward_requests(front: &UnixStream, inner: &UnixStream, device: &Balloon) ->
         body.resize(size, 0);
         (&*front).read_exact(&mut body)?;
         normalise(&mut hdr, &mut body);
+        neg.observe(&hdr, &body);
+        if let Some(r) = config_refusal(&hdr, &body, &neg) {
+            device.config_request_refused(r.read, r.offset, r.size);
+            if let Some(reply) = r.reply {
+                write_front(writer, &reply)?;
+            }
+            continue; // fds, if any, close here
+        }
         let size = body.len();
         if request == SET_BACKEND_REQ_FD
             && let [fd] = fds.as_slice()
@@ -119,6 +263,30 @@ fn forward_requests(front: &UnixStream, inner: &UnixStream, device: &Balloon) ->
     }
 }
 
+/// Backend -> frontend: whole messages (header, then `size` bytes).
+fn forward_replies(inner: &UnixStream, writer: &FrontWriter) -> io::Result<()> {
+    let mut msg = Vec::new();
+    loop {
+        let mut hdr = [0u8; HEADER];
+        match (&*inner).read_exact(&mut hdr) {
+            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(()),
+            r => r?,
+        }
+        let size = word(&hdr, 8) as usize;
+        if size > MAX_MSG_SIZE {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("vhost-user reply of {size} bytes"),
+            ));
+        }
+        msg.clear();
+        msg.extend_from_slice(&hdr);
+        msg.resize(HEADER + size, 0);
+        (&*inner).read_exact(&mut msg[HEADER..])?;
+        write_front(writer, &msg)?;
+    }
+}
+
 /// Starts the two relay threads. They end when either side closes; both
 /// sockets are then shut down so the other direction ends too.
 pub fn spawn(
@@ -127,10 +295,12 @@ pub fn spawn(
     device: Balloon,
 ) -> io::Result<[JoinHandle<()>; 2]> {
     let (front2, inner2) = (front.try_clone()?, inner.try_clone()?);
+    let writer: FrontWriter = Arc::new(Mutex::new(front.try_clone()?));
+    let writer2 = Arc::clone(&writer);
     let up = std::thread::Builder::new()
         .name("vu-relay-req".into())
         .spawn(move || {
-            if let Err(e) = forward_requests(&front, &inner, &device) {
+            if let Err(e) = forward_requests(&front, &writer, &inner, &device) {
                 tracing::debug!("vhost-user relay (requests): {e}");
             }
             let _ = inner.shutdown(Shutdown::Write);
@@ -138,8 +308,7 @@ pub fn spawn(
     let down = std::thread::Builder::new()
         .name("vu-relay-reply".into())
         .spawn(move || {
-            let (mut i, mut f) = (&inner2, &front2);
-            if let Err(e) = io::copy(&mut i, &mut f) {
+            if let Err(e) = forward_replies(&inner2, &writer2) {
                 tracing::debug!("vhost-user relay (replies): {e}");
             }
             let _ = front2.shutdown(Shutdown::Both);
@@ -189,6 +358,101 @@ mod tests {
             &uml_mem_table().0[0..8],
             "request and flags kept"
         );
+    }
+
+    fn config_msg(
+        request: u32,
+        flags: u32,
+        offset: u32,
+        size: u32,
+        payload: usize,
+    ) -> ([u8; HEADER], Vec<u8>) {
+        let mut body = Vec::new();
+        for v in [offset, size, 0] {
+            body.extend_from_slice(&v.to_le_bytes());
+        }
+        body.resize(CONFIG_HEAD + payload, 0);
+        let mut hdr = [0u8; HEADER];
+        hdr[0..4].copy_from_slice(&request.to_le_bytes());
+        hdr[4..8].copy_from_slice(&flags.to_le_bytes());
+        hdr[8..12].copy_from_slice(&(body.len() as u32).to_le_bytes());
+        (hdr, body)
+    }
+
+    fn negotiated(reply_ack: bool) -> Negotiated {
+        let mut n = Negotiated::default();
+        let mut hdr = [0u8; HEADER];
+        hdr[0..4].copy_from_slice(&SET_FEATURES.to_le_bytes());
+        n.observe(&hdr, &F_PROTOCOL_FEATURES.to_le_bytes());
+        hdr[0..4].copy_from_slice(&SET_PROTOCOL_FEATURES.to_le_bytes());
+        let p = if reply_ack {
+            PROTOCOL_F_REPLY_ACK | 1
+        } else {
+            1
+        };
+        n.observe(&hdr, &p.to_le_bytes());
+        n
+    }
+
+    #[test]
+    fn config_requests_inside_the_window_are_forwarded() {
+        let n = negotiated(true);
+        for (off, size) in [(0, 88), (0xff0, 16), (0, 0x800), (0xffc, 4)] {
+            let (h, b) = config_msg(GET_CONFIG, VERSION, off, size, size as usize);
+            assert_eq!(config_refusal(&h, &b, &n), None, "get {off:#x}+{size}");
+            let (h, b) = config_msg(SET_CONFIG, VERSION | NEED_REPLY, off, size, size as usize);
+            assert_eq!(config_refusal(&h, &b, &n), None, "set {off:#x}+{size}");
+        }
+        // Other requests are never looked at.
+        let (h, b) = config_msg(SET_MEM_TABLE, VERSION, 0x1000, 4, 4);
+        assert_eq!(config_refusal(&h, &b, &n), None);
+    }
+
+    /// The hostile frontend's requests: answered here, never forwarded.
+    #[test]
+    fn config_requests_outside_the_window_are_answered_here() {
+        let n = negotiated(true);
+        for (off, size, payload) in [
+            (0x1000, 4, 4),
+            (0xffff_fffc, 4, 4), // wraps to 0 without checked arithmetic
+            (0xffe, 4, 4),
+            (0xff0, 0x100, 0x100),
+            (0, 0, 0),
+            (0, 8, 4), // payload shorter than its size
+        ] {
+            let (h, b) = config_msg(GET_CONFIG, VERSION, off, size, payload);
+            let r = config_refusal(&h, &b, &n).expect("refused");
+            assert!(r.read);
+            let reply = r.reply.expect("GET always gets a reply");
+            // Header: GET_CONFIG, version 1 | REPLY, 12 bytes; then the
+            // config header with the request's offset and size 0.
+            assert_eq!(word(&reply, 0), GET_CONFIG);
+            assert_eq!(word(&reply, 4), VERSION | REPLY);
+            assert_eq!(word(&reply, 8), 12);
+            assert_eq!((word(&reply, 12), word(&reply, 16)), (off, 0));
+            assert_eq!(reply.len(), 24);
+
+            let (h, b) = config_msg(SET_CONFIG, VERSION | NEED_REPLY, off, size, payload);
+            let r = config_refusal(&h, &b, &n).expect("refused");
+            let reply = r.reply.expect("acked: REPLY_ACK negotiated and asked");
+            assert_eq!(word(&reply, 0), SET_CONFIG);
+            assert_eq!(word(&reply, 8), 8);
+            assert_eq!(&reply[12..], &0u64.to_le_bytes(), "success status");
+            // Not asked, or REPLY_ACK not negotiated: no reply at all.
+            let (h, b) = config_msg(SET_CONFIG, VERSION, off, size, payload);
+            assert_eq!(config_refusal(&h, &b, &n).unwrap().reply, None);
+            let (h, b) = config_msg(SET_CONFIG, VERSION | NEED_REPLY, off, size, payload);
+            assert_eq!(
+                config_refusal(&h, &b, &negotiated(false)).unwrap().reply,
+                None
+            );
+        }
+        // Too short for a config header, and unknown flags.
+        let (h, _) = config_msg(GET_CONFIG, VERSION, 0, 4, 4);
+        assert!(config_refusal(&h, &[0; 5], &n).is_some());
+        let (h, mut b) = config_msg(GET_CONFIG, VERSION, 0, 4, 4);
+        b[8] = 0x80;
+        assert!(config_refusal(&h, &b, &n).is_some());
     }
 
     #[test]

@@ -41,6 +41,11 @@ pub enum ServeError {
 
 /// Binds a unix socket at `path`, mode 0600. A stale socket file there
 /// (nobody listening) is replaced; any other existing file is an error.
+///
+/// The socket never exists at `path` with a wider mode: it is bound in a
+/// private 0700 directory next to `path` (same filesystem), chmod'ed
+/// there, and renamed into place. (Binding at `path` and then chmod'ing
+/// left a window in which anyone the umask allowed could connect.)
 pub fn bind_socket(path: &Path) -> Result<UnixListener, ServeError> {
     let err = |what, err| ServeError::Socket {
         what,
@@ -62,9 +67,16 @@ pub fn bind_socket(path: &Path) -> Result<UnixListener, ServeError> {
         }
         std::fs::remove_file(path).map_err(|e| err("cannot remove stale socket", e))?;
     }
-    let l = UnixListener::bind(path).map_err(|e| err("cannot bind", e))?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
+    let parent = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    let dir = PrivateDir::new_in(&parent).map_err(|e| err("cannot bind", e))?;
+    let tmp = dir.0.join("sock");
+    let l = UnixListener::bind(&tmp).map_err(|e| err("cannot bind", e))?;
+    std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o600))
         .map_err(|e| err("cannot chmod", e))?;
+    std::fs::rename(&tmp, path).map_err(|e| err("cannot move the socket to", e))?;
     Ok(l)
 }
 
@@ -73,7 +85,11 @@ struct PrivateDir(PathBuf);
 
 impl PrivateDir {
     fn new() -> io::Result<PrivateDir> {
-        let template = std::env::temp_dir().join("tier-balloon.XXXXXX");
+        Self::new_in(&std::env::temp_dir())
+    }
+
+    fn new_in(parent: &Path) -> io::Result<PrivateDir> {
+        let template = parent.join(".tier-balloon.XXXXXX");
         let mut buf = CString::new(template.into_os_string().into_encoded_bytes())
             .map_err(io::Error::other)?
             .into_bytes_with_nul();

@@ -455,3 +455,163 @@ fn fuzz_chains_seed_a() {
 fn fuzz_chains_seed_b() {
     fuzz(0xd1b5_4a32_d192_ed03);
 }
+
+/// Seeded property test of the descriptor-chain walker (`tier_balloon::
+/// chain`) over random descriptor tables: random `next` indices (some past
+/// the table), NEXT / WRITE / INDIRECT flags, indirect tables of random
+/// (sometimes malformed) lengths, so loops of every shape occur. An
+/// independent model follows the chain with a set of visited
+/// (table, index) pairs; the walker must agree on the outcome (the
+/// descriptors, or which kind of error), and never yield more than the
+/// table sizes allow.
+#[test]
+fn fuzz_descriptor_walks() {
+    use std::collections::HashSet;
+    use tier_balloon::chain::{ChainError, Walker};
+    use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+
+    const TABLE: u64 = 0;
+    const ITABLE: u64 = 0x10000;
+    const NEXT: u16 = 1;
+    const WRITE: u16 = 2;
+    const INDIRECT: u16 = 4;
+    /// (addr, len, flags, next)
+    type Desc = (u64, u32, u16, u16);
+
+    /// The model's verdict: the (addr, len, flags) walked, or the error.
+    #[derive(Debug, PartialEq)]
+    enum Want {
+        Ok(Vec<(u64, u32, u16)>),
+        Loop,
+        Range,
+        Nested,
+        WithNext,
+        BadLen,
+    }
+
+    fn model(direct: &[Desc], table: &[Desc], head: u16) -> Want {
+        let mut seen: HashSet<(bool, u16)> = HashSet::new();
+        let mut got = Vec::new();
+        let (mut descs, mut indirect, mut idx) = (direct, false, head);
+        loop {
+            let Some(&(addr, len, flags, next)) = descs.get(usize::from(idx)) else {
+                return Want::Range;
+            };
+            if !seen.insert((indirect, idx)) {
+                return Want::Loop;
+            }
+            if flags & INDIRECT != 0 {
+                if indirect {
+                    return Want::Nested;
+                }
+                if flags & NEXT != 0 {
+                    return Want::WithNext;
+                }
+                if len == 0 || len % 16 != 0 {
+                    return Want::BadLen;
+                }
+                // Generated lengths never exceed the generated table.
+                descs = &table[..(len / 16) as usize];
+                (indirect, idx) = (true, 0);
+                continue;
+            }
+            got.push((addr, len, flags));
+            if flags & NEXT == 0 {
+                return Want::Ok(got);
+            }
+            idx = next;
+        }
+    }
+
+    fn random_table(rng: &mut Rng, n: u16, k: u16, indirect_per_mille: u64) -> Vec<Desc> {
+        (0..n)
+            .map(|_| {
+                let mut flags = 0;
+                if rng.chance(800) {
+                    flags |= NEXT;
+                }
+                if rng.chance(30) {
+                    flags |= WRITE;
+                }
+                let (mut addr, mut len) = (rng.below(0x1000) * 4, rng.below(64) as u32 * 4);
+                if rng.chance(indirect_per_mille) {
+                    flags |= INDIRECT;
+                    if rng.chance(700) {
+                        flags &= !NEXT;
+                    }
+                    addr = ITABLE;
+                    len = if rng.chance(900) {
+                        16 * (1 + rng.below(u64::from(k)) as u32)
+                    } else {
+                        // Malformed: zero or not a multiple of 16.
+                        [0, 8, 17, 31][rng.below(4) as usize]
+                    };
+                }
+                let next = if rng.chance(950) {
+                    rng.below(u64::from(n)) as u16
+                } else {
+                    n + rng.below(3) as u16
+                };
+                (addr, len, flags, next)
+            })
+            .collect()
+    }
+
+    let cases: u64 = std::env::var("TIER_BALLOON_FUZZ_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(200_000);
+    let mem: GuestMemoryMmap<()> =
+        GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 0x20000)]).unwrap();
+    let mut rng = Rng(0x5eed_c4a1);
+    let mut walker = Walker::default();
+    let mut out = Vec::new();
+    let (mut loops, mut accepted) = (0u64, 0u64);
+    for _ in 0..cases {
+        let q = 1 + rng.below(64) as u16;
+        let k = 1 + rng.below(16) as u16;
+        let direct = random_table(&mut rng, q, k, 60);
+        let table = random_table(&mut rng, k, k, 10);
+        for (base, descs) in [(TABLE, &direct), (ITABLE, &table)] {
+            for (i, &(addr, len, flags, next)) in descs.iter().enumerate() {
+                let mut d = [0u8; 16];
+                d[0..8].copy_from_slice(&addr.to_le_bytes());
+                d[8..12].copy_from_slice(&len.to_le_bytes());
+                d[12..14].copy_from_slice(&flags.to_le_bytes());
+                d[14..16].copy_from_slice(&next.to_le_bytes());
+                mem.write_slice(&d, GuestAddress(base + 16 * i as u64))
+                    .unwrap();
+            }
+        }
+        let head = rng.below(u64::from(q)) as u16;
+        let want = model(&direct, &table, head);
+        let got = match walker.walk(&mem, GuestAddress(TABLE), q, head, &mut out) {
+            Ok(()) => Want::Ok(
+                out.iter()
+                    .map(|d| (d.addr().0, d.len(), d.flags()))
+                    .collect(),
+            ),
+            Err(ChainError::Loop { .. }) => Want::Loop,
+            Err(ChainError::IndexOutOfRange { .. }) => Want::Range,
+            Err(ChainError::NestedIndirect) => Want::Nested,
+            Err(ChainError::IndirectWithNext) => Want::WithNext,
+            Err(ChainError::BadIndirectLength(_)) => Want::BadLen,
+            Err(e) => panic!("unexpected {e}"),
+        };
+        assert_eq!(got, want, "q {q} k {k} head {head}");
+        match got {
+            Want::Ok(v) => {
+                accepted += 1;
+                assert!(v.len() <= usize::from(q) + usize::from(k));
+            }
+            Want::Loop => loops += 1,
+            _ => {}
+        }
+    }
+    // The generator must exercise both sides.
+    assert!(
+        loops > cases / 20 && accepted > cases / 20,
+        "loops {loops} accepted {accepted} of {cases}"
+    );
+    println!("{cases} walks: {loops} loops, {accepted} accepted");
+}
