@@ -94,6 +94,8 @@ pub struct Controller {
     pub enabled: bool,
     /// What the policy acts on (docs/controller.md, "Interval").
     pub act_on: ActOn,
+    /// Where `SetPolicy` is kept across restarts; "" = nowhere.
+    pub policy_file: PathBuf,
 }
 
 /// `[controller] act_on`: which part of the DRAM-hit interval decides.
@@ -158,6 +160,7 @@ impl Default for Controller {
         Controller {
             enabled: true,
             act_on: ActOn::Interval,
+            policy_file: PathBuf::new(),
         }
     }
 }
@@ -213,6 +216,8 @@ pub struct Settings {
     pub tcp: Option<TcpSettings>,
     pub controller: bool,
     pub act_on: ActOn,
+    /// `[controller] policy_file`, absolute; `None`: the policy is not kept.
+    pub policy_file: Option<PathBuf>,
     pub ch: ChSettings,
 }
 
@@ -411,6 +416,16 @@ impl Config {
             }
             EventTable::from_file(p).map_err(|e| invalid("pmu_events", e.to_string()))?;
         }
+        let policy_file = match &self.controller.policy_file {
+            p if p.as_os_str().is_empty() => None,
+            p if !p.is_absolute() => {
+                return Err(invalid(
+                    "controller.policy_file",
+                    format!("{} is not an absolute path", p.display()),
+                ));
+            }
+            p => Some(p.clone()),
+        };
         Ok(Settings {
             socket: self.socket.clone(),
             socket_mode,
@@ -431,6 +446,7 @@ impl Config {
             tcp,
             controller: self.controller.enabled,
             act_on: self.controller.act_on,
+            policy_file,
             ch,
         })
     }

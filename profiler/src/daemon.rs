@@ -86,6 +86,20 @@ async fn serve(s: Settings, synthetic: (u32, u32)) -> anyhow::Result<()> {
         interval_ns,
         controller_enabled: s.controller,
     });
+    if let Some(path) = &s.policy_file {
+        let found = shared
+            .keep_policy_in(path.clone())
+            .context("[controller] policy_file")?;
+        tracing::info!(
+            file = %path.display(),
+            "{}",
+            if found {
+                "policy restored from the policy file"
+            } else {
+                "no policy file yet: the default policy until SetPolicy writes one"
+            }
+        );
+    }
     // cloud-hypervisor VMs found through their API sockets: the controller
     // and SetBalloonTargets drive their per-tier balloons.
     let fleet = tier_profiler::ch::Fleet::default();
@@ -103,7 +117,7 @@ async fn serve(s: Settings, synthetic: (u32, u32)) -> anyhow::Result<()> {
         // A vm.info older than three intervals (plus a slow answer) is stale.
         let max_age = s.interval * 3 + s.ch.timeout * 2;
         let c = InProcess::acting_on(&shared.policy(), s.act_on.into())
-            .context("the default policy")?
+            .context("the policy in force at start")?
             .with_actuation(fleet.clone(), sink, max_age);
         tracing::info!(
             "controller runs in-process; it drives the per-tier balloons of cloud-hypervisor VMs found through their API sockets"

@@ -14,6 +14,7 @@ pub mod demo_vm;
 pub mod discovery;
 pub mod estimate;
 pub mod memtier;
+pub mod policy_store;
 pub mod probe;
 pub mod registry;
 pub mod sampler;

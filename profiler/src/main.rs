@@ -187,6 +187,13 @@ fn report(result: anyhow::Result<()>) -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("tierd: {e:#}");
+            // A damaged policy file is the operator's to fix, like a bad
+            // config: status 2, which systemd does not restart on.
+            if e.chain()
+                .any(|c| c.is::<tier_profiler::policy_store::PolicyStoreError>())
+            {
+                return ExitCode::from(2);
+            }
             ExitCode::FAILURE
         }
     }

@@ -33,6 +33,10 @@ pub struct Shared {
     /// fresh `tierctl top` shows every VM's last action.
     last_decisions: RwLock<std::collections::BTreeMap<String, Arc<Decision>>>,
     policy: RwLock<Policy>,
+    /// `[controller] policy_file`: SetPolicy is written there first.
+    policy_file: std::sync::OnceLock<std::path::PathBuf>,
+    /// One SetPolicy at a time, so the file and memory agree.
+    policy_write: tokio::sync::Mutex<()>,
     /// Set once at shutdown: every open stream ends so connections drain.
     closing: tokio::sync::watch::Sender<bool>,
     /// VMs whose per-tier balloon tierd can drive (SetBalloonTargets).
@@ -51,6 +55,8 @@ impl Shared {
             decisions_tx,
             last_decisions: RwLock::new(Default::default()),
             policy: RwLock::new(default_policy()),
+            policy_file: std::sync::OnceLock::new(),
+            policy_write: tokio::sync::Mutex::new(()),
             closing: tokio::sync::watch::Sender::new(false),
             fleet: RwLock::new(None),
         })
@@ -106,6 +112,24 @@ impl Shared {
             last.insert(d.vm_id.clone(), d.clone());
         }
         let _ = self.decisions_tx.send(d);
+    }
+
+    /// Keeps the policy in `path` from now on, starting from the one stored
+    /// there if any (true when one was). Call once, before serving.
+    pub fn keep_policy_in(
+        &self,
+        path: std::path::PathBuf,
+    ) -> Result<bool, crate::policy_store::PolicyStoreError> {
+        let stored = crate::policy_store::load(&path)?;
+        let found = stored.is_some();
+        if let Some(p) = stored
+            && let Ok(mut cur) = self.policy.write()
+        {
+            *cur = p;
+        }
+        // A second call keeps the first path: there is one file per daemon.
+        let _ = self.policy_file.set(path);
+        Ok(found)
     }
 
     /// The policy in force.
@@ -392,6 +416,16 @@ impl TierService for TierServer {
             .ok_or_else(|| Status::invalid_argument("policy: required"))?;
         tier_controller::policy::Config::try_from(&new)
             .map_err(|e| Status::invalid_argument(e.to_string()))?;
+        let _one_at_a_time = self.shared.policy_write.lock().await;
+        if let Some(path) = self.shared.policy_file.get() {
+            let (path, stored) = (path.clone(), new.clone());
+            tokio::task::spawn_blocking(move || crate::policy_store::save(&path, &stored))
+                .await
+                .map_err(|e| Status::internal(format!("saving the policy: {e}")))?
+                .map_err(|e| {
+                    Status::unavailable(format!("{e}; the policy in force is unchanged"))
+                })?;
+        }
         let mut p = self
             .shared
             .policy

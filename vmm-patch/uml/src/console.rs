@@ -90,9 +90,7 @@ impl Console {
 
     /// The last lines, for errors.
     pub fn tail(&self) -> String {
-        let t = self.text();
-        let lines: Vec<&str> = t.lines().collect();
-        lines[lines.len().saturating_sub(25)..].join("\n")
+        last_lines(&self.text(), 25)
     }
 
     fn poll<T>(
@@ -147,6 +145,12 @@ impl Console {
             Some(Ok((rc, out)))
         })
     }
+}
+
+/// The last `n` lines of `text`.
+pub(crate) fn last_lines(text: &str, n: usize) -> String {
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
 }
 
 #[cfg(test)]

@@ -273,7 +273,21 @@ impl Uml {
             .write_all(line.as_bytes())
             .and_then(|()| self.stdin.flush())
             .map_err(io("guest console"))?;
-        self.console.answer(id, timeout, cmd)
+        match self.console.answer(id, timeout, cmd) {
+            // A guest stuck in a command is most often stuck on the device:
+            // say what the backend saw.
+            Err(UmlError::Timeout { what, secs, tail }) => Err(UmlError::Timeout {
+                what: format!(
+                    "{what}\nbackend state: {}\nbackend log ends with:\n{}",
+                    self.state()
+                        .map_or_else(|e| e.to_string(), |s| s.to_string()),
+                    console::last_lines(&self.backend_log(), 20)
+                ),
+                secs,
+                tail,
+            }),
+            r => r,
+        }
     }
 
     /// One request on the backend's control socket (a JSON object); the
