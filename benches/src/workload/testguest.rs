@@ -158,6 +158,7 @@ impl TestGuestSource {
                 ("slow".into(), ZONE_MIB[1]),
             ],
             cmdline: plan.params.to_cmdline(),
+            vhost_user: None,
         };
         let gerr = |e: anyhow::Error| WorkloadError::Guest(format!("{name}: {e:#}"));
         let mut vm = ChVm::boot(

@@ -7,7 +7,6 @@
 
 mod checks;
 mod scenario;
-mod tierd;
 
 use std::path::PathBuf;
 use std::process::ExitCode;

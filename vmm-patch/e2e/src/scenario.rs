@@ -13,7 +13,7 @@ use tier_proto::v1::{
 };
 use tokio_stream::StreamExt;
 
-use crate::tierd::Tierd;
+use tier_e2e::tierd::Tierd;
 use tier_e2e::vmm::{ChVm, VmSpec};
 
 const MIB: u64 = 1 << 20;
@@ -86,6 +86,7 @@ impl Plan {
                 hot = self.hot_pages,
                 secs = self.phase_secs,
             ),
+            vhost_user: None,
         };
         [
             spec("a", self.hot_pages, self.small_pages),
@@ -199,6 +200,7 @@ pub async fn run(plan: &Plan, paths: &Paths) -> anyhow::Result<Outcome> {
         &plan.backend,
         plan.interval_ms,
         plan.passes,
+        "",
     )?;
     let mut client = tierd.client(Duration::from_secs(30)).await?;
     println!("tierd: pid {}, log {}", tierd.pid(), tierd.log.display());

@@ -1,6 +1,5 @@
 //! tierd, started here with its own config and socket, stopped by its PID.
 
-use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -10,7 +9,7 @@ use tier_proto::v1::tier_service_client::TierServiceClient;
 use tier_proto::{Endpoint, connect};
 use tonic::transport::Channel;
 
-use tier_e2e::vmm::stop_child;
+use crate::vmm::stop_child;
 
 /// A running tierd.
 #[derive(Debug)]
@@ -24,7 +23,8 @@ impl Tierd {
     /// Starts `bin run` with a config that samples with `backend`, finds
     /// cloud-hypervisor VMs through the API sockets in `ch_dir`, takes the
     /// zone `slow` for CXL memory (this host has one memory tier) and runs
-    /// the controller.
+    /// the controller. `extra` is appended to the `[controller]` table
+    /// (e.g. `policy_file = "..."`).
     pub fn start(
         bin: &Path,
         dir: &Path,
@@ -32,6 +32,7 @@ impl Tierd {
         backend: &str,
         interval_ms: u64,
         passes: u32,
+        extra: &str,
     ) -> anyhow::Result<Tierd> {
         let socket = dir.join("tierd.sock");
         let config = dir.join("tierd.toml");
@@ -48,13 +49,19 @@ impl Tierd {
              [discovery]\n\
              ch_api_dir = {ch_dir:?}\n\
              [controller]\n\
-             enabled = true\n",
+             enabled = true\n\
+             {extra}\n",
             socket = socket.display().to_string(),
             ch_dir = ch_dir.display().to_string(),
         );
         std::fs::write(&config, text).context("writing tierd.toml")?;
         let log = dir.join("tierd.log");
-        let err = File::create(&log).context("creating tierd.log")?;
+        // Appended: a restarted tierd keeps the earlier lines.
+        let err = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log)
+            .context("opening tierd.log")?;
         let child = Command::new(bin)
             .arg("run")
             .arg("--config")
@@ -103,6 +110,12 @@ impl Tierd {
 
     pub fn stop(&mut self) {
         stop_child(&mut self.child);
+    }
+
+    /// SIGKILL by PID, and reaped: a crash, for the soak.
+    pub fn kill9(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 }
 

@@ -19,6 +19,34 @@ pub struct VmSpec {
     pub zones: Vec<(String, u64)>,
     /// The guest's command line (checked with its own parser first).
     pub cmdline: String,
+    /// Serve the balloon from a vhost-user backend (`tier-balloon`) on
+    /// these sockets instead of the VMM's own device.
+    pub vhost_user: Option<VhostUser>,
+}
+
+/// The sockets of a vhost-user balloon backend.
+#[derive(Debug, Clone)]
+pub struct VhostUser {
+    pub socket: PathBuf,
+    pub control: PathBuf,
+}
+
+impl VmSpec {
+    /// `tier-balloon --tier` arguments for this VM's zones: x86_64 lays the
+    /// zones out from GPA 0 in order (docs/vmm-patch.md), node i each.
+    pub fn backend_tiers(&self) -> Vec<String> {
+        let mut start = 0u64;
+        self.zones
+            .iter()
+            .enumerate()
+            .map(|(i, (id, mib))| {
+                let end = start + mib * (1 << 20);
+                let arg = format!("name={id},ranges={start:#x}-{end:#x},node={i}");
+                start = end;
+                arg
+            })
+            .collect()
+    }
 }
 
 /// A running VMM process.
@@ -65,8 +93,18 @@ impl ChVm {
             ]);
             cmd.args(["--numa", &format!("guest_numa_id={i},memory_zones={id}")]);
         }
-        cmd.args(["--balloon", "size=0,tiers=on,stats=on"])
-            .arg("--serial")
+        match &spec.vhost_user {
+            None => cmd.args(["--balloon", "size=0,tiers=on,stats=on"]),
+            Some(v) => cmd.args([
+                "--balloon",
+                &format!(
+                    "vhost_user=on,socket={},control={},tiers=on,stats=on",
+                    v.socket.display(),
+                    v.control.display()
+                ),
+            ]),
+        };
+        cmd.arg("--serial")
             .arg(format!("file={}", serial.display()))
             .args(["--console", "off"])
             .stdout(Stdio::null())
@@ -201,6 +239,21 @@ impl ChVm {
             out.insert(z.id, rss);
         }
         Ok(out)
+    }
+
+    /// SIGKILL by PID, and reaped: a VMM that dies, for the soak.
+    pub fn kill9(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Sends `sig` (SIGSTOP, SIGCONT) to the VMM, if it still runs.
+    pub fn signal(&mut self, sig: libc::c_int) {
+        if matches!(self.child.try_wait(), Ok(None)) {
+            // SAFETY: kill(2) on the PID of our own child, not yet reaped
+            // (try_wait said so), so the PID cannot have been reused.
+            unsafe { libc::kill(self.child.id() as libc::pid_t, sig) };
+        }
     }
 
     /// SIGTERM by PID, then SIGKILL after 3 s.

@@ -1,0 +1,311 @@
+//! `tier-soak` (issue 25): the closed loop of `tier-e2e` under faults from
+//! a seeded schedule (`schedule`), with invariants checked every interval
+//! from outside tierd (`checks`), what tierd's streams showed (`watch`),
+//! and a table of faults injected, survived and recovered from (p50/p95
+//! intervals). `cargo xtask soak` builds everything and runs it.
+
+mod checks;
+mod faults;
+mod schedule;
+mod watch;
+mod world;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use clap::Parser;
+
+use crate::faults::{Fault, Phase};
+use crate::schedule::{ALL, Kind};
+use crate::world::{Paths, Plan, World};
+
+#[derive(Debug, Parser)]
+#[command(
+    about = "Chaos soak: test guests, patched cloud-hypervisor, tier-balloon, tierd and its controller under faults"
+)]
+struct Args {
+    #[arg(long)]
+    ch_bin: PathBuf,
+    #[arg(long)]
+    tierd: PathBuf,
+    /// The tier-balloon binary (VM b's vhost-user balloon backend).
+    #[arg(long)]
+    balloon: PathBuf,
+    /// The test guest ELF (default: the one this build compiled).
+    #[arg(long)]
+    guest: Option<PathBuf>,
+    /// Keep sockets, logs and the policy file here (default: a temporary
+    /// directory, removed at the end).
+    #[arg(long)]
+    work_dir: Option<PathBuf>,
+    /// Length of the run.
+    #[arg(long, default_value_t = 10.0)]
+    minutes: f64,
+    /// Seed of the fault schedule.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+}
+
+/// A fault not recovered within this many intervals has not survived.
+const RECOVERY_LIMIT: u32 = 20;
+
+fn main() -> ExitCode {
+    match run() {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::FAILURE,
+        Err(e) => {
+            eprintln!("tier-soak: {e:#}");
+            println!("RESULT soak=error");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn run() -> anyhow::Result<bool> {
+    let args = Args::parse();
+    for (what, p) in [
+        ("--ch-bin", &args.ch_bin),
+        ("--tierd", &args.tierd),
+        ("--balloon", &args.balloon),
+    ] {
+        anyhow::ensure!(p.is_file(), "{what} {}: no such file", p.display());
+    }
+    let tmp;
+    let work = match &args.work_dir {
+        Some(d) => {
+            std::fs::create_dir_all(d).with_context(|| format!("creating {}", d.display()))?;
+            d.clone()
+        }
+        None => {
+            tmp = tempfile::tempdir().context("creating a work directory")?;
+            tmp.path().to_path_buf()
+        }
+    };
+    let paths = Paths {
+        ch_bin: args.ch_bin.clone(),
+        tierd: args.tierd.clone(),
+        balloon: args.balloon.clone(),
+        guest: args
+            .guest
+            .clone()
+            .unwrap_or_else(|| tier_testguest::elf_path().to_path_buf()),
+        work,
+    };
+    let plan = Plan {
+        dram_mib: 32,
+        slow_mib: 64,
+        initial_dram_balloon_mib: 8,
+        interval_ms: 1000,
+        guest_extra: [String::new(), String::new()],
+    };
+    let run_s = args.minutes * 60.0;
+    let (warmup, gap) = if run_s < 300.0 {
+        (15.0, (9.0, 12.0))
+    } else {
+        (20.0, (12.0, 25.0))
+    };
+    let planned = schedule::plan(args.seed, run_s, warmup, 10.0, gap);
+    println!(
+        "soak: {:.0} s, seed {}, {} faults planned, work dir {}",
+        run_s,
+        args.seed,
+        planned.len(),
+        paths.work.display()
+    );
+    let rt = tokio::runtime::Runtime::new().context("tokio runtime")?;
+    rt.block_on(soak(paths, plan, planned, run_s))
+}
+
+async fn soak(
+    paths: Paths,
+    plan: Plan,
+    planned: Vec<schedule::Planned>,
+    run_s: f64,
+) -> anyhow::Result<bool> {
+    let tick = Duration::from_millis(plan.interval_ms);
+    let mut w = World::start(paths, plan).await?;
+    let log = watch::spawn(w.tierd.socket.clone());
+    let mut checker = checks::Checker::default();
+    let mut faults: Vec<Fault> = Vec::new();
+    let mut steady = Vec::new();
+    let mut next = 0;
+    let start = Instant::now();
+    while start.elapsed().as_secs_f64() < run_s {
+        let t0 = Instant::now();
+        let now_s = start.elapsed().as_secs_f64();
+        // Inject what is due, one fault at a time.
+        let busy = faults
+            .iter()
+            .any(|f| matches!(f.phase, Phase::Holding { .. }));
+        if !busy && next < planned.len() && planned[next].at_s <= now_s {
+            let p = planned[next];
+            next += 1;
+            println!(
+                "{now_s:>6.1} s inject {} (vm {})",
+                p.kind.name(),
+                ["a", "b"][p.vm]
+            );
+            faults.push(faults::inject(p, &mut w).await);
+        }
+        // Advance every fault.
+        let pids = [
+            w.vms[0].as_ref().map(|v| v.pid()),
+            w.vms[1].as_ref().map(|v| v.pid()),
+        ];
+        let mut excluded = [false, false];
+        for f in &mut faults {
+            match f.phase {
+                Phase::Holding { until } => {
+                    if matches!(f.plan.kind, Kind::StopVmm | Kind::KillVmMidMove) {
+                        excluded[f.plan.vm] = true;
+                    }
+                    faults::during(f, &w, &log, tick).await;
+                    if Instant::now() >= until {
+                        faults::undo(f, &mut w).await;
+                        f.phase = Phase::Recovering {
+                            since: Instant::now(),
+                        };
+                    }
+                }
+                Phase::Recovering { since } => {
+                    if faults::recovered(f, &w, &log, &pids).await {
+                        let n = since.elapsed().as_secs_f64() / tick.as_secs_f64();
+                        f.recovery = Some(n.ceil() as u32);
+                        f.phase = Phase::Done;
+                        println!(
+                            "{:>6.1} s recovered from {} in {} intervals {}",
+                            start.elapsed().as_secs_f64(),
+                            f.plan.kind.name(),
+                            n.ceil(),
+                            f.note
+                        );
+                    } else if since.elapsed() > tick * RECOVERY_LIMIT {
+                        f.phase = Phase::Done;
+                        f.violations
+                            .push(format!("not recovered within {RECOVERY_LIMIT} intervals"));
+                    }
+                }
+                Phase::Done => {}
+            }
+        }
+        let v = checker.tick(&w, &excluded).await;
+        for x in v {
+            println!("{:>6.1} s VIOLATION {x}", start.elapsed().as_secs_f64());
+            steady.push(x);
+        }
+        if let Some(rest) = tick.checked_sub(t0.elapsed()) {
+            tokio::time::sleep(rest).await;
+        }
+    }
+    // Faults still open at the end get their chance to finish.
+    for f in &mut faults {
+        if let Phase::Holding { .. } = f.phase {
+            faults::undo(f, &mut w).await;
+        }
+    }
+    w.stop();
+    Ok(report(&faults, &steady, &checker, &log))
+}
+
+fn report(
+    faults: &[Fault],
+    steady: &[String],
+    checker: &checks::Checker,
+    log: &watch::Shared,
+) -> bool {
+    println!();
+    println!(
+        "{:<24} {:>8} {:>8} {:>6} {:>6} {:>6}  notes",
+        "fault", "injected", "survived", "p50", "p95", "max"
+    );
+    let mut all_rec = Vec::new();
+    let mut violations = steady.len();
+    let mut survived_total = 0;
+    for kind in ALL {
+        let of: Vec<&Fault> = faults.iter().filter(|f| f.plan.kind == kind).collect();
+        if of.is_empty() {
+            println!("{:<24} {:>8}", kind.name(), 0);
+            continue;
+        }
+        let survived: Vec<&&Fault> = of
+            .iter()
+            .filter(|f| f.violations.is_empty() && f.recovery.is_some())
+            .collect();
+        survived_total += survived.len();
+        let mut rec: Vec<u32> = of.iter().filter_map(|f| f.recovery).collect();
+        rec.sort_unstable();
+        all_rec.extend(rec.iter().copied());
+        let q = |p: f64| {
+            rec.get(((rec.len() as f64 - 1.0) * p).round() as usize)
+                .map_or_else(|| "-".into(), u32::to_string)
+        };
+        let notes: Vec<String> = of
+            .iter()
+            .flat_map(|f| {
+                let mut n: Vec<String> = f
+                    .violations
+                    .iter()
+                    .map(|v| format!("VIOLATION {v}"))
+                    .collect();
+                if !f.note.is_empty() {
+                    n.push(f.note.clone());
+                }
+                n
+            })
+            .collect::<std::collections::BTreeSet<_>>()
+            .into_iter()
+            .collect();
+        violations += of.iter().map(|f| f.violations.len()).sum::<usize>();
+        println!(
+            "{:<24} {:>8} {:>8} {:>6} {:>6} {:>6}  {}",
+            kind.name(),
+            of.len(),
+            survived.len(),
+            q(0.5),
+            q(0.95),
+            rec.last().map_or_else(|| "-".into(), u32::to_string),
+            notes.join("; ")
+        );
+    }
+    println!(
+        "(recovery in tierd intervals from the fault's undo: kill -9 tierd = both VMs back in its stream with balloon state and the policy in force; others = the VM back in the stream / the device reconnected or reported)"
+    );
+    println!();
+    let mut grew = 0;
+    for (what, detail, bad) in checker.growth() {
+        println!("{} {what}: {detail}", if bad { "GREW" } else { "flat" });
+        grew += usize::from(bad);
+    }
+    violations += grew;
+    let l = watch::lock(log);
+    for x in &l.wrong {
+        println!("VIOLATION watcher saw {x}");
+    }
+    violations += l.wrong.len();
+    println!(
+        "checks: {} intervals, budget not checkable in {} (a VM stopped or rebooting), canary {}; watcher: {} connections, {} updates",
+        checker.ticks_checked,
+        checker.budget_skipped,
+        if checker.canary_seen {
+            "checked"
+        } else {
+            "not reported by this guest"
+        },
+        l.connections,
+        l.seen.len()
+    );
+    all_rec.sort_unstable();
+    let p95 = all_rec
+        .get(((all_rec.len() as f64 - 1.0) * 0.95).round() as usize)
+        .copied();
+    println!(
+        "RESULT faults={} survived={} violations={} recovery_p95_intervals={}",
+        faults.len(),
+        survived_total,
+        violations,
+        p95.map_or_else(|| "none".into(), |p| p.to_string())
+    );
+    violations == 0 && survived_total == faults.len()
+}

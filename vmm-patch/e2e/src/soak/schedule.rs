@@ -1,0 +1,126 @@
+//! The seeded fault schedule: which fault, when. Every kind comes once in
+//! each round, in a seeded order, so a run long enough for one round
+//! injects every kind.
+
+/// A fault the soak injects.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Kind {
+    /// `kill -9` of tierd, started again at once.
+    KillTierd,
+    /// `kill -9` of VM b's vhost-user balloon backend, started again 1 s later.
+    KillBackend,
+    /// SIGSTOP of a VMM for longer than tierd's API timeout, then SIGCONT.
+    StopVmm,
+    /// `kill -9` of a VMM while its balloon moves, booted again 3 s later.
+    KillVmMidMove,
+    /// 64 idle and 16 garbage-writing clients on the backend's control socket.
+    ControlFlood,
+    /// 200 clients on tierd's socket, half of them writing garbage.
+    TierdFlood,
+    /// A watcher that stops reading for 10 s.
+    StalledWatcher,
+}
+
+pub const ALL: [Kind; 7] = [
+    Kind::KillTierd,
+    Kind::KillBackend,
+    Kind::StopVmm,
+    Kind::KillVmMidMove,
+    Kind::ControlFlood,
+    Kind::TierdFlood,
+    Kind::StalledWatcher,
+];
+
+impl Kind {
+    pub fn name(self) -> &'static str {
+        match self {
+            Kind::KillTierd => "kill -9 tierd",
+            Kind::KillBackend => "kill -9 backend",
+            Kind::StopVmm => "SIGSTOP vmm 8 s",
+            Kind::KillVmMidMove => "kill -9 vmm mid-move",
+            Kind::ControlFlood => "control-socket flood",
+            Kind::TierdFlood => "tierd-socket flood",
+            Kind::StalledWatcher => "stalled watcher",
+        }
+    }
+}
+
+/// One planned fault: at `at_s` seconds into the run, on VM `vm`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Planned {
+    pub at_s: f64,
+    pub kind: Kind,
+    pub vm: usize,
+}
+
+/// xorshift64*: small, seeded, the same sequence everywhere.
+#[derive(Debug, Clone)]
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Rng {
+        Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
+    }
+
+    pub fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+
+    /// Uniform in [lo, hi).
+    pub fn range(&mut self, lo: f64, hi: f64) -> f64 {
+        lo + (self.next() >> 11) as f64 / (1u64 << 53) as f64 * (hi - lo)
+    }
+}
+
+/// Faults from `warmup_s` until `run_s - tail_s`, `gap` seconds apart
+/// (drawn from [gap_lo, gap_hi)), kinds in seeded rounds.
+pub fn plan(seed: u64, run_s: f64, warmup_s: f64, tail_s: f64, gap: (f64, f64)) -> Vec<Planned> {
+    let mut rng = Rng::new(seed);
+    let mut out = Vec::new();
+    let mut round: Vec<Kind> = Vec::new();
+    let mut t = warmup_s;
+    while t < run_s - tail_s {
+        if round.is_empty() {
+            round = ALL.to_vec();
+            // Fisher-Yates with the seeded generator.
+            for i in (1..round.len()).rev() {
+                let j = (rng.next() % (i as u64 + 1)) as usize;
+                round.swap(i, j);
+            }
+        }
+        let kind = round.remove(0);
+        let vm = (rng.next() % 2) as usize;
+        out.push(Planned { at_s: t, kind, vm });
+        t += rng.range(gap.0, gap.1);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_seed_gives_one_schedule_and_a_round_has_every_kind() {
+        let a = plan(7, 600.0, 20.0, 15.0, (12.0, 25.0));
+        assert_eq!(a, plan(7, 600.0, 20.0, 15.0, (12.0, 25.0)));
+        assert_ne!(a, plan(8, 600.0, 20.0, 15.0, (12.0, 25.0)));
+        let mut first: Vec<Kind> = a.iter().take(ALL.len()).map(|p| p.kind).collect();
+        first.sort();
+        assert_eq!(first, ALL.to_vec());
+        assert!(a.windows(2).all(|w| w[1].at_s - w[0].at_s >= 12.0));
+        assert!(
+            a.iter()
+                .all(|p| p.at_s >= 20.0 && p.at_s < 585.0 && p.vm < 2)
+        );
+    }
+
+    #[test]
+    fn a_short_run_still_gets_faults() {
+        let a = plan(1, 90.0, 15.0, 10.0, (9.0, 12.0));
+        assert!(a.len() >= 5, "{a:?}");
+    }
+}
