@@ -6,7 +6,9 @@
 //! every crate here, for the [`stream`] client.
 //!
 //! Helpers panic on failure: they run inside tests, where a loud failure
-//! with the process's log is the wanted outcome.
+//! with the process's log is the wanted outcome. The exception is
+//! [`ChildGuard`], which never panics: the e2e run (`tier-e2e`, a test run
+//! as a binary) depends on this crate for it alone.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test harness: fail loudly
 

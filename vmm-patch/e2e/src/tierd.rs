@@ -2,7 +2,7 @@
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
@@ -10,12 +10,13 @@ use tier_proto::v1::tier_service_client::TierServiceClient;
 use tier_proto::{Endpoint, connect};
 use tonic::transport::Channel;
 
-use tier_e2e::vmm::stop_child;
+use tier_e2e::vmm::STOP_GRACE;
+use tier_test_support::ChildGuard;
 
 /// A running tierd.
 #[derive(Debug)]
 pub struct Tierd {
-    child: Child,
+    child: ChildGuard,
     pub socket: PathBuf,
     pub log: PathBuf,
 }
@@ -63,6 +64,7 @@ impl Tierd {
             .stderr(err)
             .spawn()
             .with_context(|| format!("starting {}", bin.display()))?;
+        let child = ChildGuard::with_grace(child, STOP_GRACE);
         Ok(Tierd { child, socket, log })
     }
 
@@ -101,13 +103,8 @@ impl Tierd {
         }
     }
 
+    /// SIGTERM by PID, then SIGKILL after [`STOP_GRACE`] (also on drop).
     pub fn stop(&mut self) {
-        stop_child(&mut self.child);
-    }
-}
-
-impl Drop for Tierd {
-    fn drop(&mut self) {
-        self.stop();
+        self.child.terminate();
     }
 }
