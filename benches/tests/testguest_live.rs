@@ -140,7 +140,7 @@ fn main() {
     let args = Arguments::from_args();
     let trials = vec![Trial::ignorable_test(
         "live_testguest_row_truth_stats_and_phase_alignment",
-        || match tier_testguest::live_vmm() {
+        || match tier_test_support::ch_kvm() {
             Err(reason) => Ok(Completion::ignored_with(reason)),
             Ok(bin) => {
                 one_row(&bin);

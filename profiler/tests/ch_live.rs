@@ -25,7 +25,6 @@ use std::time::{Duration, Instant};
 
 use libtest_mimic::{Arguments, Completion, Failed, Trial};
 use tier_controller::actuate::ChApi;
-use tier_proto::Endpoint;
 use tier_proto::v1::*;
 use tier_test_support::ChildGuard;
 use tokio_stream::StreamExt;
@@ -33,10 +32,7 @@ use tokio_stream::StreamExt;
 const M: u64 = 1 << 20;
 
 fn capability() -> Result<PathBuf, String> {
-    let bin = tier_test_support::ch_bin()?;
-    if let Some(why) = tier_test_support::kvm_missing() {
-        return Err(why);
-    }
+    let bin = tier_test_support::ch_kvm()?;
     for tool in ["cc", "ld"] {
         if let Some(why) = tier_test_support::tool_missing(tool, "to build the PVH test guest") {
             return Err(why);
@@ -291,14 +287,7 @@ async fn live(bin: PathBuf) {
         .env("TIERD_LOG", "info");
     let tierd =
         tier_test_support::spawn_listening(&mut cmd, &socket, &log_path, Duration::from_secs(20));
-    let mut client = tier_proto::connect(&Endpoint::Unix(socket.clone()))
-        .await
-        .unwrap();
-    let mut stream = client
-        .watch_stats(WatchStatsRequest::default())
-        .await
-        .unwrap()
-        .into_inner();
+    let (mut client, mut stream) = tier_test_support::open_watch_stats(&socket).await;
 
     let id1 = format!("ch:{}:{}", vm1.pid(), kvm_fd(vm1.pid()));
     let mut vms = Vec::new();

@@ -7,8 +7,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use tier_proto::PROTOCOL_VERSION;
 use tier_proto::v1::*;
-use tier_proto::{Endpoint, PROTOCOL_VERSION};
 use tier_test_support::ChildGuard;
 use tokio_stream::StreamExt;
 
@@ -40,10 +40,6 @@ impl Tierd {
         }
     }
 
-    fn endpoint(&self) -> Endpoint {
-        Endpoint::Unix(self.socket.clone())
-    }
-
     /// SIGTERM by PID; returns the exit status.
     fn terminate(mut self) -> std::process::ExitStatus {
         self.child.terminate().expect("tierd ignored SIGTERM")
@@ -59,7 +55,7 @@ fn socket_mode(p: &Path) -> u32 {
 async fn serves_the_demo_vm_with_increasing_sequence_numbers() {
     let tierd = Tierd::start(&["--demo-vm", "--interval-ms", "200"]);
     assert_eq!(socket_mode(&tierd.socket), 0o660);
-    let mut client = tier_proto::connect(&tierd.endpoint()).await.unwrap();
+    let mut client = tier_test_support::stream::client(&tierd.socket).await;
 
     let info = client
         .get_info(GetInfoRequest {})
@@ -128,11 +124,7 @@ async fn serves_the_demo_vm_with_increasing_sequence_numbers() {
         .into_inner();
     assert_eq!(&got, vm);
 
-    let mut stream = client
-        .watch_stats(WatchStatsRequest { vm_ids: vec![] })
-        .await
-        .unwrap()
-        .into_inner();
+    let mut stream = tier_test_support::watch_stats(&mut client).await;
     let mut last = 0;
     for n in 0..4 {
         let u = stream.next().await.unwrap().unwrap();
@@ -239,7 +231,7 @@ async fn serves_the_demo_vm_with_increasing_sequence_numbers() {
 #[tokio::test]
 async fn bad_requests_get_clear_status_and_the_daemon_keeps_serving() {
     let tierd = Tierd::start(&["--interval-ms", "100", "--no-controller"]);
-    let mut client = tier_proto::connect(&tierd.endpoint()).await.unwrap();
+    let mut client = tier_test_support::stream::client(&tierd.socket).await;
 
     let e = client
         .get_vm(GetVmRequest { id: String::new() })
@@ -321,11 +313,7 @@ async fn bad_requests_get_clear_status_and_the_daemon_keeps_serving() {
     assert_eq!(set, good);
 
     // Still serving, with no VMs, sequence moving.
-    let mut stream = client
-        .watch_stats(WatchStatsRequest::default())
-        .await
-        .unwrap()
-        .into_inner();
+    let mut stream = tier_test_support::watch_stats(&mut client).await;
     let a = stream.next().await.unwrap().unwrap().sequence;
     let b = stream.next().await.unwrap().unwrap().sequence;
     assert!(b > a);
@@ -406,18 +394,13 @@ async fn a_slow_watcher_loses_updates_without_stalling_the_others() {
         "--synthetic-vms",
         "1000",
     ]);
-    let ep = tierd.endpoint();
+    let ep = tierd.socket.clone();
     let latest = Arc::new(AtomicU64::new(0));
     let stop = Arc::new(AtomicBool::new(false));
     let fast = tokio::spawn({
         let (ep, latest, stop) = (ep.clone(), latest.clone(), stop.clone());
         async move {
-            let mut client = tier_proto::connect(&ep).await.unwrap();
-            let mut s = client
-                .watch_stats(WatchStatsRequest::default())
-                .await
-                .unwrap()
-                .into_inner();
+            let (_client, mut s) = tier_test_support::open_watch_stats(&ep).await;
             let (mut received, mut lost, mut last) = (0u64, 0u64, 0u64);
             while !stop.load(Ordering::SeqCst) {
                 let seq = s.next().await.unwrap().unwrap().sequence;
@@ -432,12 +415,7 @@ async fn a_slow_watcher_loses_updates_without_stalling_the_others() {
             (received, lost)
         }
     });
-    let mut client = tier_proto::connect(&ep).await.unwrap();
-    let mut slow = client
-        .watch_stats(WatchStatsRequest::default())
-        .await
-        .unwrap()
-        .into_inner();
+    let (client, mut slow) = tier_test_support::open_watch_stats(&ep).await;
     let first = slow.next().await.unwrap().unwrap().sequence;
     let deadline = Instant::now() + Duration::from_secs(120);
     while latest.load(Ordering::SeqCst) < first + 64 {
@@ -482,7 +460,7 @@ async fn a_slow_watcher_loses_updates_without_stalling_the_others() {
 #[cfg_attr(not(has_kvm), ignore = "needs /dev/kvm for the demo VM")]
 async fn the_demo_vms_interval_covers_the_guests_exact_ratio() {
     let tierd = Tierd::start(&["--demo-vm", "--interval-ms", "1000"]);
-    let mut client = tier_proto::connect(&tierd.endpoint()).await.unwrap();
+    let mut client = tier_test_support::stream::client(&tierd.socket).await;
     let info = client
         .get_info(GetInfoRequest {})
         .await
@@ -494,11 +472,7 @@ async fn the_demo_vms_interval_covers_the_guests_exact_ratio() {
         "needs a host sampler for the demo VM; this host offers {:?}",
         info.capabilities
     );
-    let mut stream = client
-        .watch_stats(WatchStatsRequest { vm_ids: vec![] })
-        .await
-        .unwrap()
-        .into_inner();
+    let mut stream = tier_test_support::watch_stats(&mut client).await;
     let (mut scored, mut covered) = (0, 0);
     let mut seen = Vec::new();
     for n in 0..8 {

@@ -6,7 +6,6 @@
 use std::process::Command;
 use std::time::Duration;
 
-use tier_proto::Endpoint;
 use tier_proto::v1::*;
 use tier_test_support::ChildGuard;
 use tokio_stream::StreamExt;
@@ -50,14 +49,7 @@ async fn discovers_samples_and_drops_a_vm_process() {
     .arg(&socket);
     let tierd =
         tier_test_support::spawn_listening(&mut cmd, &socket, &log, Duration::from_secs(20));
-    let mut client = tier_proto::connect(&Endpoint::Unix(socket.clone()))
-        .await
-        .unwrap();
-    let mut stream = client
-        .watch_stats(WatchStatsRequest::default())
-        .await
-        .unwrap()
-        .into_inner();
+    let (mut client, mut stream) = tier_test_support::open_watch_stats(&socket).await;
     let prefix = format!("kvm:{pid}:");
 
     // Seen, with its tier map, and sampled exactly once armed.

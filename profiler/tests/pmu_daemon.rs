@@ -22,7 +22,6 @@ use std::time::{Duration, Instant};
 use libtest_mimic::{Arguments, Completion, Failed, Trial};
 use tier_profiler::sampler::pmu::events::{CpuId, EventTable};
 use tier_profiler::sampler::pmu::events_status;
-use tier_proto::Endpoint;
 use tier_proto::v1::*;
 use tier_test_support::ChildGuard;
 use tokio_stream::StreamExt;
@@ -119,19 +118,13 @@ fn tierd_counts_per_tier_pmu_events_using_software_events_in_place_of_hardware_o
     );
     let rt = runtime();
     rt.block_on(async {
-        let mut client = tier_proto::connect(&Endpoint::Unix(tierd.socket.clone()))
-            .await
-            .unwrap();
+        let mut client = tier_test_support::stream::client(&tierd.socket).await;
         let info = client.get_info(GetInfoRequest {}).await.unwrap().into_inner();
         let pmu = info.capabilities.iter().find(|c| c.name == "pmu").unwrap();
         println!("  capability pmu: available {}, selected {}, {}", pmu.available, pmu.selected, pmu.reason);
         assert!(pmu.selected, "the pmu source runs: {pmu:?}");
 
-        let mut stream = client
-            .watch_stats(WatchStatsRequest::default())
-            .await
-            .unwrap()
-            .into_inner();
+        let mut stream = tier_test_support::watch_stats(&mut client).await;
         let prefix = format!("kvm:{pid}:");
         let mut vms: Vec<Vm> = Vec::new();
         let mut counted = 0;
@@ -229,9 +222,7 @@ fn tierd_with_the_real_event_table_logs_the_pmu_unavailable_and_keeps_serving_ho
     );
     let rt = runtime();
     let reason = rt.block_on(async {
-        let mut client = tier_proto::connect(&Endpoint::Unix(tierd.socket.clone()))
-            .await
-            .unwrap();
+        let mut client = tier_test_support::stream::client(&tierd.socket).await;
         let info = client
             .get_info(GetInfoRequest {})
             .await
@@ -242,11 +233,7 @@ fn tierd_with_the_real_event_table_logs_the_pmu_unavailable_and_keeps_serving_ho
             !pmu.available && !pmu.selected && !pmu.reason.is_empty(),
             "{pmu:?}"
         );
-        let mut stream = client
-            .watch_stats(WatchStatsRequest::default())
-            .await
-            .unwrap()
-            .into_inner();
+        let mut stream = tier_test_support::watch_stats(&mut client).await;
         let mut sampled = 0;
         let mut reason = String::new();
         let deadline = Instant::now() + Duration::from_secs(60);

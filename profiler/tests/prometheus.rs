@@ -12,8 +12,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use tier_proto::v1::{StatsUpdate, WatchStatsRequest};
-use tier_proto::{Endpoint, connect};
+use tier_proto::v1::StatsUpdate;
 use tier_test_support::{ChildGuard, http_get};
 use tokio_stream::StreamExt;
 
@@ -155,12 +154,7 @@ fn watch(socket: PathBuf) -> std::sync::mpsc::Receiver<StatsUpdate> {
             .build()
             .unwrap();
         rt.block_on(async move {
-            let mut client = connect(&Endpoint::Unix(socket)).await.unwrap();
-            let mut stream = client
-                .watch_stats(WatchStatsRequest::default())
-                .await
-                .unwrap()
-                .into_inner();
+            let (_client, mut stream) = tier_test_support::open_watch_stats(&socket).await;
             while let Some(Ok(u)) = stream.next().await {
                 if tx.send(u).is_err() {
                     return;

@@ -52,6 +52,16 @@ pub fn ch_bin() -> Result<PathBuf, String> {
     Ok(bin)
 }
 
+/// What a test with a live patched cloud-hypervisor needs: [`ch_bin`] and
+/// a usable /dev/kvm. Err: why not, to report the test ignored with it.
+pub fn ch_kvm() -> Result<PathBuf, String> {
+    let bin = ch_bin()?;
+    match kvm_missing() {
+        Some(why) => Err(why),
+        None => Ok(bin),
+    }
+}
+
 /// A command for `name` found on PATH; fails (not skips) without it, as
 /// the project's dependencies provide it: `package` names what installs it.
 pub fn tool(name: &str, package: &str) -> Command {

@@ -11,15 +11,26 @@ pub const GRACE: Duration = Duration::from_secs(10);
 #[derive(Debug)]
 pub struct ChildGuard {
     child: Child,
+    grace: Duration,
 }
 
 impl ChildGuard {
     pub fn new(child: Child) -> ChildGuard {
-        ChildGuard { child }
+        ChildGuard::with_grace(child, GRACE)
+    }
+
+    /// With its own time between SIGTERM and SIGKILL in place of [`GRACE`].
+    pub fn with_grace(child: Child, grace: Duration) -> ChildGuard {
+        ChildGuard { child, grace }
     }
 
     pub fn id(&self) -> u32 {
         self.child.id()
+    }
+
+    /// Its exit status if it has exited, without waiting.
+    pub fn try_wait(&mut self) -> std::io::Result<Option<ExitStatus>> {
+        self.child.try_wait()
     }
 
     /// The child itself, e.g. to SIGKILL it or to poll its status.
@@ -27,7 +38,7 @@ impl ChildGuard {
         &mut self.child
     }
 
-    /// SIGTERM by PID, then waits up to [`GRACE`]. `None` if it ignored
+    /// SIGTERM by PID, then waits up to its grace. `None` if it ignored
     /// SIGTERM (it is then SIGKILLed and reaped).
     pub fn terminate(&mut self) -> Option<ExitStatus> {
         if let Ok(Some(st)) = self.child.try_wait() {
@@ -36,7 +47,7 @@ impl ChildGuard {
         // SAFETY: kill(2) on our own child's PID; not reaped yet (checked
         // just above), so the PID cannot belong to another process.
         unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
-        let deadline = Instant::now() + GRACE;
+        let deadline = Instant::now() + self.grace;
         while Instant::now() < deadline {
             if let Ok(Some(st)) = self.child.try_wait() {
                 return Some(st);

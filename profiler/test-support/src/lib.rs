@@ -1,10 +1,14 @@
 //! One job: the harness code that tests share for running real processes
-//! (tierd and others), reading what they announce, and checking what the
-//! host offers. A dev-dependency only; it never depends on a crate under
-//! test (tier-profiler's own tests use it), so tests pass it binary paths.
+//! (tierd and others), reading what they announce, opening tierd's stats
+//! stream, and checking what the host offers. A dev-dependency of tests and
+//! benches; it depends on no crate whose tests use it (tier-profiler's own
+//! tests use it), so tests pass it binary paths. Only tier-proto, below
+//! every crate here, for the [`stream`] client.
 //!
 //! Helpers panic on failure: they run inside tests, where a loud failure
-//! with the process's log is the wanted outcome.
+//! with the process's log is the wanted outcome. The exception is
+//! [`ChildGuard`], which never panics: the e2e run (`tier-e2e`, a test run
+//! as a binary) depends on this crate for it alone.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test harness: fail loudly
 
@@ -13,13 +17,15 @@ pub mod child;
 pub mod daemon;
 pub mod fake_http;
 pub mod http;
+pub mod stream;
 pub mod tmux;
 
-pub use caps::{ch_bin, kvm_missing, tmux_missing, tool, tool_missing};
+pub use caps::{ch_bin, ch_kvm, kvm_missing, tmux_missing, tool, tool_missing};
 pub use child::{ChildGuard, spawn_ready_line};
 pub use daemon::{
     bound_in, spawn_listening, spawn_logged, tierd_bin, tierd_isolated, tierd_no_metrics,
     wait_bound, wait_listening,
 };
 pub use http::{http_get, http_get_with};
+pub use stream::{open_watch_stats, watch_stats};
 pub use tmux::Tmux;

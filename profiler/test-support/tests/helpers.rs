@@ -31,6 +31,28 @@ fn a_child_ignoring_sigterm_is_killed_after_the_grace() {
 }
 
 #[test]
+fn a_guard_with_a_short_grace_kills_sooner() {
+    use std::io::BufRead;
+    let mut child = Command::new("sh")
+        .args(["-c", "trap '' TERM; echo ready; exec sleep 60"])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert_eq!(line, "ready\n");
+    let mut g = ChildGuard::with_grace(child, Duration::from_millis(300));
+    assert!(g.try_wait().unwrap().is_none(), "still running");
+    let started = Instant::now();
+    assert!(g.terminate().is_none(), "SIGTERM was ignored");
+    assert!(started.elapsed() < tier_test_support::child::GRACE);
+    let st = g.try_wait().unwrap().unwrap();
+    assert_eq!(st.signal(), Some(libc::SIGKILL));
+}
+
+#[test]
 fn the_bound_address_of_a_phrase_is_read_from_the_log() {
     let log = "INFO grpc on bound=unix:/x\nINFO metrics on bound=127.0.0.1:9464 path=/metrics\n";
     assert_eq!(

@@ -1,7 +1,7 @@
 //! tierd, started here with its own config and socket, stopped by its PID.
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
@@ -9,12 +9,13 @@ use tier_proto::v1::tier_service_client::TierServiceClient;
 use tier_proto::{Endpoint, connect};
 use tonic::transport::Channel;
 
-use crate::vmm::stop_child;
+use crate::vmm::STOP_GRACE;
+use tier_test_support::ChildGuard;
 
 /// A running tierd.
 #[derive(Debug)]
 pub struct Tierd {
-    child: Child,
+    child: ChildGuard,
     pub socket: PathBuf,
     pub log: PathBuf,
 }
@@ -70,6 +71,7 @@ impl Tierd {
             .stderr(err)
             .spawn()
             .with_context(|| format!("starting {}", bin.display()))?;
+        let child = ChildGuard::with_grace(child, STOP_GRACE);
         Ok(Tierd { child, socket, log })
     }
 
@@ -108,19 +110,15 @@ impl Tierd {
         }
     }
 
+    /// SIGTERM by PID, then SIGKILL after [`STOP_GRACE`] (also on drop).
     pub fn stop(&mut self) {
-        stop_child(&mut self.child);
+        self.child.terminate();
     }
 
     /// SIGKILL by PID, and reaped: a crash, for the soak.
     pub fn kill9(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for Tierd {
-    fn drop(&mut self) {
-        self.stop();
+        let c = self.child.child_mut();
+        let _ = c.kill();
+        let _ = c.wait();
     }
 }

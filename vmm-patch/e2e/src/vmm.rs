@@ -4,11 +4,12 @@
 use std::collections::BTreeMap;
 use std::fs::File;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use tier_controller::actuate::{BalloonZone, ChApi, Vmm};
+use tier_test_support::ChildGuard;
 use tier_testguest::serial::{Line, parse_log};
 
 /// What to boot.
@@ -53,7 +54,7 @@ impl VmSpec {
 #[derive(Debug)]
 pub struct ChVm {
     pub name: String,
-    child: Child,
+    child: ChildGuard,
     pub socket: PathBuf,
     pub serial: PathBuf,
     pub api: ChApi,
@@ -112,6 +113,7 @@ impl ChVm {
         let child = cmd
             .spawn()
             .with_context(|| format!("starting {}", ch_bin.display()))?;
+        let child = ChildGuard::with_grace(child, STOP_GRACE);
         Ok(ChVm {
             name: spec.name.clone(),
             child,
@@ -241,10 +243,16 @@ impl ChVm {
         Ok(out)
     }
 
+    /// SIGTERM by PID, then SIGKILL after [`STOP_GRACE`] (also on drop).
+    pub fn stop(&mut self) {
+        self.child.terminate();
+    }
+
     /// SIGKILL by PID, and reaped: a VMM that dies, for the soak.
     pub fn kill9(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        let c = self.child.child_mut();
+        let _ = c.kill();
+        let _ = c.wait();
     }
 
     /// Sends `sig` (SIGSTOP, SIGCONT) to the VMM, if it still runs.
@@ -255,38 +263,11 @@ impl ChVm {
             unsafe { libc::kill(self.child.id() as libc::pid_t, sig) };
         }
     }
-
-    /// SIGTERM by PID, then SIGKILL after 3 s.
-    pub fn stop(&mut self) {
-        stop_child(&mut self.child);
-    }
 }
 
-impl Drop for ChVm {
-    fn drop(&mut self) {
-        self.stop();
-    }
-}
-
-/// Ends a child this program started: SIGTERM by its PID, SIGKILL after 3 s.
-pub fn stop_child(child: &mut Child) {
-    if matches!(child.try_wait(), Ok(Some(_))) {
-        return;
-    }
-    let pid = child.id() as libc::pid_t;
-    // SAFETY: kill(2) on the PID of our own child, which has not been
-    // reaped yet (try_wait said so), so the PID cannot have been reused.
-    unsafe { libc::kill(pid, libc::SIGTERM) };
-    let start = Instant::now();
-    while start.elapsed() < Duration::from_secs(3) {
-        if matches!(child.try_wait(), Ok(Some(_))) {
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let _ = child.kill();
-    let _ = child.wait();
-}
+/// How long a process this program started gets between SIGTERM and
+/// SIGKILL when it is stopped.
+pub const STOP_GRACE: Duration = Duration::from_secs(3);
 
 #[derive(Debug, PartialEq, Eq)]
 struct Mapping {

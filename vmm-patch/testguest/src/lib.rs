@@ -17,7 +17,7 @@
 //!   for the host (what the SPEC agreement tests check);
 //! - [`zipf`]: the guest's Zipf popularity tables (`zipf=`), compiled for the host.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 pub mod params;
 pub mod serial;
@@ -43,22 +43,4 @@ unsafe extern "C" {
 pub fn c_layout(which: u32) -> usize {
     // SAFETY: a pure C function of its integer argument.
     unsafe { tg_abi_layout(which) }
-}
-
-/// What a live test of the guest needs: `TIERD_CH_BIN` naming the patched
-/// cloud-hypervisor, and /dev/kvm open read-write. Err: why not, for the
-/// test to print as it skips.
-pub fn live_vmm() -> Result<PathBuf, String> {
-    let bin = std::env::var_os("TIERD_CH_BIN")
-        .map(PathBuf::from)
-        .ok_or("TIERD_CH_BIN is not set (path of the patched cloud-hypervisor)")?;
-    if !bin.is_file() {
-        return Err(format!("TIERD_CH_BIN={} is not a file", bin.display()));
-    }
-    std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open("/dev/kvm")
-        .map_err(|e| format!("/dev/kvm: {e}"))?;
-    Ok(bin)
 }

@@ -3,12 +3,13 @@
 //! tierd with its controller. Each can be killed and started again.
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use anyhow::Context;
 use tier_e2e::tierd::Tierd;
-use tier_e2e::vmm::{ChVm, VhostUser, VmSpec, stop_child};
+use tier_e2e::vmm::{ChVm, STOP_GRACE, VhostUser, VmSpec};
+use tier_test_support::ChildGuard;
 use tier_proto::v1::{Policy, SetPolicyRequest};
 
 pub const MIB: u64 = 1 << 20;
@@ -86,7 +87,7 @@ pub struct World {
     pub plan: Plan,
     pub ch_dir: PathBuf,
     pub vms: [Option<ChVm>; 2],
-    pub backend: Option<Child>,
+    pub backend: Option<ChildGuard>,
     pub tierd: Tierd,
     pub policy_file: PathBuf,
 }
@@ -133,8 +134,8 @@ impl World {
 
     pub fn kill_backend(&mut self) {
         if let Some(mut c) = self.backend.take() {
-            let _ = c.kill();
-            let _ = c.wait();
+            let _ = c.child_mut().kill();
+            let _ = c.child_mut().wait();
         }
     }
 
@@ -144,7 +145,7 @@ impl World {
     }
 
     pub fn backend_pid(&self) -> Option<u32> {
-        self.backend.as_ref().map(Child::id)
+        self.backend.as_ref().map(ChildGuard::id)
     }
 
     pub async fn reboot_vm(&mut self, i: usize) -> anyhow::Result<()> {
@@ -159,7 +160,7 @@ impl World {
             vm.stop();
         }
         if let Some(c) = self.backend.as_mut() {
-            stop_child(c);
+            c.terminate();
         }
     }
 }
@@ -181,7 +182,7 @@ fn start_tierd(
     )
 }
 
-fn start_backend(paths: &Paths, spec: &VmSpec) -> anyhow::Result<Child> {
+fn start_backend(paths: &Paths, spec: &VmSpec) -> anyhow::Result<ChildGuard> {
     let v = spec
         .vhost_user
         .as_ref()
@@ -204,6 +205,7 @@ fn start_backend(paths: &Paths, spec: &VmSpec) -> anyhow::Result<Child> {
         .stderr(log)
         .spawn()
         .with_context(|| format!("starting {}", paths.balloon.display()))?;
+    let child = ChildGuard::with_grace(child, STOP_GRACE);
     // The VMM connects at boot: wait for the socket.
     for _ in 0..200 {
         if v.socket.exists() && v.control.exists() {

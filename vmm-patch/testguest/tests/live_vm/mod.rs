@@ -7,11 +7,12 @@ use std::collections::BTreeMap;
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use libtest_mimic::{Completion, Trial};
 use serde_json::Value;
+use tier_test_support::ChildGuard;
 use tier_testguest::serial::{Line, parse_log};
 
 pub const MIB: u64 = 1 << 20;
@@ -19,9 +20,10 @@ pub const PAGE: u64 = 4096;
 /// Generous: guest code is emulated here, and other work shares the 2 cores.
 pub const WAIT: Duration = Duration::from_secs(90);
 
-/// A cloud-hypervisor process running the test guest; killed by PID on drop.
+/// A cloud-hypervisor process running the test guest; ended by PID on drop
+/// (SIGTERM, then SIGKILL).
 pub struct Vm {
-    child: Child,
+    child: ChildGuard,
     socket: PathBuf,
     serial: PathBuf,
     _dir: tempfile::TempDir,
@@ -52,7 +54,7 @@ impl Vm {
             .args(["--console", "off"])
             .stdout(Stdio::null())
             .stderr(Stdio::inherit());
-        let child = cmd.spawn().unwrap();
+        let child = ChildGuard::new(cmd.spawn().unwrap());
         Vm {
             child,
             socket,
@@ -178,22 +180,14 @@ impl Vm {
 
     /// Stop the VMM by its PID.
     pub fn stop(mut self) {
-        self.child.kill().unwrap();
-        self.child.wait().unwrap();
-    }
-}
-
-impl Drop for Vm {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        self.child.terminate();
     }
 }
 
 /// A trial that needs the patched VMM (`TIERD_CH_BIN`) and /dev/kvm:
 /// ignored with the reason when either is missing.
 pub fn vm_trial(name: &'static str, f: fn(&Path)) -> Trial {
-    Trial::ignorable_test(name, move || match tier_testguest::live_vmm() {
+    Trial::ignorable_test(name, move || match tier_test_support::ch_kvm() {
         Err(reason) => Ok(Completion::ignored_with(reason)),
         Ok(bin) => {
             f(&bin);
