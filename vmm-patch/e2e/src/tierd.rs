@@ -24,7 +24,9 @@ impl Tierd {
     /// Starts `bin run` with a config that samples with `backend`, finds
     /// cloud-hypervisor VMs through the API sockets in `ch_dir`, takes the
     /// zone `slow` for CXL memory (this host has one memory tier) and runs
-    /// the controller. `extra` is appended to the `[controller]` table
+    /// the controller. Only the VMMs in `ch_dir` are its to drive: other
+    /// cloud-hypervisor processes on the host (another test's) are not
+    /// looked up by their command line. `extra` is appended to the `[controller]` table
     /// (e.g. `policy_file = "..."`).
     pub fn start(
         bin: &Path,
@@ -49,6 +51,7 @@ impl Tierd {
              listen = \"\"\n\
              [discovery]\n\
              ch_api_dir = {ch_dir:?}\n\
+             ch_cmdline = false\n\
              [controller]\n\
              enabled = true\n\
              {extra}\n",

@@ -2,7 +2,6 @@
 //! here by its PID, read through its API socket, serial log and smaps.
 
 use std::collections::BTreeMap;
-use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -78,7 +77,11 @@ impl ChVm {
             .with_context(|| format!("{}: guest command line", spec.name))?;
         let socket = sock_dir.join(format!("{}.sock", spec.name));
         let serial = dir.join(format!("{}.serial", spec.name));
-        let log = File::create(dir.join(format!("{}.log", spec.name)))
+        // Appended: a VM booted again keeps the earlier run's log.
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(dir.join(format!("{}.log", spec.name)))
             .with_context(|| format!("{}: creating its log", spec.name))?;
         let mut cmd = Command::new(ch_bin);
         cmd.arg("--api-socket")

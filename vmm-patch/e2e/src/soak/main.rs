@@ -46,6 +46,10 @@ struct Args {
     /// Seed of the fault schedule.
     #[arg(long, default_value_t = 1)]
     seed: u64,
+    /// Only these faults (comma-separated: kill-tierd, kill-backend,
+    /// stop-vmm, kill-vm, control-flood, tierd-flood, stalled-watcher).
+    #[arg(long, value_delimiter = ',', value_parser = Kind::parse)]
+    faults: Vec<Kind>,
 }
 
 /// A fault not recovered within this many intervals has not survived.
@@ -106,7 +110,12 @@ fn run() -> anyhow::Result<bool> {
     } else {
         (20.0, (12.0, 25.0))
     };
-    let planned = schedule::plan(args.seed, run_s, warmup, 10.0, gap);
+    let kinds = if args.faults.is_empty() {
+        ALL.to_vec()
+    } else {
+        args.faults.clone()
+    };
+    let planned = schedule::plan(args.seed, &kinds, run_s, warmup, 10.0, gap);
     println!(
         "soak: {:.0} s, seed {}, {} faults planned, work dir {}",
         run_s,

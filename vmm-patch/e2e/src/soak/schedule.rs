@@ -32,6 +32,28 @@ pub const ALL: [Kind; 7] = [
 ];
 
 impl Kind {
+    /// The name `--faults` takes.
+    pub fn key(self) -> &'static str {
+        match self {
+            Kind::KillTierd => "kill-tierd",
+            Kind::KillBackend => "kill-backend",
+            Kind::StopVmm => "stop-vmm",
+            Kind::KillVmMidMove => "kill-vm",
+            Kind::ControlFlood => "control-flood",
+            Kind::TierdFlood => "tierd-flood",
+            Kind::StalledWatcher => "stalled-watcher",
+        }
+    }
+
+    pub fn parse(key: &str) -> Result<Kind, String> {
+        ALL.into_iter().find(|k| k.key() == key).ok_or_else(|| {
+            format!(
+                "no fault {key:?}; known: {}",
+                ALL.map(Kind::key).join(", ")
+            )
+        })
+    }
+
     pub fn name(self) -> &'static str {
         match self {
             Kind::KillTierd => "kill -9 tierd",
@@ -75,16 +97,26 @@ impl Rng {
     }
 }
 
-/// Faults from `warmup_s` until `run_s - tail_s`, `gap` seconds apart
-/// (drawn from [gap_lo, gap_hi)), kinds in seeded rounds.
-pub fn plan(seed: u64, run_s: f64, warmup_s: f64, tail_s: f64, gap: (f64, f64)) -> Vec<Planned> {
+/// Faults of `kinds` from `warmup_s` until `run_s - tail_s`, `gap` seconds
+/// apart (drawn from [gap_lo, gap_hi)), in seeded rounds.
+pub fn plan(
+    seed: u64,
+    kinds: &[Kind],
+    run_s: f64,
+    warmup_s: f64,
+    tail_s: f64,
+    gap: (f64, f64),
+) -> Vec<Planned> {
     let mut rng = Rng::new(seed);
     let mut out = Vec::new();
     let mut round: Vec<Kind> = Vec::new();
     let mut t = warmup_s;
     while t < run_s - tail_s {
         if round.is_empty() {
-            round = ALL.to_vec();
+            if kinds.is_empty() {
+                break;
+            }
+            round = kinds.to_vec();
             // Fisher-Yates with the seeded generator.
             for i in (1..round.len()).rev() {
                 let j = (rng.next() % (i as u64 + 1)) as usize;
@@ -105,9 +137,9 @@ mod tests {
 
     #[test]
     fn a_seed_gives_one_schedule_and_a_round_has_every_kind() {
-        let a = plan(7, 600.0, 20.0, 15.0, (12.0, 25.0));
-        assert_eq!(a, plan(7, 600.0, 20.0, 15.0, (12.0, 25.0)));
-        assert_ne!(a, plan(8, 600.0, 20.0, 15.0, (12.0, 25.0)));
+        let a = plan(7, &ALL, 600.0, 20.0, 15.0, (12.0, 25.0));
+        assert_eq!(a, plan(7, &ALL, 600.0, 20.0, 15.0, (12.0, 25.0)));
+        assert_ne!(a, plan(8, &ALL, 600.0, 20.0, 15.0, (12.0, 25.0)));
         let mut first: Vec<Kind> = a.iter().take(ALL.len()).map(|p| p.kind).collect();
         first.sort();
         assert_eq!(first, ALL.to_vec());
@@ -120,7 +152,18 @@ mod tests {
 
     #[test]
     fn a_short_run_still_gets_faults() {
-        let a = plan(1, 90.0, 15.0, 10.0, (9.0, 12.0));
+        let a = plan(1, &ALL, 90.0, 15.0, 10.0, (9.0, 12.0));
         assert!(a.len() >= 5, "{a:?}");
+    }
+
+    #[test]
+    fn faults_can_be_chosen_by_name() {
+        let only = [Kind::parse("kill-backend").unwrap()];
+        let a = plan(1, &only, 120.0, 15.0, 10.0, (9.0, 12.0));
+        assert!(!a.is_empty() && a.iter().all(|p| p.kind == Kind::KillBackend));
+        assert!(Kind::parse("nope").unwrap_err().contains("kill-tierd"));
+        for k in ALL {
+            assert_eq!(Kind::parse(k.key()), Ok(k));
+        }
     }
 }
