@@ -8,6 +8,7 @@ mod deps;
 mod docs;
 mod linux_driver;
 mod run;
+mod soak;
 mod uml;
 mod vmm_patch;
 
@@ -24,7 +25,7 @@ struct Cli {
     task: Task,
 }
 
-#[derive(Debug, PartialEq, Eq, Subcommand)]
+#[derive(Debug, PartialEq, Subcommand)]
 enum Task {
     /// Install the Debian packages the build and tests need (idempotent).
     Deps {
@@ -66,6 +67,29 @@ enum Task {
         #[arg(long)]
         ch_target_dir: Option<PathBuf>,
         /// Keep the run's sockets, serial logs and tierd log here.
+        #[arg(long)]
+        work_dir: Option<PathBuf>,
+    },
+    /// Chaos soak of the closed loop (tier-soak): faults from a seeded
+    /// schedule, invariants checked from outside, a table and a RESULT line.
+    Soak {
+        /// A patched cloud-hypervisor binary (`cargo xtask vmm-patch build`).
+        #[arg(long, env = "TIERD_CH_BIN", conflicts_with = "ch_src")]
+        ch_bin: Option<PathBuf>,
+        /// Or a v53.0 checkout with the series applied, built first.
+        #[arg(long)]
+        ch_src: Option<PathBuf>,
+        /// micro_http checkout at 5c2254d6 (default: beside --ch-src, `micro-http`).
+        #[arg(long)]
+        micro_http: Option<PathBuf>,
+        #[arg(long, default_value_t = 10.0)]
+        minutes: f64,
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        /// Only these faults (tier-soak --help lists them).
+        #[arg(long)]
+        faults: Option<String>,
+        /// Keep sockets, logs and the policy file here.
         #[arg(long)]
         work_dir: Option<PathBuf>,
     },
@@ -145,6 +169,23 @@ fn dispatch(task: Task) -> anyhow::Result<()> {
             ch_target_dir,
             work_dir,
         } => e2e(ch_src, micro_http, ch_target_dir, work_dir),
+        Task::Soak {
+            ch_bin,
+            ch_src,
+            micro_http,
+            minutes,
+            seed,
+            faults,
+            work_dir,
+        } => soak::run(&soak::Options {
+            ch_bin,
+            ch_src,
+            micro_http,
+            minutes,
+            seed,
+            faults,
+            work_dir,
+        }),
         Task::Uml { target_mib } => uml::run(target_mib),
         Task::Vmlinux => vmlinux(),
         Task::Compat {
@@ -473,6 +514,40 @@ mod tests {
                 micro_http: None,
             }
         );
+    }
+
+    #[test]
+    fn soak_takes_a_binary_or_a_checkout() {
+        assert_eq!(
+            parse(&["soak", "--ch-bin", "/ch", "--minutes", "1.5", "--faults", "kill-tierd"])
+                .unwrap(),
+            Task::Soak {
+                ch_bin: Some(PathBuf::from("/ch")),
+                ch_src: None,
+                micro_http: None,
+                minutes: 1.5,
+                seed: 1,
+                faults: Some("kill-tierd".into()),
+                work_dir: None,
+            }
+        );
+        assert!(parse(&["soak", "--ch-bin", "/a", "--ch-src", "/b"]).is_err());
+    }
+
+    #[test]
+    fn soak_without_a_vmm_says_what_it_needs() {
+        let e = soak::run(&soak::Options {
+            ch_bin: None,
+            ch_src: None,
+            micro_http: None,
+            minutes: 1.0,
+            seed: 1,
+            faults: None,
+            work_dir: None,
+        })
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("--ch-bin") && e.contains("vmm-patch apply"), "{e}");
     }
 
     #[test]

@@ -251,6 +251,11 @@ impl ChVm {
         self.child.terminate();
     }
 
+    /// Its exit status if the VMM has exited, without waiting.
+    pub fn exited(&mut self) -> Option<std::process::ExitStatus> {
+        self.child.try_wait().ok().flatten()
+    }
+
     /// SIGKILL by PID, and reaped: a VMM that dies, for the soak.
     pub fn kill9(&mut self) {
         let c = self.child.child_mut();

@@ -239,7 +239,7 @@ pub async fn during(f: &mut Fault, w: &World, log: &Shared, tick: Duration) {
                 return;
             };
             let t = Instant::now();
-            match control_state(&v.control, Duration::from_secs(3)) {
+            match control_state(v.control, Duration::from_secs(3)).await {
                 Ok(_) => {}
                 Err(e) => f.violations.push(format!(
                     "control socket did not answer during the flood ({e}, {:.1?})",
@@ -266,8 +266,18 @@ pub async fn during(f: &mut Fault, w: &World, log: &Shared, tick: Duration) {
     }
 }
 
-/// One `{"op":"state"}` on a backend control socket.
-pub fn control_state(
+/// One `{"op":"state"}` on a backend control socket, off the runtime's
+/// threads (the socket is blocking).
+pub async fn control_state(
+    path: std::path::PathBuf,
+    timeout: Duration,
+) -> Result<serde_json::Value, String> {
+    tokio::task::spawn_blocking(move || control_state_blocking(&path, timeout))
+        .await
+        .map_err(|e| e.to_string())?
+}
+
+fn control_state_blocking(
     path: &std::path::Path,
     timeout: Duration,
 ) -> Result<serde_json::Value, String> {
@@ -324,11 +334,12 @@ pub async fn recovered(f: &mut Fault, w: &World, log: &Shared, pids: &[Option<u3
                     && d.outcome != DecisionOutcome::Applied as i32
             });
             drop(l);
-            let connected = w
-                .spec(1)
-                .vhost_user
-                .and_then(|v| control_state(&v.control, Duration::from_secs(2)).ok())
-                .is_some_and(|s| s["state"]["frontend"]["connected"] == true);
+            let connected = match w.spec(1).vhost_user {
+                Some(v) => control_state(v.control, Duration::from_secs(2))
+                    .await
+                    .is_ok_and(|s| s["state"]["frontend"]["connected"] == true),
+                None => false,
+            };
             if connected {
                 f.note = "the VMM reconnected".into();
             } else if reported {

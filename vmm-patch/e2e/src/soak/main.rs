@@ -141,14 +141,35 @@ async fn soak(
     let mut steady = Vec::new();
     let mut next = 0;
     let start = Instant::now();
-    while start.elapsed().as_secs_f64() < run_s {
+    // Past the run's length only to let open faults recover (or not).
+    let open = |faults: &[Fault]| faults.iter().any(|f| !matches!(f.phase, Phase::Done));
+    let overtime = run_s + f64::from(RECOVERY_LIMIT + 10) * tick.as_secs_f64();
+    while start.elapsed().as_secs_f64() < run_s
+        || (open(&faults) && start.elapsed().as_secs_f64() < overtime)
+    {
         let t0 = Instant::now();
         let now_s = start.elapsed().as_secs_f64();
+        // A VMM that exits on its own is a VM lost to a fault.
+        // It is booted again, so the faults after it still have two VMs.
+        for i in 0..2 {
+            if let Some(st) = w.vms[i].as_mut().and_then(|v| v.exited()) {
+                let x = format!(
+                    "VM {}'s VMM exited by itself ({st}); see its log",
+                    ["a", "b"][i]
+                );
+                println!("{now_s:>6.1} s VIOLATION {x}");
+                steady.push(x);
+                w.vms[i] = None;
+                if let Err(e) = w.reboot_vm(i).await {
+                    steady.push(format!("VM {} did not boot again: {e:#}", ["a", "b"][i]));
+                }
+            }
+        }
         // Inject what is due, one fault at a time.
         let busy = faults
             .iter()
             .any(|f| matches!(f.phase, Phase::Holding { .. }));
-        if !busy && next < planned.len() && planned[next].at_s <= now_s {
+        if !busy && next < planned.len() && planned[next].at_s <= now_s && now_s < run_s {
             let p = planned[next];
             next += 1;
             println!(

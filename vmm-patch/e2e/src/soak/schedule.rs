@@ -46,12 +46,9 @@ impl Kind {
     }
 
     pub fn parse(key: &str) -> Result<Kind, String> {
-        ALL.into_iter().find(|k| k.key() == key).ok_or_else(|| {
-            format!(
-                "no fault {key:?}; known: {}",
-                ALL.map(Kind::key).join(", ")
-            )
-        })
+        ALL.into_iter()
+            .find(|k| k.key() == key)
+            .ok_or_else(|| format!("no fault {key:?}; known: {}", ALL.map(Kind::key).join(", ")))
     }
 
     pub fn name(self) -> &'static str {

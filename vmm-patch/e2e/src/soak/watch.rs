@@ -15,7 +15,7 @@ use tokio_stream::StreamExt;
 #[derive(Debug, Clone)]
 pub struct Seen {
     pub at: Instant,
-    /// VMM PIDs of the VMs in the update with balloon state for their DRAM.
+    /// VMM PIDs of the VMs the update has stats for, with a DRAM tier.
     pub vms: Vec<u32>,
 }
 
@@ -104,11 +104,8 @@ fn record(
             l.wrong
                 .push(format!("seq {} vm {}: {why}", u.sequence, s.vm_id));
         }
-        let has_balloon = s
-            .tiers
-            .iter()
-            .any(|t| t.tier == "dram" && t.balloon_target_bytes > 0);
-        if has_balloon && let Some(pid) = pids.get(&s.vm_id) {
+        let has_dram = s.tiers.iter().any(|t| t.tier == "dram");
+        if has_dram && let Some(pid) = pids.get(&s.vm_id) {
             vms.push(*pid);
         }
     }

@@ -9,8 +9,8 @@ use std::time::Duration;
 use anyhow::Context;
 use tier_e2e::tierd::Tierd;
 use tier_e2e::vmm::{ChVm, STOP_GRACE, VhostUser, VmSpec};
-use tier_test_support::ChildGuard;
 use tier_proto::v1::{Policy, SetPolicyRequest};
+use tier_test_support::ChildGuard;
 
 pub const MIB: u64 = 1 << 20;
 

@@ -1,0 +1,77 @@
+//! `cargo xtask soak`: builds tierd, tier-balloon and tier-soak in release
+//! (and the patched cloud-hypervisor from a checkout, if given one) and
+//! runs the chaos soak (docs/soak.md).
+
+use std::path::PathBuf;
+
+use anyhow::{Context, bail};
+
+use crate::{deps, run, vmm_patch};
+
+#[derive(Debug)]
+pub struct Options {
+    pub ch_bin: Option<PathBuf>,
+    pub ch_src: Option<PathBuf>,
+    pub micro_http: Option<PathBuf>,
+    pub minutes: f64,
+    pub seed: u64,
+    pub faults: Option<String>,
+    pub work_dir: Option<PathBuf>,
+}
+
+pub fn run(o: &Options) -> anyhow::Result<()> {
+    let ch = match (&o.ch_bin, &o.ch_src) {
+        (Some(bin), _) => bin.clone(),
+        (None, Some(src)) => {
+            deps::ensure(false)?;
+            vmm_patch::build_checkout(src, o.micro_http.clone(), None)?.join("cloud-hypervisor")
+        }
+        (None, None) => bail!(
+            "soak needs the patched cloud-hypervisor: --ch-bin PATH (or TIERD_CH_BIN), or \
+             --ch-src DIR with our series applied (cargo xtask vmm-patch apply --ch-src DIR)"
+        ),
+    };
+    if !ch.is_file() {
+        bail!("{}: no such file", ch.display());
+    }
+    run::step("soak", "building tierd, tier-balloon and tier-soak (release)");
+    run::cargo(&[
+        "build",
+        "--release",
+        "-p",
+        "tier-profiler",
+        "--bin",
+        "tierd",
+        "-p",
+        "tier-balloon",
+        "--bin",
+        "tier-balloon",
+        "-p",
+        "tier-e2e",
+        "--bin",
+        "tier-soak",
+    ])?;
+    let target = run::target_dir()?.join("release");
+    let mut cmd = std::process::Command::new(target.join("tier-soak"));
+    cmd.arg("--ch-bin")
+        .arg(&ch)
+        .arg("--tierd")
+        .arg(target.join("tierd"))
+        .arg("--balloon")
+        .arg(target.join("tier-balloon"))
+        .arg("--minutes")
+        .arg(o.minutes.to_string())
+        .arg("--seed")
+        .arg(o.seed.to_string());
+    if let Some(f) = &o.faults {
+        cmd.arg("--faults").arg(f);
+    }
+    if let Some(w) = &o.work_dir {
+        cmd.arg("--work-dir").arg(w);
+    }
+    run::step(
+        "soak",
+        format!("running tier-soak for {} min, seed {}", o.minutes, o.seed),
+    );
+    run::status(&mut cmd).context("tier-soak")
+}
