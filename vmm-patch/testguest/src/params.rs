@@ -505,8 +505,10 @@ mod tests {
             );
         }
         // A window built in Rust goes through the same check.
-        let mut p = Params::default();
-        p.deaf = vec![Window { start: 5, len: 5 }, Window { start: 9, len: 1 }];
+        let p = Params {
+            deaf: vec![Window { start: 5, len: 5 }, Window { start: 9, len: 1 }],
+            ..Params::default()
+        };
         assert!(p.check().is_err());
     }
 
