@@ -170,6 +170,8 @@ pub fn plan(
         rate: Some(rate),
         quiet: true,
         zipf,
+        deaf: Vec::new(),
+        lie: Vec::new(),
     };
     params.check()?;
     Ok(GuestPlan {

@@ -24,6 +24,7 @@ _Static_assert(BATCH_DESCS <= VQ_SIZE, "a batch must fit in one queue");
 
 static struct {
 	int present, tiers, stats, dead;
+	int deaf, lie; /* deaf=, lie= windows (balloon.h) */
 	unsigned ntiers;
 	uint64_t features;
 	struct vdev dev;
@@ -133,6 +134,8 @@ static void post_stats(void)
 		ts[i].free_bytes = tier_bytes(zones[i].free);
 		ts[i].total_bytes = tier_bytes(zones[i].total);
 	}
+	if (b.lie)
+		tg_stats_lie(ts, nzones);
 	n = tg_stats_build(tags, vals, ts, nzones);
 	len = tg_stats_encode(b.stats_buf, PAGE_SIZE, tags, vals, n);
 	vq_post(q, 0, (uint64_t)b.stats_buf, (uint32_t)len, 0);
@@ -234,7 +237,7 @@ void balloon_poll(void)
 	uint32_t tgt[VIRTIO_BALLOON_TIERS_MAX];
 	uint8_t gen;
 
-	if (!b.present || b.dead)
+	if (!b.present || b.dead || b.deaf)
 		return;
 	if (b.stats && vq_pending(&b.q[tg_queue_stats(1)])) {
 		vq_consume(&b.q[tg_queue_stats(1)]);
@@ -291,6 +294,16 @@ void balloon_poll(void)
 	for (unsigned t = 0; t < b.ntiers && !b.dead; t++)
 		if (wl_promote(t, VIRTIO_BALLOON_MAX_PFNS_PER_DESC) && zones[t].free == 0)
 			con_printf("tg balloon tier=%u promoted=%lu\n", t, wl.promoted);
+}
+
+void balloon_set_deaf(int on)
+{
+	b.deaf = on;
+}
+
+void balloon_set_lie(int on)
+{
+	b.lie = on;
 }
 
 uint32_t balloon_target(unsigned tier)

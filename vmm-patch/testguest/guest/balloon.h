@@ -18,6 +18,13 @@ uint64_t balloon_mem_need(void);
 void balloon_start(void);
 /* Follow the per-tier targets (one batch per tier) and serve the stats queue. */
 void balloon_poll(void);
+/*
+ * deaf=: while set, balloon_poll does nothing at all (no target read, no
+ * inflate/deflate or migration, no actual written, stats queue not served).
+ * lie=: while set, the stats returned are tg_stats_lie's.
+ */
+void balloon_set_deaf(int on);
+void balloon_set_lie(int on);
 /* Last target read per tier and stats buffers handed back so far. */
 uint32_t balloon_target(unsigned tier);
 uint64_t balloon_stats_updates(void);

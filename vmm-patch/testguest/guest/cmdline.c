@@ -239,6 +239,55 @@ static int check_zipf(struct tg_params *p)
 	return 0;
 }
 
+/* deaf=/lie=: up to 8 windows STARTs+LENs, ascending and not overlapping. */
+static int parse_windows(struct tg_params *p, const char *key, const char *v, const char *ve,
+			 struct tg_window *w, unsigned *nw)
+{
+	unsigned n = 0;
+	uint64_t end = 0;
+
+	while (v <= ve) {
+		const char *c = find(v, ve, ',');
+		const char *plus = find(v, c, '+');
+		uint64_t start, len;
+
+		if (n == TG_MAX_WINDOWS) {
+			err(p, key[0] == 'd' ? "deaf= has more than 8 windows" :
+					       "lie= has more than 8 windows",
+			    v, (size_t)(ve - v));
+			return -1;
+		}
+		if (plus == c || plus == v || c == plus + 1 || plus[-1] != 's' || c[-1] != 's' ||
+		    parse_u64(v, plus - 1, &start) || parse_u64(plus + 1, c - 1, &len) ||
+		    len == 0 || start > 0xffffffffu || len > 0xffffffffu ||
+		    start + len > 0xffffffffu) {
+			err(p, "window wants STARTs+LENs (seconds, LEN > 0)", v, (size_t)(c - v));
+			return -1;
+		}
+		if (n && start < end) {
+			err(p, "windows must be in order and not overlap", v, (size_t)(c - v));
+			return -1;
+		}
+		w[n].start = (uint32_t)start;
+		w[n].len = (uint32_t)len;
+		end = start + len;
+		n++;
+		v = c + 1;
+	}
+	for (unsigned i = n; i < TG_MAX_WINDOWS; i++)
+		w[i] = (struct tg_window){0};
+	*nw = n;
+	return 0;
+}
+
+int tg_window_in(const struct tg_window *w, unsigned n, uint64_t sec)
+{
+	for (unsigned i = 0; i < n; i++)
+		if (sec >= w[i].start && sec - w[i].start < w[i].len)
+			return 1;
+	return 0;
+}
+
 static int parse_phases(struct tg_params *p, const char *v, const char *ve)
 {
 	unsigned n = 0;
@@ -318,6 +367,10 @@ static int parse_one(struct tg_params *p, const char *tok, const char *te)
 		return parse_phases(p, v, te);
 	if (key_is(tok, eq, "zipf"))
 		return parse_zipf(p, v, te);
+	if (key_is(tok, eq, "deaf"))
+		return parse_windows(p, "deaf", v, te, p->deaf, &p->ndeaf);
+	if (key_is(tok, eq, "lie"))
+		return parse_windows(p, "lie", v, te, p->lie, &p->nlie);
 	if (key_is(tok, eq, "report")) {
 		if (parse_len(v, te, &x, &secs))
 			goto bad;

@@ -23,6 +23,12 @@
  *                          set i-1's ranking (one popularity order over both,
  *                          set i-1 holding the head); it takes no weight of
  *                          its own, the chain draws its first set's weight
+ *   deaf=W,W,...           W = STARTs+LENs: from second START of the guest's
+ *                          clock (tick `s=`) for LEN seconds the balloon
+ *                          driver does nothing (no target read, no inflate or
+ *                          deflate, no actual written, stats queue not served)
+ *   lie=W,W,...            same windows: the stats the driver returns are
+ *                          false (proto.h tg_stats_lie)
  *
  * Pure parsing, no guest dependencies: tested on the host by the crate.
  */
@@ -36,6 +42,13 @@
 #define TG_MAX_SETS VIRTIO_BALLOON_TIERS_MAX
 #define TG_MAX_PHASES 16
 #define TG_ERR_LEN 120
+#define TG_MAX_WINDOWS 8
+
+/* Seconds [start, start + len) of the guest's clock (deaf=, lie=). */
+struct tg_window {
+	uint32_t start;
+	uint32_t len;
+};
 
 struct tg_phase {
 	uint8_t weight[TG_MAX_SETS]; /* percent of accesses to set i */
@@ -60,6 +73,9 @@ struct tg_params {
 	uint8_t zipf_cont[TG_MAX_SETS]; /* set i continues set i-1's ranking */
 	unsigned nzipf;			/* entries given in zipf= */
 	uint32_t zipf[TG_MAX_SETS];	/* exponent x 1000 of set i (of its chain) */
+	unsigned ndeaf, nlie;		/* windows given in deaf=, lie= */
+	struct tg_window deaf[TG_MAX_WINDOWS];
+	struct tg_window lie[TG_MAX_WINDOWS];
 	char err[TG_ERR_LEN]; /* why tg_params_parse failed */
 };
 
@@ -68,5 +84,7 @@ struct tg_params {
 void tg_params_default(struct tg_params *p);
 /* Parse `cmdline` over the defaults. Returns 0, or -1 with p->err set. */
 int tg_params_parse(const char *cmdline, struct tg_params *p);
+/* 1 when second `sec` lies in one of the `n` windows `w`. */
+int tg_window_in(const struct tg_window *w, unsigned n, uint64_t sec);
 
 #endif

@@ -53,6 +53,7 @@ static void print_state(void)
 	for (unsigned i = 0; i < nzones; i++)
 		v[i] = res[i];
 	print_list("res", v, nzones);
+	print_list("lost", wl.t.lost, nzones);
 	con_printf(" stats=%lu\n", balloon_stats_updates());
 }
 
@@ -82,6 +83,25 @@ static void start_phase(unsigned n)
 	con_printf(" len=%lu%s at=%lu", ph->len, ph->seconds ? "s" : "", wl.t.total);
 	print_list("acc", wl.t.acc, nzones);
 	con_puts("\n");
+}
+
+/* deaf= and lie= windows: switch the driver's mode at their edges (second `s`). */
+static void windows(unsigned s)
+{
+	static int deaf, lie;
+	int d = tg_window_in(params.deaf, params.ndeaf, s);
+	int l = tg_window_in(params.lie, params.nlie, s);
+
+	if (d != deaf) {
+		deaf = d;
+		balloon_set_deaf(d);
+		con_printf("tg deaf %s s=%u\n", d ? "on" : "off", s);
+	}
+	if (l != lie) {
+		lie = l;
+		balloon_set_lie(l);
+		con_printf("tg lie %s s=%u\n", l ? "on" : "off", s);
+	}
 }
 
 void tg_main(uint32_t start_info);
@@ -133,6 +153,7 @@ void tg_main(uint32_t start_info)
 	report_left = params.report;
 	budget_left = params.accesses;
 	sec = rtc_seconds();
+	windows(0);
 	for (;;) {
 		uint64_t n = params.poll;
 		const struct tg_phase *ph = &params.phase[phase];
@@ -168,6 +189,7 @@ void tg_main(uint32_t start_info)
 			sec = now;
 			seconds++;
 			wl.t.seconds = seconds;
+			windows(seconds);
 			if (by_sec)
 				phase_left--;
 			if (params.report_seconds && params.report && seconds % params.report == 0) {

@@ -32,7 +32,19 @@ struct tg_truth {
 	uint64_t total;
 	uint64_t seconds; /* RTC second changes since the workload started */
 	uint64_t phase;	  /* the phase running */
+	uint64_t lost[VIRTIO_BALLOON_TIERS_MAX]; /* canary losses per zone (TG_CANARY) */
 };
+
+/*
+ * Canary of a workload page (docs/testguest.md): the last 8 bytes of every
+ * page the workload owns hold TG_CANARY ^ the page's guest-physical address;
+ * pages the guest does not use (free, ballooned) hold 0 there. A page the
+ * host released reads as zeros, so a missing canary in a page in use is a
+ * page the host took from under the guest; the host can check the same
+ * pattern from outside in the VMM's memory.
+ */
+#define TG_CANARY 0x7A1EDCA900000000ULL
+#define TG_CANARY_OFFSET 4088
 
 struct tg_balloon_cfg {
 	uint32_t num_pages;
@@ -80,6 +92,13 @@ struct tg_tier_stats {
  */
 size_t tg_stats_build(uint16_t *tags, uint64_t *vals, const struct tg_tier_stats *tiers,
 		      unsigned ntiers);
+/*
+ * What `lie=` makes the driver report, in place: tier i gets tier
+ * (ntiers - 1 - i)'s access count x 1000 (saturating; with two tiers the
+ * counts swap), and every tier's free bytes become 0 (so MEMFREE and AVAIL
+ * are 0 too); total bytes stay true.
+ */
+void tg_stats_lie(struct tg_tier_stats *tiers, unsigned ntiers);
 /*
  * Pack entries as SPEC.md section 4 (10 bytes each: le16 tag, le64 value).
  * Writes as many whole entries as fit in `cap`; returns the bytes written.

@@ -7,6 +7,41 @@
 
 struct workload wl;
 
+/* `tg canary lost` lines printed at most (each loss is counted in lost=). */
+#define CANARY_LOG_MAX 8
+
+static void canary_set(uint64_t pfn)
+{
+	uint64_t page = pfn << PAGE_SHIFT;
+
+	*(volatile uint64_t *)(page + TG_CANARY_OFFSET) = TG_CANARY ^ page;
+}
+
+static void canary_clear(uint64_t pfn)
+{
+	*(volatile uint64_t *)((pfn << PAGE_SHIFT) + TG_CANARY_OFFSET) = 0;
+}
+
+/*
+ * Page k of set j has lost its canary: the host released a page in use (it
+ * reads back as zeros) or something else wrote it. Counted for its zone,
+ * logged for the first few, then stamped again, so one loss counts once and
+ * a page released again counts again.
+ */
+static __attribute__((noinline, cold)) void canary_lost(unsigned j, uint32_t k, uint64_t got)
+{
+	uint64_t pfn = wl.pfn[j][k];
+	unsigned z = wl.where[j][k];
+
+	wl.t.lost[z]++;
+	if (wl.lost_logged < CANARY_LOG_MAX) {
+		wl.lost_logged++;
+		con_printf("tg canary lost gpa=0x%lx tier=%u set=%u page=%u read=0x%lx\n",
+			   pfn << PAGE_SHIFT, z, j, k, got);
+	}
+	canary_set(pfn);
+}
+
 /* Sets of the chain that set j heads (1: j alone; 0: j continues another). */
 static unsigned chain_len(const struct tg_params *p, unsigned j)
 {
@@ -75,6 +110,7 @@ void wl_init(const struct tg_params *p)
 
 			if (z < 0 || zone_alloc((unsigned)z, &pfn))
 				die("workload: no free page for hot set %u page %u", j, k);
+			canary_set(pfn);
 			wl.pfn[j][k] = (uint32_t)pfn;
 			wl.where[j][k] = (uint8_t)z;
 			wl.away[j] += (unsigned)z != j;
@@ -141,7 +177,7 @@ void wl_run(uint64_t n)
 	uint64_t x = wl.x;
 
 	for (uint64_t i = 0; i < n; i++) {
-		uint64_t r, hi, addr;
+		uint64_t r, hi, page, canary;
 		unsigned j = 0;
 		uint32_t k;
 
@@ -162,9 +198,14 @@ void wl_run(uint64_t n)
 		} else {
 			k = (uint32_t)(((r & 0xffffffffULL) * wl.active[j]) >> 32);
 		}
-		addr = (uint64_t)wl.pfn[j][k] << PAGE_SHIFT | ((r >> 20) & 0xff8);
-		*(volatile uint64_t *)addr += 1;
+		page = (uint64_t)wl.pfn[j][k] << PAGE_SHIFT;
+		/* Word 0..510 of the page (bits 23-31 of r scaled by 511/512): the
+		 * last word is the canary, never written here. */
+		*(volatile uint64_t *)(page | (((r >> 23) & 0x1ff) * 511 >> 9) << 3) += 1;
 		wl.t.acc[wl.where[j][k]]++;
+		canary = *(volatile uint64_t *)(page + TG_CANARY_OFFSET);
+		if (__builtin_expect(canary != (TG_CANARY ^ page), 0))
+			canary_lost(j, k, canary);
 	}
 	wl.x = x;
 	wl.t.total += n;
@@ -178,6 +219,9 @@ static void move_page(unsigned j, uint32_t k, unsigned to)
 		die("workload: zone %u has no free page to move into", to);
 	memcpy((void *)(pfn << PAGE_SHIFT), (void *)((uint64_t)wl.pfn[j][k] << PAGE_SHIFT),
 	       PAGE_SIZE);
+	canary_set(pfn);
+	/* Free pages carry no canary: the balloon may hand this one to the host. */
+	canary_clear(wl.pfn[j][k]);
 	zone_free(wl.where[j][k], wl.pfn[j][k]);
 	wl.away[j] += (to != j) - (wl.where[j][k] != j);
 	wl.pfn[j][k] = (uint32_t)pfn;

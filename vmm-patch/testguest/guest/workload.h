@@ -7,6 +7,10 @@
  * pages are equally popular, or Zipf-ranked by `zipf=` (zipf.h): rank 1 =
  * the set's first page; a chain of sets (`+`) is one ranking, its first set
  * holding the head.
+ *
+ * Every workload page carries its canary (proto.h TG_CANARY) in its last 8
+ * bytes, set when the page joins the workload and cleared to 0 before it
+ * is freed; accesses never write there and check it on every access.
  */
 #ifndef TG_WORKLOAD_H
 #define TG_WORKLOAD_H
@@ -34,6 +38,7 @@ struct workload {
 	uint64_t tsc_step, tsc_next;	 /* pacing (rate=): TSC cycles per access, next slot */
 	uint64_t tsc_slack;		 /* lateness after which missed slots are dropped */
 	uint64_t evicted, promoted;	 /* pages moved between zones for the balloon */
+	uint32_t lost_logged;		 /* `tg canary lost` lines printed */
 };
 
 extern struct workload wl;

@@ -38,6 +38,16 @@ size_t tg_abi_layout(unsigned which)
 		return offsetof(struct tg_params, zipf);
 	case 12:
 		return sizeof(struct tg_zipf);
+	case 13:
+		return offsetof(struct tg_params, deaf);
+	case 14:
+		return offsetof(struct tg_params, lie);
+	case 15:
+		return offsetof(struct tg_truth, lost);
+	case 16:
+		return (size_t)TG_CANARY;
+	case 17:
+		return TG_CANARY_OFFSET;
 	default:
 		return 0;
 	}

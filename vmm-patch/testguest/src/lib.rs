@@ -9,6 +9,8 @@
 //!
 //! This crate gives the host side what it needs to use it:
 //! - [`elf_path`]: the built guest ELF;
+//! - [`canary`]: the pattern in every page the guest's workload uses
+//!   ([`CANARY`]), for checking guest memory from outside;
 //! - [`params`]: the guest's command line, parsed and checked by the guest's
 //!   own C parser (compiled for the host), and built from Rust;
 //! - [`serial`]: the guest's `tg ...` serial lines as key/value records;
@@ -19,11 +21,14 @@
 
 use std::path::Path;
 
+pub mod canary;
 pub mod params;
 pub mod serial;
 pub mod truth;
 pub mod wire;
 pub mod zipf;
+
+pub use canary::CANARY;
 
 /// Path of the guest ELF that `build.rs` produced (in this build's `OUT_DIR`).
 pub const ELF_PATH: &str = env!("TIER_TESTGUEST_ELF");

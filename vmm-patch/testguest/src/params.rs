@@ -11,6 +11,8 @@ use thiserror::Error;
 pub const MAX_SETS: usize = 8;
 /// Most phases.
 pub const MAX_PHASES: usize = 16;
+/// Most windows in `deaf=` and in `lie=`.
+pub const MAX_WINDOWS: usize = 8;
 const ERR_LEN: usize = 120;
 
 #[repr(C)]
@@ -20,6 +22,13 @@ struct CPhase {
     len: u64,
     seconds: u8,
     active: [u32; MAX_SETS],
+}
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct CWindow {
+    start: u32,
+    len: u32,
 }
 
 #[repr(C)]
@@ -40,6 +49,10 @@ struct CParams {
     zipf_cont: [u8; MAX_SETS],
     nzipf: u32,
     zipf: [u32; MAX_SETS],
+    ndeaf: u32,
+    nlie: u32,
+    deaf: [CWindow; MAX_WINDOWS],
+    lie: [CWindow; MAX_WINDOWS],
     err: [c_char; ERR_LEN],
 }
 
@@ -98,6 +111,32 @@ impl Zipf {
     }
 }
 
+/// Seconds `[start, start + len)` of the guest's clock (the `s=` of its
+/// tick lines, counted from the start of the workload): a `deaf=` or `lie=`
+/// window, written `STARTs+LENs`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Window {
+    pub start: u32,
+    pub len: u32,
+}
+
+impl Window {
+    /// As written on the command line: `30s+20s`.
+    pub fn token(self) -> String {
+        format!("{}s+{}s", self.start, self.len)
+    }
+
+    /// Whether second `s` of the guest's clock is inside the window.
+    pub fn contains(self, s: u64) -> bool {
+        s >= u64::from(self.start) && s - u64::from(self.start) < u64::from(self.len)
+    }
+
+    /// First second after the window.
+    pub fn end(self) -> u64 {
+        u64::from(self.start) + u64::from(self.len)
+    }
+}
+
 /// How often the guest prints a `tg tick` line.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Report {
@@ -127,6 +166,12 @@ pub struct Params {
     /// Popularity per set (`zipf=`); sets past the end (or all, when
     /// empty) are uniform.
     pub zipf: Vec<Zipf>,
+    /// `deaf=`: windows in which the balloon driver does nothing (reads no
+    /// target, moves no page, writes no actual, serves no stats buffer).
+    pub deaf: Vec<Window>,
+    /// `lie=`: windows in which the stats the driver returns are false
+    /// ([`crate::wire::lie_stats`]).
+    pub lie: Vec<Window>,
 }
 
 #[derive(Debug, Error, PartialEq, Eq)]
@@ -213,6 +258,8 @@ impl Params {
                     }
                 })
                 .collect(),
+            deaf: windows(&c.deaf[..c.ndeaf as usize]),
+            lie: windows(&c.lie[..c.nlie as usize]),
         }
     }
 
@@ -260,6 +307,12 @@ impl Params {
             s.push_str(" zipf=");
             list(&mut s, self.zipf.iter().map(|z| z.token()).collect(), ",");
         }
+        for (key, w) in [("deaf", &self.deaf), ("lie", &self.lie)] {
+            if !w.is_empty() {
+                let _ = write!(s, " {key}=");
+                list(&mut s, w.iter().map(|w| w.token()).collect(), ",");
+            }
+        }
         s
     }
 
@@ -267,6 +320,15 @@ impl Params {
     pub fn check(&self) -> Result<(), ParamsError> {
         Self::parse(&self.to_cmdline()).map(|_| ())
     }
+}
+
+fn windows(c: &[CWindow]) -> Vec<Window> {
+    c.iter()
+        .map(|w| Window {
+            start: w.start,
+            len: w.len,
+        })
+        .collect()
 }
 
 #[cfg(test)]
@@ -280,6 +342,8 @@ mod tests {
         assert_eq!(crate::c_layout(5), std::mem::offset_of!(CParams, err));
         assert_eq!(crate::c_layout(6), std::mem::offset_of!(CParams, seed));
         assert_eq!(crate::c_layout(11), std::mem::offset_of!(CParams, zipf));
+        assert_eq!(crate::c_layout(13), std::mem::offset_of!(CParams, deaf));
+        assert_eq!(crate::c_layout(14), std::mem::offset_of!(CParams, lie));
     }
 
     #[test]
@@ -367,6 +431,85 @@ mod tests {
         assert!(!Params::default().to_cmdline().contains("zipf"));
         // A chain's last set may shrink; its later set takes no weight.
         assert!(Params::parse("hot=8,8 zipf=1,+ phases=100/0@1k:8/3").is_ok());
+    }
+
+    #[test]
+    fn parses_deaf_and_lie_windows() {
+        let p = Params::parse("deaf=30s+20s,120s+15s lie=0s+5s,5s+1s,0x10s+1ks").unwrap();
+        let w = |start, len| Window { start, len };
+        assert_eq!(p.deaf, vec![w(30, 20), w(120, 15)]);
+        // Adjacent windows are allowed; numbers take hex and k as elsewhere.
+        assert_eq!(p.lie, vec![w(0, 5), w(5, 1), w(16, 1000)]);
+        let line = p.to_cmdline();
+        assert!(
+            line.ends_with(" deaf=30s+20s,120s+15s lie=0s+5s,5s+1s,16s+1000s"),
+            "{line}"
+        );
+        assert_eq!(Params::parse(&line).unwrap(), p);
+        // Eight windows is the most; none: no key.
+        let eight: Vec<String> = (0..8).map(|i| format!("{}s+1s", i * 2)).collect();
+        let p = Params::parse(&format!("deaf={}", eight.join(","))).unwrap();
+        assert_eq!(p.deaf.len(), 8);
+        assert_eq!(Params::parse(&p.to_cmdline()).unwrap(), p);
+        assert!(!Params::default().to_cmdline().contains("deaf"));
+        assert!(!Params::default().to_cmdline().contains("lie"));
+        // The edges: in from `start`, out at `start + len`.
+        let win = w(30, 20);
+        assert!(!win.contains(29) && win.contains(30) && win.contains(49) && !win.contains(50));
+        assert_eq!(win.end(), 50);
+    }
+
+    #[test]
+    fn bad_windows_are_rejected_with_the_reason() {
+        let nine: Vec<String> = (0..9).map(|i| format!("{}s+1s", i * 2)).collect();
+        let nine = nine.join(",");
+        let malformed = "window wants STARTs+LENs (seconds, LEN > 0)";
+        let cases = [
+            (
+                format!("deaf={nine}"),
+                "deaf= has more than 8 windows: '16s+1s'".to_string(),
+            ),
+            (
+                format!("lie={nine}"),
+                "lie= has more than 8 windows: '16s+1s'".to_string(),
+            ),
+            (
+                "deaf=10s+10s,15s+1s".into(),
+                "windows must be in order and not overlap: '15s+1s'".into(),
+            ),
+            (
+                "lie=10s+10s,5s+1s".into(),
+                "windows must be in order and not overlap: '5s+1s'".into(),
+            ),
+            ("deaf=".into(), format!("{malformed}: ''")),
+            ("deaf=30s".into(), format!("{malformed}: '30s'")),
+            ("deaf=30+20s".into(), format!("{malformed}: '30+20s'")),
+            ("deaf=30s+20".into(), format!("{malformed}: '30s+20'")),
+            ("deaf=30s+0s".into(), format!("{malformed}: '30s+0s'")),
+            ("deaf=s+5s".into(), format!("{malformed}: 's+5s'")),
+            ("deaf=+5s".into(), format!("{malformed}: '+5s'")),
+            ("deaf=5s+".into(), format!("{malformed}: '5s+'")),
+            ("deaf=5s+x".into(), format!("{malformed}: '5s+x'")),
+            ("lie=1s+1s,".into(), format!("{malformed}: ''")),
+            ("lie=-1s+1s".into(), format!("{malformed}: '-1s+1s'")),
+            (
+                "lie=4294967295s+1s".into(),
+                format!("{malformed}: '4294967295s+1s'"),
+            ),
+        ];
+        for (input, want) in cases {
+            assert_eq!(
+                Params::parse(&input),
+                Err(ParamsError::Invalid(want)),
+                "{input}"
+            );
+        }
+        // A window built in Rust goes through the same check.
+        let p = Params {
+            deaf: vec![Window { start: 5, len: 5 }, Window { start: 9, len: 1 }],
+            ..Params::default()
+        };
+        assert!(p.check().is_err());
     }
 
     #[test]

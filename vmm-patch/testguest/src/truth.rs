@@ -15,11 +15,14 @@ pub struct Truth {
     pub seconds: u64,
     /// The phase running.
     pub phase: u64,
+    /// Canary losses per zone (the `lost=` of tick lines): accesses that
+    /// found a workload page without its canary ([`crate::canary`]).
+    pub lost: [u64; MAX_SETS],
 }
 
 impl Truth {
     /// Bytes of the block.
-    pub const SIZE: usize = (MAX_SETS + 3) * 8;
+    pub const SIZE: usize = (2 * MAX_SETS + 3) * 8;
 
     /// Decodes the block as the guest lays it out (little-endian u64s);
     /// `None` if `b` is shorter than [`Truth::SIZE`].
@@ -33,11 +36,17 @@ impl Truth {
         for a in &mut acc {
             *a = next()?;
         }
+        let (total, seconds, phase) = (next()?, next()?, next()?);
+        let mut lost = [0u64; MAX_SETS];
+        for l in &mut lost {
+            *l = next()?;
+        }
         Some(Truth {
             acc,
-            total: next()?,
-            seconds: next()?,
-            phase: next()?,
+            total,
+            seconds,
+            phase,
+            lost,
         })
     }
 }
@@ -51,11 +60,12 @@ mod tests {
         assert_eq!(crate::c_layout(8), Truth::SIZE);
         assert_eq!(crate::c_layout(9), (MAX_SETS + 1) * 8);
         assert_eq!(crate::c_layout(10), (MAX_SETS + 2) * 8);
+        assert_eq!(crate::c_layout(15), (MAX_SETS + 3) * 8);
     }
 
     #[test]
     fn decodes_each_field_and_rejects_a_short_read() {
-        let words: Vec<u64> = (1..=(MAX_SETS as u64 + 3)).collect();
+        let words: Vec<u64> = (1..=(Truth::SIZE as u64 / 8)).collect();
         let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
         let t = Truth::from_bytes(&bytes).expect("full block");
         assert_eq!(t.acc[0], 1);
@@ -68,6 +78,8 @@ mod tests {
                 MAX_SETS as u64 + 3
             )
         );
+        assert_eq!(t.lost[0], MAX_SETS as u64 + 4);
+        assert_eq!(t.lost[MAX_SETS - 1], 2 * MAX_SETS as u64 + 3);
         assert_eq!(Truth::from_bytes(&bytes[..Truth::SIZE - 1]), None);
     }
 }

@@ -49,6 +49,7 @@ unsafe extern "C" {
     fn tg_queue_tier(stats: i32, reporting: i32, tier: u32, inflate: i32) -> u32;
     fn tg_stat_tier_tag(tier: u32, kind: u32) -> u16;
     fn tg_stats_build(tags: *mut u16, vals: *mut u64, tiers: *const CTierStats, n: u32) -> usize;
+    fn tg_stats_lie(tiers: *mut CTierStats, n: u32);
     fn tg_stats_encode(
         buf: *mut u8,
         cap: usize,
@@ -233,6 +234,34 @@ pub fn stats_entries(tiers: &[TierStats]) -> Result<Vec<(u16, u64)>, WireError> 
         .collect())
 }
 
+/// What the driver reports inside a `lie=` window instead of `tiers`: tier
+/// i gets tier (n - 1 - i)'s access count x 1000 (saturating; with two
+/// tiers the counts swap), every tier's free bytes are 0 (so `MEMFREE` and
+/// `AVAIL` are 0), total bytes stay true. The guest's own code.
+pub fn lie_stats(tiers: &[TierStats]) -> Result<Vec<TierStats>, WireError> {
+    if tiers.len() > TIERS_MAX {
+        return Err(WireError::TooManyTiers(tiers.len()));
+    }
+    let mut c: Vec<CTierStats> = tiers
+        .iter()
+        .map(|t| CTierStats {
+            accesses: t.accesses,
+            free_bytes: t.free_bytes,
+            total_bytes: t.total_bytes,
+        })
+        .collect();
+    // SAFETY: `c` holds `c.len()` (at most 8) structs with the C layout,
+    // which tg_stats_lie rewrites in place.
+    unsafe { tg_stats_lie(c.as_mut_ptr(), c.len() as u32) };
+    Ok(c.iter()
+        .map(|t| TierStats {
+            accesses: t.accesses,
+            free_bytes: t.free_bytes,
+            total_bytes: t.total_bytes,
+        })
+        .collect())
+}
+
 /// Pack entries into a stats buffer with the driver's encoder.
 pub fn encode_stats(entries: &[(u16, u64)]) -> Vec<u8> {
     let tags: Vec<u16> = entries.iter().map(|e| e.0).collect();
@@ -279,6 +308,36 @@ mod tests {
             stats_entries(&[TierStats::default(); 9]),
             Err(WireError::TooManyTiers(9))
         );
+    }
+
+    #[test]
+    fn lies_are_the_documented_ones() {
+        let t = |accesses, free_bytes, total_bytes| TierStats {
+            accesses,
+            free_bytes,
+            total_bytes,
+        };
+        let truth = [t(900, 4096, 8192), t(100, 0, 16384)];
+        let lie = lie_stats(&truth).unwrap();
+        assert_eq!(lie, vec![t(100_000, 0, 8192), t(900_000, 0, 16384)]);
+        let e = stats_entries(&lie).unwrap();
+        // MEMFREE, MEMTOT, AVAIL: free 0, total true.
+        assert_eq!(
+            e[..3].iter().map(|x| x.1).collect::<Vec<_>>(),
+            [0, 24576, 0]
+        );
+        // Three tiers: reversed; one tier: scaled; saturating.
+        let three = lie_stats(&[t(1, 1, 1), t(2, 2, 2), t(3, 3, 3)]).unwrap();
+        assert_eq!(
+            three.iter().map(|x| x.accesses).collect::<Vec<_>>(),
+            [3000, 2000, 1000]
+        );
+        assert_eq!(lie_stats(&[t(7, 1, 1)]).unwrap()[0].accesses, 7000);
+        assert_eq!(
+            lie_stats(&[t(u64::MAX / 999, 1, 1)]).unwrap()[0].accesses,
+            u64::MAX
+        );
+        assert!(lie_stats(&[t(0, 0, 0); 9]).is_err());
     }
 
     #[test]

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use libtest_mimic::{Arguments, Completion, Failed, Trial};
 use live_vm::{MIB, PAGE, Vm, WAIT, vm_trial};
-use tier_testguest::serial::Line;
+use tier_testguest::serial::{Line, Mode};
 
 fn zone_lines(lines: &[Line]) -> Vec<&Line> {
     lines.iter().filter(|l| l.kind == "zone").collect()
@@ -269,19 +269,333 @@ fn dram_balloon_moves_hot_set(bin: &Path) {
     vm.wait_line("tg balloon tier=0 reached=0", |l| {
         l.kind == "balloon" && l.u64("tier") == Some(0) && l.u64("reached") == Some(0)
     });
+    // A tick after the deflate with every hot page back (the ticks before
+    // the inflate had them all too), then two more: the share between them.
+    let before_deflate = vm.lines().iter().rev().find_map(Line::tick).unwrap().s;
     let lines = vm.wait_line("all hot pages back in dram", |l| {
-        l.kind == "tick" && l.list("res") == Some(vec![512, 128])
+        l.tick()
+            .is_some_and(|t| t.s > before_deflate && t.res == [512, 128])
     });
-    let n = lines.iter().filter(|l| l.kind == "tick").count();
+    let back = lines
+        .iter()
+        .filter_map(Line::tick)
+        .find(|t| t.s > before_deflate && t.res == [512, 128])
+        .unwrap()
+        .s
+        .unwrap();
     let lines = vm.wait_line("two more ticks", |l| {
-        l.kind == "tick" && l.u64("s") >= Some(n as u64 + 2)
+        l.kind == "tick" && l.u64("s") >= Some(back + 2)
     });
     let ticks: Vec<&Line> = lines.iter().filter(|l| l.kind == "tick").collect();
+    let from = ticks.iter().position(|t| t.u64("s") == Some(back)).unwrap();
     let last = ticks[ticks.len() - 1];
     assert_eq!(last.list("res"), Some(vec![512, 128]));
-    let again = dram_share(ticks[n], last);
+    let again = dram_share(ticks[from], last);
     eprintln!("dram share after deflate: {again:.3}");
-    assert!(again > 0.85, "{again}");
+    assert!(again > 0.85, "{again}: {:#?}", &ticks[from..]);
+    vm.stop();
+}
+
+/// Index of the first line satisfying `pred`.
+fn index_of(lines: &[Line], pred: impl Fn(&Line) -> bool) -> Option<usize> {
+    lines.iter().position(pred)
+}
+
+fn mode_edge(l: &Line, mode: Mode, on: bool) -> bool {
+    l.mode().is_some_and(|m| m.mode == mode && m.on == on)
+}
+
+/// `deaf=`: a target set inside the window is not read, not reached and no
+/// stats buffer comes back until the window ends; the workload runs on.
+fn deaf_window_holds_the_balloon(bin: &Path) {
+    let vm = Vm::boot(
+        bin,
+        &[("dram", "64M"), ("slow", "64M")],
+        "hot=64,64 report=1s deaf=3s+6s",
+    );
+    vm.wait_api();
+    let lines = vm.wait_line("tg deaf on", |l| mode_edge(l, Mode::Deaf, true));
+    let on = lines.iter().find_map(Line::mode).unwrap();
+    assert_eq!(on.s, 3, "{on:?}");
+    let stats0 = vm.get("vm.counters")["__balloon"]["stats_updates"]
+        .as_u64()
+        .unwrap();
+    let target = 16 * MIB;
+    vm.set_targets(&[("dram", target)]);
+    let set_at = Instant::now();
+    let mut checks = 0;
+    loop {
+        let info = vm.get("vm.info");
+        let stats = vm.get("vm.counters")["__balloon"]["stats_updates"]
+            .as_u64()
+            .unwrap();
+        let lines = vm.lines();
+        if index_of(&lines, |l| mode_edge(l, Mode::Deaf, false)).is_some() {
+            break;
+        }
+        // Both reads were made inside the window.
+        let dram = info["balloon"]["zones"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|z| z["id"] == "dram")
+            .unwrap()
+            .clone();
+        assert_eq!(dram["target"], target, "{dram}");
+        assert_eq!(
+            (dram["actual"].as_u64(), dram["host_ballooned"].as_u64()),
+            (Some(0), Some(0)),
+            "deaf guest moved its balloon: {dram}"
+        );
+        assert_eq!(stats, stats0, "deaf guest returned a stats buffer");
+        assert!(
+            !lines
+                .iter()
+                .any(|l| l.kind == "balloon" && l.fields.contains_key("target")),
+            "deaf guest read a target"
+        );
+        checks += 1;
+        assert!(set_at.elapsed() < WAIT, "no tg deaf off");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    eprintln!(
+        "target held off for {:?} inside the window ({checks} checks)",
+        set_at.elapsed()
+    );
+    assert!(checks >= 3, "only {checks} checks inside the window");
+    let took = vm.wait_zones(&[("dram", target)]);
+    eprintln!("reached {} MiB {took:?} after the window", target / MIB);
+    let lines = vm.wait_line("tg balloon tier=0 reached", |l| {
+        l.kind == "balloon" && l.u64("tier") == Some(0) && l.u64("reached") == Some(target / PAGE)
+    });
+    let off = index_of(&lines, |l| mode_edge(l, Mode::Deaf, false)).unwrap();
+    assert_eq!(lines[off].mode().unwrap().s, 9);
+    let read = index_of(&lines, |l| {
+        l.kind == "balloon" && l.u64("tier") == Some(0) && l.u64("target") == Some(target / PAGE)
+    })
+    .unwrap();
+    assert!(read > off, "target read before the window ended");
+    // The workload kept running inside the window.
+    let ticks: Vec<_> = lines[..off]
+        .iter()
+        .filter_map(Line::tick)
+        .filter(|t| t.s.is_some_and(|s| (4..9).contains(&s)))
+        .collect();
+    assert!(ticks.len() >= 4, "{ticks:?}");
+    assert!(
+        ticks.windows(2).all(|w| w[1].total > w[0].total),
+        "{ticks:?}"
+    );
+    // Stats flow again.
+    let start = Instant::now();
+    while vm.get("vm.counters")["__balloon"]["stats_updates"].as_u64() <= Some(stats0) {
+        assert!(start.elapsed() < WAIT, "stats never resumed");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    vm.stop();
+}
+
+/// `lie=`: inside the window the stats are the documented lie (access
+/// counts swapped between the two tiers and x 1000, free memory 0); after
+/// it, the truth again.
+fn lie_window_falsifies_stats(bin: &Path) {
+    let vm = Vm::boot(
+        bin,
+        &[("dram", "64M"), ("slow", "64M")],
+        "hot=64,64 phases=90/10@0 report=1s lie=3s+6s",
+    );
+    vm.wait_api();
+    // The tick of the edge's second comes right after the edge, with no
+    // access between: its total is the count when the lie began.
+    let lines = vm.wait_line("the tick of second 3", |l| {
+        l.tick().is_some_and(|t| t.s == Some(3))
+    });
+    assert!(index_of(&lines, |l| mode_edge(l, Mode::Lie, true)).is_some());
+    let at_edge = lines.iter().rev().find_map(Line::tick).unwrap().total;
+    let counters = || vm.get("vm.counters")["__balloon"].clone();
+    let accesses = |c: &serde_json::Value| {
+        (
+            c["tier0_guest_accesses"].as_u64().unwrap(),
+            c["tier1_guest_accesses"].as_u64().unwrap(),
+        )
+    };
+    // A tick printed after now: its total bounds every count reported before.
+    let later_total = || {
+        let last = vm.lines().iter().rev().find_map(Line::tick).unwrap().s;
+        let lines = vm.wait_line("a later tick", |l| l.tick().is_some_and(|t| t.s > last));
+        lines.iter().rev().find_map(Line::tick).unwrap().total
+    };
+    // The first buffer refilled after the edge is a lie.
+    let start = Instant::now();
+    let c = loop {
+        let c = counters();
+        if c["stat_free_memory"] == 0 {
+            break c;
+        }
+        assert!(start.elapsed() < WAIT, "no lie arrived: {c:#}");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let bound = later_total();
+    let lines = vm.lines();
+    let off = index_of(&lines, |l| mode_edge(l, Mode::Lie, false));
+    eprintln!("lying stats: {c}");
+    let (a0, a1) = accesses(&c);
+    assert_eq!((a0 % 1000, a1 % 1000), (0, 0), "{c}");
+    // dram takes 90 % of the accesses: swapped, slow reports the larger count.
+    assert!(a1 > 4 * a0 && a0 > 0, "{c}");
+    let sum = (a0 + a1) / 1000;
+    assert!(
+        (at_edge..=bound).contains(&sum),
+        "{c}: reported total {sum} not in [{at_edge}, {bound}] (window ended: {off:?})"
+    );
+    assert_eq!(c["stat_available_memory"], 0);
+    assert_eq!(c["tier0_guest_free_bytes"], 0);
+    assert_eq!(c["tier1_guest_free_bytes"], 0);
+    assert!(c["tier0_guest_total_bytes"].as_u64().unwrap() > 0);
+    assert!(c["stat_total_memory"].as_u64().unwrap() > 0);
+    // After the window: the truth again.
+    vm.wait_line("tg lie off", |l| mode_edge(l, Mode::Lie, false));
+    let start = Instant::now();
+    let c = loop {
+        let c = counters();
+        if c["stat_free_memory"].as_u64() > Some(0) {
+            break c;
+        }
+        assert!(
+            start.elapsed() < WAIT,
+            "stats never told the truth again: {c:#}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let bound = later_total();
+    let (a0, a1) = accesses(&c);
+    eprintln!("true stats again: {c}");
+    assert!(
+        a0 > 4 * a1 && a0 + a1 <= bound,
+        "{c} vs a later total {bound}"
+    );
+    vm.stop();
+}
+
+/// Canary: pages in use carry it from outside (/proc/PID/mem at the zones'
+/// host addresses), through an inflate that moves 448 hot pages and a
+/// deflate that brings them back, and the guest never finds one lost.
+fn canary_survives_balloon_moves(bin: &Path) {
+    let vm = Vm::boot(
+        bin,
+        &[("dram", "64M"), ("slow", "128M")],
+        "hot=512,128 phases=90/10@0 report=1s",
+    );
+    vm.wait_api();
+    let lines = vm.wait_line("a tick", |l| l.kind == "tick");
+    let total0 = zone_lines(&lines)[0].u64("total").unwrap();
+    let count =
+        |m: &std::collections::BTreeMap<String, Vec<u64>>, id: &str| m.get(id).map_or(0, Vec::len);
+    let stamped = vm.stamped_pages();
+    assert_eq!(
+        (count(&stamped, "dram"), count(&stamped, "slow")),
+        (512, 128),
+        "before"
+    );
+
+    let target = (total0 - 64) * PAGE;
+    vm.set_targets(&[("dram", target)]);
+    vm.wait_zones(&[("dram", target)]);
+    vm.wait_line("tg balloon tier=0 reached", |l| {
+        l.kind == "balloon" && l.u64("tier") == Some(0) && l.u64("reached") == Some(total0 - 64)
+    });
+    let stamped = vm.stamped_pages();
+    assert_eq!(
+        (count(&stamped, "dram"), count(&stamped, "slow")),
+        (64, 576),
+        "inflated"
+    );
+
+    vm.set_targets(&[("dram", 0)]);
+    vm.wait_zones(&[("dram", 0)]);
+    // A tick printed after the deflate with every hot page back: no page moves any more.
+    let last = vm.lines().iter().rev().find_map(Line::tick).unwrap().s;
+    let lines = vm.wait_line("all hot pages back in dram", |l| {
+        l.tick().is_some_and(|t| t.s > last && t.res == [512, 128])
+    });
+    let stamped = vm.stamped_pages();
+    assert_eq!(
+        (count(&stamped, "dram"), count(&stamped, "slow")),
+        (512, 128),
+        "deflated"
+    );
+
+    let ticks: Vec<_> = lines.iter().filter_map(Line::tick).collect();
+    assert!(ticks.len() >= 2, "{ticks:?}");
+    for t in &ticks {
+        assert_eq!(t.lost, [0, 0], "{t:?}");
+    }
+    // Every access so far checked its page: none found the canary gone.
+    let truth = lines
+        .iter()
+        .find(|l| l.kind == "ready")
+        .unwrap()
+        .u64("truth")
+        .unwrap();
+    let size = tier_testguest::truth::Truth::SIZE;
+    let tr = tier_testguest::truth::Truth::from_bytes(&vm.read_guest(truth, size as u64)).unwrap();
+    assert_eq!(tr.lost, [0; 8], "{tr:?}");
+    assert!(tr.total > 0);
+    assert!(!lines.iter().any(|l| l.canary_lost().is_some()));
+    eprintln!(
+        "{} ticks, lost=0,0 in every one; last {:?}",
+        ticks.len(),
+        ticks.last().unwrap()
+    );
+    vm.stop();
+}
+
+/// Canary, negative: a page in use zeroed from outside (as a page the host
+/// released reads) is found by the guest: one `tg canary lost` line with its
+/// address, `lost=` 1 for its tier, the truth block's count 1, and the
+/// canary back in place.
+fn canary_detects_a_zeroed_page(bin: &Path) {
+    let vm = Vm::boot(
+        bin,
+        &[("dram", "64M"), ("slow", "64M")],
+        "hot=64,64 phases=50/50@0 report=1s",
+    );
+    vm.wait_api();
+    let lines = vm.wait_line("a tick", |l| l.kind == "tick");
+    let truth = lines
+        .iter()
+        .find(|l| l.kind == "ready")
+        .unwrap()
+        .u64("truth")
+        .unwrap();
+    let stamped = vm.stamped_pages();
+    let victim = stamped["slow"][10];
+    vm.write_guest(victim, &[0u8; PAGE as usize]);
+    let lines = vm.wait_line("tg canary lost", |l| l.canary_lost().is_some());
+    let lost = lines.iter().find_map(Line::canary_lost).unwrap();
+    eprintln!("zeroed {victim:#x} from outside: {lost:?}");
+    assert_eq!((lost.gpa, lost.tier, lost.read), (victim, 1, 0));
+    let lines = vm.wait_line("a tick with lost=", |l| {
+        l.tick().is_some_and(|t| t.lost.iter().sum::<u64>() > 0)
+    });
+    let t = lines
+        .iter()
+        .find_map(|l| l.tick().filter(|t| t.lost.iter().sum::<u64>() > 0))
+        .unwrap();
+    assert_eq!(t.lost, [0, 1], "{t:?}");
+    let tr = tier_testguest::truth::Truth::from_bytes(
+        &vm.read_guest(truth, tier_testguest::truth::Truth::SIZE as u64),
+    )
+    .unwrap();
+    assert_eq!(tr.lost[..2], [0, 1]);
+    // Stamped again: one loss counted once.
+    let stamped = vm.stamped_pages();
+    assert!(stamped["slow"].contains(&victim));
+    assert_eq!(stamped["slow"].len(), 64);
+    assert_eq!(
+        lines.iter().filter(|l| l.canary_lost().is_some()).count(),
+        1
+    );
     vm.stop();
 }
 
@@ -368,6 +682,22 @@ fn main() {
         vm_trial(
             "live_dram_balloon_moves_hot_set_to_slow",
             dram_balloon_moves_hot_set,
+        ),
+        vm_trial(
+            "live_deaf_window_holds_the_balloon",
+            deaf_window_holds_the_balloon,
+        ),
+        vm_trial(
+            "live_lie_window_falsifies_stats",
+            lie_window_falsifies_stats,
+        ),
+        vm_trial(
+            "live_canary_survives_balloon_moves",
+            canary_survives_balloon_moves,
+        ),
+        vm_trial(
+            "live_canary_detects_a_zeroed_page",
+            canary_detects_a_zeroed_page,
         ),
         Trial::ignorable_test(
             "ch_source_constants_match_guest",

@@ -4,7 +4,9 @@
 #![allow(dead_code)] // each test binary uses a part of it
 
 use std::collections::BTreeMap;
+use std::fs::OpenOptions;
 use std::io::{Read, Write};
+use std::os::unix::fs::FileExt;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -176,6 +178,70 @@ impl Vm {
             );
             std::thread::sleep(Duration::from_millis(50));
         }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Every range of every memory zone: (zone id, guest address, size,
+    /// host address in the VMM), from `vm.info` (host address: vmm-patch 0005).
+    pub fn ranges(&self) -> Vec<(String, u64, u64, u64)> {
+        let info = self.get("vm.info");
+        let mut out = Vec::new();
+        for z in info["memory_zones"].as_array().unwrap() {
+            for r in z["ranges"].as_array().unwrap() {
+                out.push((
+                    z["id"].as_str().unwrap().to_string(),
+                    r["start"].as_u64().unwrap(),
+                    r["size"].as_u64().unwrap(),
+                    r["host_address"]
+                        .as_u64()
+                        .unwrap_or_else(|| panic!("no host_address in vm.info: {r}")),
+                ));
+            }
+        }
+        out
+    }
+
+    /// Host address of guest-physical `[gpa, gpa + len)`.
+    pub fn hva(&self, gpa: u64, len: u64) -> u64 {
+        let (_, start, _, hva) = self
+            .ranges()
+            .into_iter()
+            .find(|r| gpa >= r.1 && gpa + len <= r.1 + r.2)
+            .unwrap_or_else(|| panic!("guest address {gpa:#x} is in no zone range"));
+        hva + (gpa - start)
+    }
+
+    /// Guest memory read from outside, through `/proc/PID/mem` of the VMM.
+    pub fn read_guest(&self, gpa: u64, len: u64) -> Vec<u8> {
+        let mem = std::fs::File::open(format!("/proc/{}/mem", self.pid())).unwrap();
+        let mut buf = vec![0u8; len as usize];
+        mem.read_exact_at(&mut buf, self.hva(gpa, len)).unwrap();
+        buf
+    }
+
+    /// Guest memory written from outside, through `/proc/PID/mem`.
+    pub fn write_guest(&self, gpa: u64, bytes: &[u8]) {
+        let mem = OpenOptions::new()
+            .write(true)
+            .open(format!("/proc/{}/mem", self.pid()))
+            .unwrap();
+        mem.write_all_at(bytes, self.hva(gpa, bytes.len() as u64))
+            .unwrap();
+    }
+
+    /// Pages carrying their canary, per zone id, read from outside.
+    pub fn stamped_pages(&self) -> BTreeMap<String, Vec<u64>> {
+        let mut out: BTreeMap<String, Vec<u64>> = BTreeMap::new();
+        for (id, start, size, _) in self.ranges() {
+            let mem = self.read_guest(start, size);
+            out.entry(id)
+                .or_default()
+                .extend(tier_testguest::canary::stamped_pages(&mem, start));
+        }
+        out
     }
 
     /// Stop the VMM by its PID.
