@@ -282,6 +282,27 @@ fn balloon_that_does_not_follow_is_marked_after_grace() {
 }
 
 #[test]
+fn a_stuck_balloon_that_catches_up_is_managed_again() {
+    // A guest that stops following (deaf for a while) is marked after the
+    // grace period, left alone while it stays behind, and managed again once
+    // its balloon has reached the target.
+    let mut vms = vec![vm("s", 320 * M, 320 * M, 500.0, 320 * M, 500.0)];
+    vms[0].dram.balloon_actual -= G;
+    let mut c = Controller::new(config(4 * G));
+    for round in 0..4 {
+        c.decide(&vms, round);
+    }
+    assert!(c.is_uncooperative("s"));
+    let p = c.decide(&vms, 4);
+    assert!(p.decisions.is_empty(), "reported once");
+    assert_eq!(p.targets[0].status, VmStatus::Uncooperative);
+    vms[0].dram.balloon_actual = vms[0].dram.balloon_target;
+    let p = c.decide(&vms, 5);
+    assert!(!c.is_uncooperative("s"), "caught up: managed again");
+    assert_ne!(p.targets[0].status, VmStatus::Uncooperative);
+}
+
+#[test]
 fn dry_run_reports_and_changes_nothing() {
     let vms = vec![
         vm("a", 320 * M, 320 * M, 500.0, 320 * M, 500.0),

@@ -184,13 +184,18 @@ proptest! {
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(CASES_UNCOOPERATIVE))]
 
-    /// A VM marked uncooperative is reported once (UNCOOPERATIVE, SKIPPED)
-    /// and never pushed again; a balloon that never moves gets marked.
+    /// A VM marked uncooperative is reported once per marking
+    /// (UNCOOPERATIVE, SKIPPED) and never pushed while marked; it is
+    /// managed again only once it is drivable and every balloon has
+    /// reached its target. A balloon that never moves gets marked.
     #[test]
     fn uncooperative_vms_are_never_pushed(mut s in scenario()) {
         s.refuse_all_lagging();
+        let tol = s.config.tuning.balloon_tolerance;
         let mut c = Controller::new(s.config.clone());
         let mut marked: HashSet<String> = HashSet::new();
+        let mut ever: HashSet<String> = HashSet::new();
+        let mut episodes: HashMap<String, usize> = HashMap::new();
         let mut reported: HashMap<String, usize> = HashMap::new();
         run(&s, &mut c, |obs, plan| {
             for d in &plan.decisions {
@@ -201,18 +206,23 @@ proptest! {
                 }
             }
             for (o, t) in obs.iter().zip(&plan.targets) {
-                if marked.contains(&o.id) || t.status == VmStatus::Uncooperative {
-                    prop_assert_eq!(t.status, VmStatus::Uncooperative);
+                let arrived = [&o.dram, &o.slow]
+                    .iter()
+                    .all(|b| b.balloon_actual.abs_diff(b.balloon_target) <= tol);
+                if t.status == VmStatus::Uncooperative {
                     prop_assert_eq!((t.dram, t.slow), (o.dram.balloon_target, o.slow.balloon_target));
-                    marked.insert(o.id.clone());
+                    if marked.insert(o.id.clone()) {
+                        *episodes.entry(o.id.clone()).or_default() += 1;
+                    }
+                    ever.insert(o.id.clone());
+                } else if marked.remove(&o.id) {
+                    prop_assert!(o.balloon_ok && arrived, "{} managed again before it caught up", o.id);
                 }
             }
             Ok(())
         })?;
-        for id in &marked {
-            prop_assert_eq!(reported.get(id).copied(), Some(1), "{} reported", id);
-        }
-        prop_assert_eq!(reported.len(), marked.len());
+        prop_assert_eq!(&reported, &episodes);
+        let marked = ever;
         for id in s.must_be_marked() {
             prop_assert!(marked.contains(&id) || !s.config.enabled, "{} not marked", id);
         }

@@ -13,7 +13,7 @@
 //! pushed; when its balloon becomes drivable (the guest driver loaded, the
 //! VMM answers again) it is forgiven and managed from then on. A balloon
 //! that does not follow its target for the policy's grace period marks the
-//! VM uncooperative for good (`Controller::forgive` is the operator's).
+//! VM uncooperative until the balloon reaches its target again.
 //!
 //! Applied decisions are sent on their own task with a deadline and
 //! published when the VMM has answered: APPLIED, or FAILED with the error

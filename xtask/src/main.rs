@@ -519,8 +519,16 @@ mod tests {
     #[test]
     fn soak_takes_a_binary_or_a_checkout() {
         assert_eq!(
-            parse(&["soak", "--ch-bin", "/ch", "--minutes", "1.5", "--faults", "kill-tierd"])
-                .unwrap(),
+            parse(&[
+                "soak",
+                "--ch-bin",
+                "/ch",
+                "--minutes",
+                "1.5",
+                "--faults",
+                "kill-tierd"
+            ])
+            .unwrap(),
             Task::Soak {
                 ch_bin: Some(PathBuf::from("/ch")),
                 ch_src: None,
@@ -547,7 +555,10 @@ mod tests {
         })
         .unwrap_err()
         .to_string();
-        assert!(e.contains("--ch-bin") && e.contains("vmm-patch apply"), "{e}");
+        assert!(
+            e.contains("--ch-bin") && e.contains("vmm-patch apply"),
+            "{e}"
+        );
     }
 
     #[test]

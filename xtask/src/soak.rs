@@ -34,7 +34,10 @@ pub fn run(o: &Options) -> anyhow::Result<()> {
     if !ch.is_file() {
         bail!("{}: no such file", ch.display());
     }
-    run::step("soak", "building tierd, tier-balloon and tier-soak (release)");
+    run::step(
+        "soak",
+        "building tierd, tier-balloon and tier-soak (release)",
+    );
     run::cargo(&[
         "build",
         "--release",

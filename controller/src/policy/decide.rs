@@ -31,11 +31,21 @@ fn status(cfg: &Config, vm: &VmObs, st: &mut VmState, round: u64) -> (VmStatus, 
         return (VmStatus::Excluded, false);
     }
     if st.uncooperative {
-        return (VmStatus::Uncooperative, false);
+        // A balloon that stopped following may catch up (a guest that was
+        // busy or paused): once it has reached its target it is managed
+        // again. A VM whose balloon is not drivable waits for that.
+        let caught_up =
+            st.stuck && vm.balloon_ok && st.track(vm, round, &cfg.tuning) == Balloons::Arrived;
+        if !caught_up {
+            return (VmStatus::Uncooperative, false);
+        }
+        st.uncooperative = false;
+        st.stuck = false;
     }
     let balloons = st.track(vm, round, &cfg.tuning);
     if !vm.balloon_ok || balloons == Balloons::Stuck {
         st.uncooperative = true;
+        st.stuck = vm.balloon_ok;
         return (VmStatus::Uncooperative, true);
     }
     if balloons == Balloons::Moving {

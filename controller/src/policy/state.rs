@@ -134,6 +134,9 @@ pub struct VmState {
     /// Hot set of the last sample taken with the balloons at rest.
     pub settled_hot: Option<u64>,
     pub uncooperative: bool,
+    /// Marked because a balloon stopped following its target (not because
+    /// it is not drivable): cleared when it reaches its target again.
+    pub stuck: bool,
     /// The last round left the VM short for lack of budget.
     pub budget_limited: bool,
     /// The last round held the VM on an interval that straddled its band
