@@ -288,6 +288,14 @@ async fn sample_loop(l: Sampling) {
     // the estimate can tell touch rates from pages; the last closes it.
     let ends = pass_ends(interval, passes);
     let interval_ns = u64::try_from(interval.as_nanos()).unwrap_or(u64::MAX);
+    // Discovery once before the first interval: VMs found now are sampled
+    // in it, and their API probes answer by its end, so a restarted tierd
+    // has its VMs and their balloons in its first update, not its third.
+    if let Some(d) = discover.as_mut()
+        && let Ok(mut reg) = registry.lock()
+    {
+        d.run(&mut reg);
+    }
     let mut start = tokio::time::Instant::now();
     let mut pass = 0usize;
     loop {

@@ -60,7 +60,23 @@ fn hold_for(kind: Kind) -> Duration {
         Kind::KillBackend | Kind::KillVmMidMove => Duration::from_secs(3),
         Kind::ControlFlood | Kind::TierdFlood => Duration::from_secs(5),
         Kind::StalledWatcher => Duration::from_secs(13),
-        Kind::KillTierd => Duration::ZERO,
+        Kind::KillTierd | Kind::GuestDeaf | Kind::GuestLies => Duration::ZERO,
+    }
+}
+
+/// A guest window the soak saw open (`tg deaf on`, `tg lie on`): it holds
+/// until the guest says it closed.
+pub fn observed(p: Planned) -> Fault {
+    Fault {
+        plan: p,
+        injected: Instant::now(),
+        phase: Phase::Holding {
+            until: Instant::now() + Duration::from_secs(3600),
+        },
+        recovery: None,
+        note: String::new(),
+        violations: Vec::new(),
+        hold: None,
     }
 }
 
@@ -119,6 +135,7 @@ pub async fn inject(p: Planned, w: &mut World) -> Fault {
             let socket = w.tierd.socket.clone();
             f.hold = Some(Hold::Watcher(tokio::spawn(stalled_watcher(socket))));
         }
+        Kind::GuestDeaf | Kind::GuestLies => {}
     }
     f
 }
@@ -226,7 +243,11 @@ pub async fn undo(f: &mut Fault, w: &mut World) {
                 }
             }
         }
-        Kind::ControlFlood | Kind::TierdFlood | Kind::KillTierd => {}
+        Kind::ControlFlood
+        | Kind::TierdFlood
+        | Kind::KillTierd
+        | Kind::GuestDeaf
+        | Kind::GuestLies => {}
     }
     f.hold = None;
 }
@@ -298,35 +319,42 @@ fn control_state_blocking(
     serde_json::from_slice(&buf).map_err(|e| e.to_string())
 }
 
-/// Whether the loop has recovered from `f` (after its undo), given the
-/// VMM PIDs running now.
-pub async fn recovered(f: &mut Fault, w: &World, log: &Shared, pids: &[Option<u32>; 2]) -> bool {
+/// When the loop recovered from `f` (after its undo), if it has, given
+/// the VMM PIDs running now: the time of the first update that shows it
+/// (the watcher's clock, not this once-an-interval poll), or now for what
+/// is polled.
+pub async fn recovered(
+    f: &mut Fault,
+    w: &World,
+    log: &Shared,
+    pids: &[Option<u32>; 2],
+) -> Option<Instant> {
     let Phase::Recovering { since } = f.phase else {
-        return false;
+        return None;
     };
     let l = watch::lock(log);
-    let fresh_with = |pid: Option<u32>| {
+    let first = |ok: &dyn Fn(&watch::Seen) -> bool| {
         l.seen
             .iter()
             .rev()
             .take_while(|s| s.at >= since)
-            .any(|s| pid.is_some_and(|p| s.vms.contains(&p)))
+            .filter(|s| ok(s))
+            .map(|s| s.at)
+            .min()
     };
     match f.plan.kind {
         Kind::KillTierd => {
-            let both = l
-                .seen
-                .iter()
-                .rev()
-                .take_while(|s| s.at >= since)
-                .any(|s| pids.iter().all(|p| p.is_some_and(|p| s.vms.contains(&p))));
+            let both = first(&|s| pids.iter().all(|p| p.is_some_and(|p| s.vms.contains(&p))));
             drop(l);
-            if both {
+            if both.is_some() {
                 check_policy(f, w).await;
             }
             both
         }
-        Kind::StopVmm | Kind::KillVmMidMove => fresh_with(pids[f.plan.vm]),
+        Kind::StopVmm | Kind::KillVmMidMove => {
+            let pid = pids[f.plan.vm];
+            first(&|s| pid.is_some_and(|p| s.vms.contains(&p)))
+        }
         Kind::KillBackend => {
             let reported = l.decisions.iter().any(|(at, d)| {
                 *at >= f.injected
@@ -345,11 +373,37 @@ pub async fn recovered(f: &mut Fault, w: &World, log: &Shared, pids: &[Option<u3
             } else if reported {
                 f.note = "not reconnected; tierd reports the VM not drivable".into();
             }
-            connected || reported
+            (connected || reported).then(Instant::now)
         }
-        Kind::ControlFlood | Kind::TierdFlood | Kind::StalledWatcher => {
+        Kind::GuestDeaf => {
+            // tierd moves its balloon again (APPLIED after the window), or
+            // the balloon has caught up with the target tierd keeps.
+            let id = vm_id_of(&l, pids[f.plan.vm]).map(str::to_string);
+            let applied = l
+                .decisions
+                .iter()
+                .filter(|(at, d)| {
+                    *at >= since
+                        && Some(&d.vm_id) == id.as_ref()
+                        && d.outcome == DecisionOutcome::Applied as i32
+                })
+                .map(|(at, _)| *at)
+                .min();
+            drop(l);
+            if applied.is_some() {
+                f.note = "managed again after the window".into();
+                return applied;
+            }
+            let vm = w.vms[f.plan.vm].as_ref()?;
+            let caught_up = vm.zones().await.is_ok_and(|z| {
+                z.iter()
+                    .all(|z| z.target.abs_diff(z.host_ballooned) <= 4 << 20)
+            });
+            caught_up.then(Instant::now)
+        }
+        Kind::ControlFlood | Kind::TierdFlood | Kind::StalledWatcher | Kind::GuestLies => {
             // Updates flow again.
-            l.seen.iter().rev().take_while(|s| s.at >= since).count() > 0
+            first(&|_| true)
         }
     }
 }

@@ -97,13 +97,6 @@ fn run() -> anyhow::Result<bool> {
             .unwrap_or_else(|| tier_testguest::elf_path().to_path_buf()),
         work,
     };
-    let plan = Plan {
-        dram_mib: 32,
-        slow_mib: 64,
-        initial_dram_balloon_mib: 8,
-        interval_ms: 1000,
-        guest_extra: [String::new(), String::new()],
-    };
     let run_s = args.minutes * 60.0;
     let (warmup, gap) = if run_s < 300.0 {
         (15.0, (9.0, 12.0))
@@ -114,6 +107,13 @@ fn run() -> anyhow::Result<bool> {
         ALL.to_vec()
     } else {
         args.faults.clone()
+    };
+    let plan = Plan {
+        dram_mib: 32,
+        slow_mib: 64,
+        initial_dram_balloon_mib: 8,
+        interval_ms: 1000,
+        guest_extra: schedule::guest_windows(args.seed, &kinds, run_s, warmup),
     };
     let planned = schedule::plan(args.seed, &kinds, run_s, warmup, 10.0, gap);
     println!(
@@ -165,10 +165,51 @@ async fn soak(
                 }
             }
         }
+        // The guests' own windows, as they open.
+        for (i, vm) in w.vms.iter().enumerate() {
+            let Some(vm) = vm else { continue };
+            for (kind, word) in [(Kind::GuestDeaf, "deaf"), (Kind::GuestLies, "lie")] {
+                let lines = vm.lines();
+                let on = lines
+                    .iter()
+                    .filter(|l| l.kind == word && l.words.first().is_some_and(|x| x == "on"))
+                    .count();
+                let off = lines
+                    .iter()
+                    .filter(|l| l.kind == word && l.words.first().is_some_and(|x| x == "off"))
+                    .count();
+                let seen = faults
+                    .iter()
+                    .filter(|f| f.plan.kind == kind && f.plan.vm == i)
+                    .count();
+                if on > seen {
+                    println!(
+                        "{now_s:>6.1} s guest {} window opens ({})",
+                        ["a", "b"][i],
+                        kind.name()
+                    );
+                    faults.push(faults::observed(schedule::Planned {
+                        at_s: now_s,
+                        kind,
+                        vm: i,
+                    }));
+                }
+                for f in faults
+                    .iter_mut()
+                    .filter(|f| f.plan.kind == kind && f.plan.vm == i)
+                {
+                    if matches!(f.phase, Phase::Holding { .. }) && off >= seen.max(1) {
+                        f.phase = Phase::Recovering {
+                            since: Instant::now(),
+                        };
+                    }
+                }
+            }
+        }
         // Inject what is due, one fault at a time.
         let busy = faults
             .iter()
-            .any(|f| matches!(f.phase, Phase::Holding { .. }));
+            .any(|f| f.plan.kind.injected() && matches!(f.phase, Phase::Holding { .. }));
         if !busy && next < planned.len() && planned[next].at_s <= now_s && now_s < run_s {
             let p = planned[next];
             next += 1;
@@ -200,15 +241,22 @@ async fn soak(
                     }
                 }
                 Phase::Recovering { since } => {
-                    if faults::recovered(f, &w, &log, &pids).await {
-                        let n = since.elapsed().as_secs_f64() / tick.as_secs_f64();
-                        f.recovery = Some(n.ceil() as u32);
+                    if let Some(at) = faults::recovered(f, &w, &log, &pids).await {
+                        let n =
+                            at.saturating_duration_since(since).as_secs_f64() / tick.as_secs_f64();
+                        f.recovery = Some(n.ceil().max(1.0) as u32);
                         f.phase = Phase::Done;
+                        // A restarted tierd has its VMs back, ready to
+                        // decide, within 2 intervals (issue 25).
+                        if f.plan.kind == Kind::KillTierd && n > 2.0 {
+                            f.violations
+                                .push(format!("tierd took {n:.1} intervals to have both VMs back"));
+                        }
                         println!(
                             "{:>6.1} s recovered from {} in {} intervals {}",
                             start.elapsed().as_secs_f64(),
                             f.plan.kind.name(),
-                            n.ceil(),
+                            n.ceil().max(1.0),
                             f.note
                         );
                     } else if since.elapsed() > tick * RECOVERY_LIMIT {

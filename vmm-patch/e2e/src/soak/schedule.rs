@@ -19,9 +19,13 @@ pub enum Kind {
     TierdFlood,
     /// A watcher that stops reading for 10 s.
     StalledWatcher,
+    /// VM a's guest ignores its balloon for 10 s (`deaf=`, set at boot).
+    GuestDeaf,
+    /// VM b's guest reports false stats for 10 s (`lie=`, set at boot).
+    GuestLies,
 }
 
-pub const ALL: [Kind; 7] = [
+pub const ALL: [Kind; 9] = [
     Kind::KillTierd,
     Kind::KillBackend,
     Kind::StopVmm,
@@ -29,6 +33,8 @@ pub const ALL: [Kind; 7] = [
     Kind::ControlFlood,
     Kind::TierdFlood,
     Kind::StalledWatcher,
+    Kind::GuestDeaf,
+    Kind::GuestLies,
 ];
 
 impl Kind {
@@ -42,7 +48,15 @@ impl Kind {
             Kind::ControlFlood => "control-flood",
             Kind::TierdFlood => "tierd-flood",
             Kind::StalledWatcher => "stalled-watcher",
+            Kind::GuestDeaf => "guest-deaf",
+            Kind::GuestLies => "guest-lies",
         }
+    }
+
+    /// Injected by the soak at run time; the guest's own windows are set
+    /// on its command line instead.
+    pub fn injected(self) -> bool {
+        !matches!(self, Kind::GuestDeaf | Kind::GuestLies)
     }
 
     pub fn parse(key: &str) -> Result<Kind, String> {
@@ -60,6 +74,8 @@ impl Kind {
             Kind::ControlFlood => "control-socket flood",
             Kind::TierdFlood => "tierd-socket flood",
             Kind::StalledWatcher => "stalled watcher",
+            Kind::GuestDeaf => "guest deaf 10 s",
+            Kind::GuestLies => "guest lies 10 s",
         }
     }
 }
@@ -105,6 +121,7 @@ pub fn plan(
     gap: (f64, f64),
 ) -> Vec<Planned> {
     let mut rng = Rng::new(seed);
+    let kinds: Vec<Kind> = kinds.iter().copied().filter(|k| k.injected()).collect();
     let mut out = Vec::new();
     let mut round: Vec<Kind> = Vec::new();
     let mut t = warmup_s;
@@ -137,9 +154,10 @@ mod tests {
         let a = plan(7, &ALL, 600.0, 20.0, 15.0, (12.0, 25.0));
         assert_eq!(a, plan(7, &ALL, 600.0, 20.0, 15.0, (12.0, 25.0)));
         assert_ne!(a, plan(8, &ALL, 600.0, 20.0, 15.0, (12.0, 25.0)));
-        let mut first: Vec<Kind> = a.iter().take(ALL.len()).map(|p| p.kind).collect();
+        let injected: Vec<Kind> = ALL.into_iter().filter(|k| k.injected()).collect();
+        let mut first: Vec<Kind> = a.iter().take(injected.len()).map(|p| p.kind).collect();
         first.sort();
-        assert_eq!(first, ALL.to_vec());
+        assert_eq!(first, injected);
         assert!(a.windows(2).all(|w| w[1].at_s - w[0].at_s >= 12.0));
         assert!(
             a.iter()
@@ -163,4 +181,26 @@ mod tests {
             assert_eq!(Kind::parse(k.key()), Ok(k));
         }
     }
+}
+
+/// The guests' windows, in guest seconds: `deaf=` for VM a and `lie=` for
+/// VM b, 10 s each, somewhere in the first 60 % of the run after warm-up
+/// (the guest's clock starts about when the soak's does, a few seconds
+/// earlier).
+pub fn guest_windows(seed: u64, kinds: &[Kind], run_s: f64, warmup_s: f64) -> [String; 2] {
+    let mut rng = Rng::new(seed ^ 0x6775_6573_74);
+    let mut at = || rng.range(warmup_s + 10.0, (run_s * 0.6).max(warmup_s + 11.0)) as u64;
+    let (deaf, lie) = (at(), at());
+    [
+        if kinds.contains(&Kind::GuestDeaf) {
+            format!("deaf={deaf}s+10s")
+        } else {
+            String::new()
+        },
+        if kinds.contains(&Kind::GuestLies) {
+            format!("lie={lie}s+10s")
+        } else {
+            String::new()
+        },
+    ]
 }
