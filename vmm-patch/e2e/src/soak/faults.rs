@@ -332,20 +332,10 @@ pub async fn recovered(
     let Phase::Recovering { since } = f.phase else {
         return None;
     };
-    let l = watch::lock(log);
-    let first = |ok: &dyn Fn(&watch::Seen) -> bool| {
-        l.seen
-            .iter()
-            .rev()
-            .take_while(|s| s.at >= since)
-            .filter(|s| ok(s))
-            .map(|s| s.at)
-            .min()
-    };
+    let first = |ok: &dyn Fn(&watch::Seen) -> bool| first_seen(log, since, ok);
     match f.plan.kind {
         Kind::KillTierd => {
             let both = first(&|s| pids.iter().all(|p| p.is_some_and(|p| s.vms.contains(&p))));
-            drop(l);
             if both.is_some() {
                 check_policy(f, w).await;
             }
@@ -356,12 +346,7 @@ pub async fn recovered(
             first(&|s| pid.is_some_and(|p| s.vms.contains(&p)))
         }
         Kind::KillBackend => {
-            let reported = l.decisions.iter().any(|(at, d)| {
-                *at >= f.injected
-                    && Some(d.vm_id.as_str()) == vm_id_of(&l, pids[1])
-                    && d.outcome != DecisionOutcome::Applied as i32
-            });
-            drop(l);
+            let reported = first_decision(log, f.injected, pids[1], false).is_some();
             let connected = match w.spec(1).vhost_user {
                 Some(v) => control_state(v.control, Duration::from_secs(2))
                     .await
@@ -378,21 +363,9 @@ pub async fn recovered(
         Kind::GuestDeaf => {
             // tierd moves its balloon again (APPLIED after the window), or
             // the balloon has caught up with the target tierd keeps.
-            let id = vm_id_of(&l, pids[f.plan.vm]).map(str::to_string);
-            let applied = l
-                .decisions
-                .iter()
-                .filter(|(at, d)| {
-                    *at >= since
-                        && Some(&d.vm_id) == id.as_ref()
-                        && d.outcome == DecisionOutcome::Applied as i32
-                })
-                .map(|(at, _)| *at)
-                .min();
-            drop(l);
-            if applied.is_some() {
+            if let Some(at) = first_decision(log, since, pids[f.plan.vm], true) {
                 f.note = "managed again after the window".into();
-                return applied;
+                return Some(at);
             }
             let vm = w.vms[f.plan.vm].as_ref()?;
             let caught_up = vm.zones().await.is_ok_and(|z| {
@@ -406,6 +379,39 @@ pub async fn recovered(
             first(&|_| true)
         }
     }
+}
+
+/// The first update at or after `since` for which `ok` holds.
+fn first_seen(log: &Shared, since: Instant, ok: &dyn Fn(&watch::Seen) -> bool) -> Option<Instant> {
+    let l = watch::lock(log);
+    l.seen
+        .iter()
+        .rev()
+        .take_while(|s| s.at >= since)
+        .filter(|s| ok(s))
+        .map(|s| s.at)
+        .min()
+}
+
+/// The first decision at or after `since` for the VM of VMM `pid`:
+/// APPLIED ones if `applied`, else the others (not drivable, refused).
+fn first_decision(
+    log: &Shared,
+    since: Instant,
+    pid: Option<u32>,
+    applied: bool,
+) -> Option<Instant> {
+    let l = watch::lock(log);
+    let id = vm_id_of(&l, pid)?;
+    l.decisions
+        .iter()
+        .filter(|(at, d)| {
+            *at >= since
+                && d.vm_id == id
+                && (d.outcome == DecisionOutcome::Applied as i32) == applied
+        })
+        .map(|(at, _)| *at)
+        .min()
 }
 
 /// tierd's id of the VM with this VMM PID: not kept by the watcher, so

@@ -145,6 +145,28 @@ pub fn plan(
     out
 }
 
+/// The guests' windows, in guest seconds: `deaf=` for VM a and `lie=` for
+/// VM b, 10 s each, somewhere in the first 60 % of the run after warm-up
+/// (the guest's clock starts about when the soak's does, a few seconds
+/// earlier).
+pub fn guest_windows(seed: u64, kinds: &[Kind], run_s: f64, warmup_s: f64) -> [String; 2] {
+    let mut rng = Rng::new(seed ^ 0x0067_7565_7374);
+    let mut at = || rng.range(warmup_s + 10.0, (run_s * 0.6).max(warmup_s + 11.0)) as u64;
+    let (deaf, lie) = (at(), at());
+    [
+        if kinds.contains(&Kind::GuestDeaf) {
+            format!("deaf={deaf}s+10s")
+        } else {
+            String::new()
+        },
+        if kinds.contains(&Kind::GuestLies) {
+            format!("lie={lie}s+10s")
+        } else {
+            String::new()
+        },
+    ]
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -181,26 +203,4 @@ mod tests {
             assert_eq!(Kind::parse(k.key()), Ok(k));
         }
     }
-}
-
-/// The guests' windows, in guest seconds: `deaf=` for VM a and `lie=` for
-/// VM b, 10 s each, somewhere in the first 60 % of the run after warm-up
-/// (the guest's clock starts about when the soak's does, a few seconds
-/// earlier).
-pub fn guest_windows(seed: u64, kinds: &[Kind], run_s: f64, warmup_s: f64) -> [String; 2] {
-    let mut rng = Rng::new(seed ^ 0x6775_6573_74);
-    let mut at = || rng.range(warmup_s + 10.0, (run_s * 0.6).max(warmup_s + 11.0)) as u64;
-    let (deaf, lie) = (at(), at());
-    [
-        if kinds.contains(&Kind::GuestDeaf) {
-            format!("deaf={deaf}s+10s")
-        } else {
-            String::new()
-        },
-        if kinds.contains(&Kind::GuestLies) {
-            format!("lie={lie}s+10s")
-        } else {
-            String::new()
-        },
-    ]
 }
