@@ -2,6 +2,7 @@
 //! baseline measured in the same run, and the final `RESULT` line.
 
 pub mod fidelity;
+pub mod fuzz;
 pub mod plot;
 pub mod progress;
 pub mod sys;

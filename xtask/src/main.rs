@@ -280,6 +280,10 @@ const BENCHES: &[(&str, &str)] = &[
         "overhead",
         "guest throughput with vs without each sampler, BPF run time per program, hostpte CPU per GiB",
     ),
+    (
+        "fuzz",
+        "10^6 seeded cases per untrusted-input parser (vm.info, vm.counters, control lines, stats buffers, config): panics, RSS",
+    ),
 ];
 
 fn bench(name: &str, args: &[String]) -> anyhow::Result<()> {

@@ -190,15 +190,15 @@ impl ChApi {
         let body = self
             .call(INFO, "GET", "/api/v1/vm.info", None, Retry::Get)
             .await?;
-        decode(INFO, &body)
+        parse_vm_info(&body)
     }
 
     /// `GET /api/v1/vm.counters`: device id -> counter -> value.
-    pub async fn counters(&self) -> Result<BTreeMap<String, BTreeMap<String, u64>>, ActuateError> {
+    pub async fn counters(&self) -> Result<Counters, ActuateError> {
         let body = self
             .call(COUNTERS, "GET", "/api/v1/vm.counters", None, Retry::Get)
             .await?;
-        decode(COUNTERS, &body)
+        parse_counters(&body)
     }
 
     /// One call with its retries; the body of a 2xx answer.
@@ -274,6 +274,41 @@ impl ChApi {
     }
 }
 
+/// `vm.counters`: device id -> counter -> value.
+pub type Counters = BTreeMap<String, BTreeMap<String, u64>>;
+
+/// Decodes a `vm.info` answer body. The VMM is outside tierd's trust
+/// boundary: any bytes give a value or an error (fuzzed by the `fuzz`
+/// bench).
+pub fn parse_vm_info(body: &[u8]) -> Result<VmInfo, ActuateError> {
+    decode(INFO, body)
+}
+
+/// Decodes a `vm.counters` answer body (see [`parse_vm_info`]).
+pub fn parse_counters(body: &[u8]) -> Result<Counters, ActuateError> {
+    decode(COUNTERS, body)
+}
+
+/// The per-tier state of a decoded `vm.info`: its balloon zones in tier
+/// order, or `NotTiered` without an offered per-tier balloon.
+pub fn tier_states(info: VmInfo) -> Result<Vec<TierState>, ActuateError> {
+    let balloon = match info.balloon {
+        Some(b) if b.tiers_offered && !b.zones.is_empty() => b,
+        _ => return Err(ActuateError::NotTiered { endpoint: INFO }),
+    };
+    let mut zones = balloon.zones;
+    zones.sort_by_key(|z| z.tier);
+    Ok(zones
+        .into_iter()
+        .map(|z| TierState {
+            zone: z.id,
+            target: z.target,
+            actual: z.actual,
+            host_ballooned: z.host_ballooned,
+        })
+        .collect())
+}
+
 fn decode<T: serde::de::DeserializeOwned>(
     endpoint: &'static str,
     body: &[u8],
@@ -302,28 +337,43 @@ impl Vmm for ChApi {
     }
 
     async fn tier_state(&self) -> Result<Vec<TierState>, ActuateError> {
-        let info = self.vm_info().await?;
-        let balloon = match info.balloon {
-            Some(b) if b.tiers_offered && !b.zones.is_empty() => b,
-            _ => return Err(ActuateError::NotTiered { endpoint: INFO }),
-        };
-        let mut zones = balloon.zones;
-        zones.sort_by_key(|z| z.tier);
-        Ok(zones
-            .into_iter()
-            .map(|z| TierState {
-                zone: z.id,
-                target: z.target,
-                actual: z.actual,
-                host_ballooned: z.host_ballooned,
-            })
-            .collect())
+        tier_states(self.vm_info().await?)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn bodies_decode_to_values_or_errors_and_tiers_come_in_order() {
+        let z = |id: &str, tier: u32| {
+            format!(
+                r#"{{"id":"{id}","tier":{tier},"target":4096,"actual":0,"host_ballooned":0,"inflated_pfns":0,"deflated_pfns":0,"rejected_pfns":0}}"#
+            )
+        };
+        let body = format!(
+            r#"{{"state":"Running","balloon":{{"tiers_offered":true,"tiers_negotiated":true,"legacy_target":0,"legacy_actual":0,"zones":[{},{}]}}}}"#,
+            z("slow", 1),
+            z("dram", 0)
+        );
+        let info = parse_vm_info(body.as_bytes()).unwrap();
+        let tiers = tier_states(info).unwrap();
+        assert_eq!(tiers[0].zone, "dram");
+        assert_eq!(tiers[1].zone, "slow");
+        let bare = parse_vm_info(br#"{"state":"Created"}"#).unwrap();
+        assert!(matches!(
+            tier_states(bare),
+            Err(ActuateError::NotTiered { .. })
+        ));
+        assert!(matches!(
+            parse_vm_info(b"{\"state\":1}"),
+            Err(ActuateError::Decode { .. })
+        ));
+        let c = parse_counters(br#"{"__balloon":{"tier0_guest_accesses":3}}"#).unwrap();
+        assert_eq!(c[BALLOON_DEVICE]["tier0_guest_accesses"], 3);
+        assert!(parse_counters(br#"{"__balloon":{"x":-1}}"#).is_err());
+    }
 
     #[test]
     fn resize_body_escapes_zone_ids_and_keeps_order() {

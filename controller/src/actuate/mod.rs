@@ -24,8 +24,8 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 pub use ch::{
-    BALLOON_DEVICE, BalloonInfo, BalloonZone, ChApi, MemoryZone, VmInfo, VmmPing, ZoneRange,
-    resize_zones_body,
+    BALLOON_DEVICE, BalloonInfo, BalloonZone, ChApi, Counters, MemoryZone, VmInfo, VmmPing,
+    ZoneRange, parse_counters, parse_vm_info, resize_zones_body, tier_states,
 };
 pub use vhost::{
     BackendConfig, BackendFrontend, BackendPing, BackendState, BackendStats, BackendZone,

@@ -222,7 +222,7 @@ impl ChHandle {
 }
 
 /// `tier<i>_guest_accesses` of the balloon's counters, by tier index.
-fn guest_accesses(counters: Option<&BTreeMap<String, u64>>) -> BTreeMap<u32, u64> {
+pub fn guest_accesses(counters: Option<&BTreeMap<String, u64>>) -> BTreeMap<u32, u64> {
     counters
         .into_iter()
         .flatten()

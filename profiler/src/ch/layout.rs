@@ -214,8 +214,26 @@ fn zone_kind(
     }
 }
 
+/// The zones with the ranges a guest-physical address can hold: a range
+/// whose end is past 2^64 (`start + size` overflows; only a broken or
+/// hostile VMM reports one) is dropped, so no sampler computes its end;
+/// with how many were dropped per zone.
+fn addressable(zones: &[MemoryZone]) -> (Vec<MemoryZone>, Vec<usize>) {
+    zones
+        .iter()
+        .map(|z| {
+            let mut z = z.clone();
+            let before = z.ranges.len();
+            z.ranges.retain(|r| r.start.checked_add(r.size).is_some());
+            let dropped = before - z.ranges.len();
+            (z, dropped)
+        })
+        .unzip()
+}
+
 /// The tiers of a VM from its zones and the VMM's maps and numa_maps:
-/// DRAM first, then zone order. Zones without ranges are left out.
+/// DRAM first, then zone order. Zones without (addressable) ranges are
+/// left out.
 pub fn tiers(
     zones: &[MemoryZone],
     maps: &str,
@@ -224,12 +242,14 @@ pub fn tiers(
     memtiers: &MemoryTiers,
 ) -> Vec<Tier> {
     let vmas = parse_maps(maps);
-    let hvas = host_addresses(zones, &vmas);
+    let (zones, dropped) = addressable(zones);
+    let hvas = host_addresses(&zones, &vmas);
     let mut out: Vec<Tier> = zones
         .iter()
         .zip(hvas)
-        .filter(|(z, _)| !z.ranges.is_empty())
-        .map(|(z, hvas)| {
+        .zip(dropped)
+        .filter(|((z, _), _)| !z.ranges.is_empty())
+        .map(|((z, hvas), dropped)| {
             let mut nodes: BTreeSet<u32> = z.host_numa_node.into_iter().collect();
             let mut backing = BTreeSet::new();
             for (r, h) in z.ranges.iter().zip(&hvas) {
@@ -244,6 +264,9 @@ pub fn tiers(
                 let _ = write!(d, " (guest node {g})");
             }
             let _ = write!(d, ": {why}; {} guest-physical range(s) from memory_zones", z.ranges.len());
+            if dropped > 0 {
+                let _ = write!(d, "; {dropped} range(s) ending past 2^64 ignored");
+            }
             let reported = hvas.iter().filter(|h| matches!(h, Hva::Reported(_))).count();
             let by_size = hvas.iter().filter(|h| matches!(h, Hva::BySize(_))).count();
             if reported > 0 {
@@ -289,7 +312,8 @@ pub fn tiers(
                         hva_start: h.addr(),
                     })
                     .collect(),
-                size_bytes: z.ranges.iter().map(|r| r.size).sum(),
+                // Saturating: ranges the VMM reports may add up past 2^64.
+                size_bytes: z.ranges.iter().fold(0u64, |n, r| n.saturating_add(r.size)),
                 derivation: d,
             }
         })
@@ -519,5 +543,49 @@ mod tests {
             tiers(&zones, "", "", &HashMap::new(), &MemoryTiers::default()).len(),
             1
         );
+    }
+
+    /// Found by the `fuzz` bench: ranges whose sizes add up past 2^64
+    /// panicked (debug) or wrapped `size_bytes` (release), and a range
+    /// ending past 2^64 reached the samplers, which compute its end.
+    #[test]
+    fn ranges_past_2_64_are_dropped_and_sizes_saturate() {
+        let top = u64::MAX - 4095;
+        let zones = [
+            zone(
+                "dram",
+                None,
+                &[(0, u64::MAX, None), (1 << 32, u64::MAX - (1 << 32), None)],
+            ),
+            zone("slow", None, &[(top, 8192, None), (1 << 40, 128 * M, None)]),
+            zone("cxl", None, &[(u64::MAX, 1, Some(0x1000))]),
+        ];
+        let t = tiers(
+            &zones,
+            MAPS_ANON,
+            "",
+            &HashMap::new(),
+            &MemoryTiers::default(),
+        );
+        assert_eq!(t.len(), 2, "{t:?}");
+        assert_eq!(t[0].name, "dram");
+        assert_eq!(t[0].size_bytes, u64::MAX);
+        assert_eq!(t[0].ranges.len(), 2);
+        assert_eq!(t[1].name, "slow");
+        assert_eq!(t[1].size_bytes, 128 * M);
+        assert_eq!(
+            t[1].ranges
+                .iter()
+                .map(|r| (r.gpa_start, r.length))
+                .collect::<Vec<_>>(),
+            vec![(1 << 40, 128 * M)]
+        );
+        assert!(
+            t[1].derivation
+                .contains("1 range(s) ending past 2^64 ignored"),
+            "{}",
+            t[1].derivation
+        );
+        assert!(!t[0].derivation.contains("ignored"), "{}", t[0].derivation);
     }
 }

@@ -229,18 +229,31 @@ fn serve_connection(
             return Ok(());
         }
         idle = IDLE_TIMEOUT;
-        let answer = if line.len() > MAX_LINE {
-            let a = error(400, format!("request line longer than {MAX_LINE} bytes"));
-            write_answer(stream, &a)?;
-            return Ok(()); // the rest of the line cannot be resynchronised
-        } else {
-            match std::str::from_utf8(&line) {
-                Ok(text) if text.trim().is_empty() => continue,
-                Ok(text) => handle_line(device, text.trim_end()),
-                Err(_) => error(400, "request is not UTF-8"),
-            }
+        let Some(answer) = answer_line(device, &line) else {
+            continue;
         };
         write_answer(stream, &answer)?;
+        if line.len() > MAX_LINE {
+            return Ok(()); // the rest of the line cannot be resynchronised
+        }
+    }
+}
+
+/// The answer to one request line as read from the socket (bytes, the
+/// newline included or not); `None` for a blank line, which gets none.
+/// A line longer than [`MAX_LINE`] is refused (the caller then closes the
+/// connection). Fuzzed by the `fuzz` bench.
+pub fn answer_line(device: &Balloon, line: &[u8]) -> Option<Value> {
+    if line.len() > MAX_LINE {
+        return Some(error(
+            400,
+            format!("request line longer than {MAX_LINE} bytes"),
+        ));
+    }
+    match std::str::from_utf8(line) {
+        Ok(text) if text.trim().is_empty() => None,
+        Ok(text) => Some(handle_line(device, text.trim_end())),
+        Err(_) => Some(error(400, "request is not UTF-8")),
     }
 }
 
@@ -378,5 +391,21 @@ mod tests {
         assert_eq!(a["changed"], false, "{a}");
         // No frontend: nothing to notify.
         assert_eq!(a["notified"], false);
+    }
+
+    #[test]
+    fn raw_lines_blank_non_utf8_and_too_long() {
+        let d = device();
+        assert!(answer_line(&d, b"  \r\n").is_none());
+        let a = answer_line(&d, b"{\"op\":\"ping\"}\r\n").unwrap();
+        assert_eq!(a["ok"], true, "{a}");
+        let a = answer_line(&d, b"{\"op\":\"\xff\"}\n").unwrap();
+        assert_eq!(status(&a), Some(400), "{a}");
+        let mut long = vec![b' '; MAX_LINE];
+        long.push(b'\n');
+        let a = answer_line(&d, &long).unwrap();
+        assert_eq!(status(&a), Some(400), "{a}");
+        long.truncate(MAX_LINE);
+        assert!(answer_line(&d, &long).is_none());
     }
 }

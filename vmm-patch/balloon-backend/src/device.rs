@@ -64,7 +64,7 @@ pub const VIRTIO_BALLOON_F_TIERS: u32 = 23;
 pub const QUEUE_SIZE: usize = 1024;
 /// Most bytes read from one stats buffer (10-byte entries; ours use at
 /// most 16 standard + 8 * 16 tier tags).
-const MAX_STATS_BYTES: usize = 64 << 10;
+pub const MAX_STATS_BYTES: usize = 64 << 10;
 /// Rejections logged before logging only every 1024th (a guest could
 /// otherwise fill the log).
 const LOG_FIRST: u64 = 32;
@@ -863,18 +863,7 @@ impl Balloon {
         let mut scratch = std::mem::take(&mut st.scratch);
         let ok = Self::gather(&mut scratch, walked, &st.descs, guest, MAX_STATS_BYTES).is_ok();
         if ok {
-            for e in scratch.chunks_exact(10) {
-                let tag = u16::from_le_bytes([e[0], e[1]]);
-                // Only SPEC tags are kept: a guest cycling through all 65536
-                // tags would otherwise grow the `state` answer past what a
-                // VMM reads (about 2 MiB).
-                if !known_tag(tag) {
-                    continue;
-                }
-                let mut v = [0u8; 8];
-                v.copy_from_slice(&e[2..10]);
-                st.stats.values.insert(tag, u64::from_le_bytes(v));
-            }
+            st.stats.values.extend(stats_entries(&scratch));
             st.stats.updates += 1;
         } else {
             st.stats.bad_buffers += 1;
@@ -931,6 +920,24 @@ enum Gather {
     TooLong(usize),
     /// The chain itself is malformed (loops, leaves its table, ...).
     Malformed(ChainError),
+}
+
+/// The entries of a stats buffer the device keeps, in buffer order:
+/// 10-byte entries (le16 tag, le64 value); a trailing partial entry is
+/// ignored, and so are tags SPEC.md does not define: a guest cycling
+/// through all 65536 tags would otherwise grow the `state` answer past
+/// what a VMM reads (about 2 MiB). The caller bounds the buffer
+/// ([`MAX_STATS_BYTES`]). Fuzzed by the `fuzz` bench.
+pub fn stats_entries(buf: &[u8]) -> impl Iterator<Item = (u16, u64)> + '_ {
+    buf.chunks_exact(10).filter_map(|e| {
+        let tag = u16::from_le_bytes([e[0], e[1]]);
+        if !known_tag(tag) {
+            return None;
+        }
+        let mut v = [0u8; 8];
+        v.copy_from_slice(&e[2..10]);
+        Some((tag, u64::from_le_bytes(v)))
+    })
 }
 
 /// Whether SPEC.md section 4 defines `tag`: the standard tags 0-15 and the
@@ -1239,6 +1246,21 @@ mod tests {
         assert_eq!(r(2, stats), QueueRole::Stats);
         assert_eq!(r(3, stats), QueueRole::Absent);
         assert_eq!(r(2, 0), QueueRole::Absent);
+    }
+
+    #[test]
+    fn stats_entries_keep_spec_tags_and_skip_a_partial_entry() {
+        let mut buf = Vec::new();
+        for (tag, v) in [(4u16, 7u64), (0x7fff, 1), (0x8002, u64::MAX), (16, 3)] {
+            buf.extend_from_slice(&tag.to_le_bytes());
+            buf.extend_from_slice(&v.to_le_bytes());
+        }
+        buf.extend_from_slice(&[5, 0, 1, 2]);
+        assert_eq!(
+            stats_entries(&buf).collect::<Vec<_>>(),
+            vec![(4, 7), (0x8002, u64::MAX)]
+        );
+        assert_eq!(stats_entries(&buf[..9]).count(), 0);
     }
 
     #[test]
