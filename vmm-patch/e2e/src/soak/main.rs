@@ -213,11 +213,12 @@ async fn soak(
         if !busy && next < planned.len() && planned[next].at_s <= now_s && now_s < run_s {
             let p = planned[next];
             next += 1;
-            println!(
-                "{now_s:>6.1} s inject {} (vm {})",
-                p.kind.name(),
-                ["a", "b"][p.vm]
-            );
+            let on = if p.kind.per_vm() {
+                format!(" (vm {})", ["a", "b"][p.vm])
+            } else {
+                String::new()
+            };
+            println!("{now_s:>6.1} s inject {}{on}", p.kind.name());
             faults.push(faults::inject(p, &mut w).await);
         }
         // Advance every fault.

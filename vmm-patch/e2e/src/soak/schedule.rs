@@ -65,6 +65,11 @@ impl Kind {
             .ok_or_else(|| format!("no fault {key:?}; known: {}", ALL.map(Kind::key).join(", ")))
     }
 
+    /// Aimed at one VM (the others act on tierd or the backend).
+    pub fn per_vm(self) -> bool {
+        matches!(self, Kind::StopVmm | Kind::KillVmMidMove)
+    }
+
     pub fn name(self) -> &'static str {
         match self {
             Kind::KillTierd => "kill -9 tierd",
@@ -138,7 +143,12 @@ pub fn plan(
             }
         }
         let kind = round.remove(0);
-        let vm = (rng.next() % 2) as usize;
+        // Only VM b has a vhost-user backend; other kinds pick a VM.
+        let drawn = (rng.next() % 2) as usize;
+        let vm = match kind {
+            Kind::KillBackend | Kind::ControlFlood => 1,
+            _ => drawn,
+        };
         out.push(Planned { at_s: t, kind, vm });
         t += rng.range(gap.0, gap.1);
     }
