@@ -72,27 +72,7 @@ enum Task {
     },
     /// Chaos soak of the closed loop (tier-soak): faults from a seeded
     /// schedule, invariants checked from outside, a table and a RESULT line.
-    Soak {
-        /// A patched cloud-hypervisor binary (`cargo xtask vmm-patch build`).
-        #[arg(long, env = "TIERD_CH_BIN", conflicts_with = "ch_src")]
-        ch_bin: Option<PathBuf>,
-        /// Or a v53.0 checkout with the series applied, built first.
-        #[arg(long)]
-        ch_src: Option<PathBuf>,
-        /// micro_http checkout at 5c2254d6 (default: beside --ch-src, `micro-http`).
-        #[arg(long)]
-        micro_http: Option<PathBuf>,
-        #[arg(long, default_value_t = 10.0)]
-        minutes: f64,
-        #[arg(long, default_value_t = 1)]
-        seed: u64,
-        /// Only these faults (tier-soak --help lists them).
-        #[arg(long)]
-        faults: Option<String>,
-        /// Keep sockets, logs and the policy file here.
-        #[arg(long)]
-        work_dir: Option<PathBuf>,
-    },
+    Soak(soak::Options),
     /// Boot a real Linux guest (Debian's user-mode-linux) with its stock
     /// virtio_balloon against tier-balloon; inflate and deflate it.
     Uml {
@@ -169,23 +149,7 @@ fn dispatch(task: Task) -> anyhow::Result<()> {
             ch_target_dir,
             work_dir,
         } => e2e(ch_src, micro_http, ch_target_dir, work_dir),
-        Task::Soak {
-            ch_bin,
-            ch_src,
-            micro_http,
-            minutes,
-            seed,
-            faults,
-            work_dir,
-        } => soak::run(&soak::Options {
-            ch_bin,
-            ch_src,
-            micro_http,
-            minutes,
-            seed,
-            faults,
-            work_dir,
-        }),
+        Task::Soak(o) => soak::run(&o),
         Task::Uml { target_mib } => uml::run(target_mib),
         Task::Vmlinux => vmlinux(),
         Task::Compat {
@@ -533,7 +497,7 @@ mod tests {
                 "kill-tierd"
             ])
             .unwrap(),
-            Task::Soak {
+            Task::Soak(soak::Options {
                 ch_bin: Some(PathBuf::from("/ch")),
                 ch_src: None,
                 micro_http: None,
@@ -541,7 +505,7 @@ mod tests {
                 seed: 1,
                 faults: Some("kill-tierd".into()),
                 work_dir: None,
-            }
+            })
         );
         assert!(parse(&["soak", "--ch-bin", "/a", "--ch-src", "/b"]).is_err());
     }

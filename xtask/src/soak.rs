@@ -8,14 +8,26 @@ use anyhow::{Context, bail};
 
 use crate::{deps, run, vmm_patch};
 
-#[derive(Debug)]
+#[derive(Debug, PartialEq, clap::Args)]
 pub struct Options {
+    /// A patched cloud-hypervisor binary (`cargo xtask vmm-patch build`).
+    #[arg(long, env = "TIERD_CH_BIN", conflicts_with = "ch_src")]
     pub ch_bin: Option<PathBuf>,
+    /// Or a v53.0 checkout with the series applied, built first.
+    #[arg(long)]
     pub ch_src: Option<PathBuf>,
+    /// micro_http checkout at 5c2254d6 (default: beside --ch-src, `micro-http`).
+    #[arg(long)]
     pub micro_http: Option<PathBuf>,
+    #[arg(long, default_value_t = 10.0)]
     pub minutes: f64,
+    #[arg(long, default_value_t = 1)]
     pub seed: u64,
+    /// Only these faults (tier-soak --help lists them).
+    #[arg(long)]
     pub faults: Option<String>,
+    /// Keep sockets, logs and the policy file here.
+    #[arg(long)]
     pub work_dir: Option<PathBuf>,
 }
 

@@ -3,5 +3,6 @@
 //! soak binaries and the fidelity bench (`benches/`), so all start them the
 //! same way.
 
+pub mod run;
 pub mod tierd;
 pub mod vmm;

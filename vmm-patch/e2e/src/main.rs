@@ -44,35 +44,16 @@ struct Args {
 }
 
 fn main() -> ExitCode {
-    match run() {
-        Ok(true) => ExitCode::SUCCESS,
-        Ok(false) => ExitCode::FAILURE,
-        Err(e) => {
-            eprintln!("tier-e2e: {e:#}");
-            println!("RESULT e2e=error");
-            ExitCode::from(2)
-        }
-    }
+    tier_e2e::run::exit("tier-e2e", "e2e", run())
 }
 
 fn run() -> anyhow::Result<bool> {
     let args = Args::parse();
-    for (what, p) in [("--ch-bin", &args.ch_bin), ("--tierd", &args.tierd)] {
-        if !p.is_file() {
-            anyhow::bail!("{what} {}: no such file", p.display());
-        }
-    }
-    let tmp;
-    let work = match &args.work_dir {
-        Some(d) => {
-            std::fs::create_dir_all(d).with_context(|| format!("creating {}", d.display()))?;
-            d.clone()
-        }
-        None => {
-            tmp = tempfile::tempdir().context("creating a work directory")?;
-            tmp.path().to_path_buf()
-        }
-    };
+    tier_e2e::run::require_files(&[
+        ("--ch-bin", args.ch_bin.as_path()),
+        ("--tierd", args.tierd.as_path()),
+    ])?;
+    let (work, _tmp) = tier_e2e::run::work_dir(args.work_dir.as_deref())?;
     let paths = scenario::Paths {
         ch_bin: args.ch_bin.clone(),
         tierd: args.tierd.clone(),

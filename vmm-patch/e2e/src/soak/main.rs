@@ -56,37 +56,17 @@ struct Args {
 const RECOVERY_LIMIT: u32 = 20;
 
 fn main() -> ExitCode {
-    match run() {
-        Ok(true) => ExitCode::SUCCESS,
-        Ok(false) => ExitCode::FAILURE,
-        Err(e) => {
-            eprintln!("tier-soak: {e:#}");
-            println!("RESULT soak=error");
-            ExitCode::from(2)
-        }
-    }
+    tier_e2e::run::exit("tier-soak", "soak", run())
 }
 
 fn run() -> anyhow::Result<bool> {
     let args = Args::parse();
-    for (what, p) in [
-        ("--ch-bin", &args.ch_bin),
-        ("--tierd", &args.tierd),
-        ("--balloon", &args.balloon),
-    ] {
-        anyhow::ensure!(p.is_file(), "{what} {}: no such file", p.display());
-    }
-    let tmp;
-    let work = match &args.work_dir {
-        Some(d) => {
-            std::fs::create_dir_all(d).with_context(|| format!("creating {}", d.display()))?;
-            d.clone()
-        }
-        None => {
-            tmp = tempfile::tempdir().context("creating a work directory")?;
-            tmp.path().to_path_buf()
-        }
-    };
+    tier_e2e::run::require_files(&[
+        ("--ch-bin", args.ch_bin.as_path()),
+        ("--tierd", args.tierd.as_path()),
+        ("--balloon", args.balloon.as_path()),
+    ])?;
+    let (work, _tmp) = tier_e2e::run::work_dir(args.work_dir.as_deref())?;
     let paths = Paths {
         ch_bin: args.ch_bin.clone(),
         tierd: args.tierd.clone(),
