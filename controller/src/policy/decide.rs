@@ -30,19 +30,20 @@ fn status(cfg: &Config, vm: &VmObs, st: &mut VmState, round: u64) -> (VmStatus, 
     if cfg.vm(&vm.id, &vm.name).is_some_and(|o| o.excluded) {
         return (VmStatus::Excluded, false);
     }
+    // A balloon that stopped following may catch up (a guest that was busy
+    // or paused): once it has reached its target it is managed again. A VM
+    // whose balloon is not drivable waits for that, untracked.
+    if st.uncooperative && !(st.stuck && vm.balloon_ok) {
+        return (VmStatus::Uncooperative, false);
+    }
+    let balloons = st.track(vm, round, &cfg.tuning);
     if st.uncooperative {
-        // A balloon that stopped following may catch up (a guest that was
-        // busy or paused): once it has reached its target it is managed
-        // again. A VM whose balloon is not drivable waits for that.
-        let caught_up =
-            st.stuck && vm.balloon_ok && st.track(vm, round, &cfg.tuning) == Balloons::Arrived;
-        if !caught_up {
+        if balloons != Balloons::Arrived {
             return (VmStatus::Uncooperative, false);
         }
         st.uncooperative = false;
         st.stuck = false;
     }
-    let balloons = st.track(vm, round, &cfg.tuning);
     if !vm.balloon_ok || balloons == Balloons::Stuck {
         st.uncooperative = true;
         st.stuck = vm.balloon_ok;

@@ -145,56 +145,7 @@ async fn soak(
                 }
             }
         }
-        // The guests' own windows, as they open.
-        for (i, vm) in w.vms.iter().enumerate() {
-            let Some(vm) = vm else { continue };
-            for (kind, word) in [(Kind::GuestDeaf, "deaf"), (Kind::GuestLies, "lie")] {
-                let lines = vm.lines();
-                let on = lines
-                    .iter()
-                    .filter(|l| l.kind == word && l.words.first().is_some_and(|x| x == "on"))
-                    .count();
-                let off = lines
-                    .iter()
-                    .filter(|l| l.kind == word && l.words.first().is_some_and(|x| x == "off"))
-                    .count();
-                let seen = faults
-                    .iter()
-                    .filter(|f| f.plan.kind == kind && f.plan.vm == i)
-                    .count();
-                if on > seen {
-                    println!(
-                        "{now_s:>6.1} s guest {} window opens ({})",
-                        ["a", "b"][i],
-                        kind.name()
-                    );
-                    faults.push(faults::observed(schedule::Planned {
-                        at_s: now_s,
-                        kind,
-                        vm: i,
-                    }));
-                }
-                for f in faults
-                    .iter_mut()
-                    .filter(|f| f.plan.kind == kind && f.plan.vm == i)
-                {
-                    if !matches!(f.phase, Phase::Holding { .. }) {
-                        continue;
-                    }
-                    // The window is 10 s; a guest rebooted or held up may
-                    // never print its end: 20 s after the start it is over.
-                    let late = f.injected.elapsed() > Duration::from_secs(20);
-                    if off >= seen.max(1) || late {
-                        if late && off < seen.max(1) {
-                            f.note = "the guest's end-of-window line was not seen".into();
-                        }
-                        f.phase = Phase::Recovering {
-                            since: Instant::now(),
-                        };
-                    }
-                }
-            }
-        }
+        track_guest_windows(&w, &mut faults, now_s);
         // Inject what is due, one fault at a time.
         let busy = faults
             .iter()
@@ -275,6 +226,59 @@ async fn soak(
     }
     w.stop();
     Ok(report(&faults, &steady, &checker, &log))
+}
+
+/// The guests' own windows (`tg deaf on/off`, `tg lie on/off` on their
+/// serial logs): a fault when one opens, recovering when it has closed.
+fn track_guest_windows(w: &World, faults: &mut Vec<Fault>, now_s: f64) {
+    for (i, vm) in w.vms.iter().enumerate() {
+        let Some(vm) = vm else { continue };
+        let lines = vm.lines();
+        for (kind, word) in [(Kind::GuestDeaf, "deaf"), (Kind::GuestLies, "lie")] {
+            let edges = |edge: &str| {
+                lines
+                    .iter()
+                    .filter(|l| l.kind == word && l.words.first().is_some_and(|x| x == edge))
+                    .count()
+            };
+            let (on, off) = (edges("on"), edges("off"));
+            let seen = faults
+                .iter()
+                .filter(|f| f.plan.kind == kind && f.plan.vm == i)
+                .count();
+            if on > seen {
+                println!(
+                    "{now_s:>6.1} s guest {} window opens ({})",
+                    ["a", "b"][i],
+                    kind.name()
+                );
+                faults.push(faults::observed(schedule::Planned {
+                    at_s: now_s,
+                    kind,
+                    vm: i,
+                }));
+            }
+            for f in faults
+                .iter_mut()
+                .filter(|f| f.plan.kind == kind && f.plan.vm == i)
+            {
+                if !matches!(f.phase, Phase::Holding { .. }) {
+                    continue;
+                }
+                // The window is 10 s; a guest rebooted or held up may
+                // never print its end: 20 s after the start it is over.
+                let late = f.injected.elapsed() > Duration::from_secs(20);
+                if off >= seen.max(1) || late {
+                    if late && off < seen.max(1) {
+                        f.note = "the guest's end-of-window line was not seen".into();
+                    }
+                    f.phase = Phase::Recovering {
+                        since: Instant::now(),
+                    };
+                }
+            }
+        }
+    }
 }
 
 fn report(
