@@ -177,8 +177,28 @@ fn dispatch(task: Task) -> anyhow::Result<()> {
     }
 }
 
+/// A clean `cargo xtask test` writes about 8 GiB under the target dir
+/// (measured from a clean clone, CARGO_INCREMENTAL=0); running out half way
+/// shows up as a linker bus error, so say it first.
+const TEST_GIB: f64 = 10.0;
+
 fn test() -> anyhow::Result<()> {
     deps::ensure(false)?;
+    let target = run::target_dir()?;
+    match run::free_gib(&target) {
+        Some(free) if free < TEST_GIB => run::step(
+            "test",
+            format!(
+                "warning: {free:.1} GiB free under {}; a clean test build needs about {TEST_GIB:.0} GiB",
+                target.display()
+            ),
+        ),
+        Some(free) => run::step(
+            "test",
+            format!("{free:.1} GiB free under {}", target.display()),
+        ),
+        None => {}
+    }
     run::step("test", "cargo fmt --all --check");
     run::cargo(&["fmt", "--all", "--check"])
         .context("cargo fmt --check (run `cargo fmt --all`)")?;

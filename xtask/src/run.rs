@@ -23,6 +23,21 @@ pub fn target_dir() -> anyhow::Result<PathBuf> {
     })
 }
 
+/// GiB free to unprivileged writers on the filesystem holding `path` (or
+/// its nearest existing ancestor); None when statvfs fails.
+pub fn free_gib(path: &std::path::Path) -> Option<f64> {
+    use std::os::unix::ffi::OsStrExt;
+    let existing = path.ancestors().find(|p| p.exists())?;
+    let c = std::ffi::CString::new(existing.as_os_str().as_bytes()).ok()?;
+    // SAFETY: statvfs is plain data; zeroed is a valid value for it.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: `c` is a NUL-terminated path, `st` a valid out-pointer.
+    if unsafe { libc::statvfs(c.as_ptr(), &mut st) } != 0 {
+        return None;
+    }
+    Some(st.f_bavail as f64 * st.f_frsize as f64 / (1u64 << 30) as f64)
+}
+
 /// Says on stderr what the next step of `task` does, before it starts
 /// (`demo: building tierd and tierctl (debug)`), as `deps:` lines do.
 pub fn step(task: &str, what: impl std::fmt::Display) {
