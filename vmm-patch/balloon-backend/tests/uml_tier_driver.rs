@@ -190,10 +190,19 @@ fn tiers_deflate_on_oom() -> Result<Completion, Failed> {
     let (rc, out) = uml.sh_rc(&hog(40), Duration::from_secs(90))?;
     let st = uml.state()?;
     let (low, high) = (zone(&st, "low"), zone(&st, "high"));
-    let deflated = low["deflated_pfns"].as_u64().unwrap() + high["deflated_pfns"].as_u64().unwrap();
-    assert!(deflated > 0, "no tier deflate on OOM: {st}\n{out}");
+    // Compaction may migrate balloon pages under the hog's pressure: each
+    // move is an inflate of the new page and a deflate of the old one, so
+    // what the host holds is inflated - deflated per tier, and the OOM
+    // deflates are what is missing from the 80 MiB.
+    for z in [low, high] {
+        let (inflated, deflated) = (
+            z["inflated_pfns"].as_u64().unwrap(),
+            z["deflated_pfns"].as_u64().unwrap(),
+        );
+        assert_eq!(z["host_ballooned"], (inflated - deflated) * 4096, "{z}");
+    }
     let held = low["host_ballooned"].as_u64().unwrap() + high["host_ballooned"].as_u64().unwrap();
-    assert_eq!(held, 80 * MIB - deflated * 4096, "{st}");
+    assert!(held < 80 * MIB, "no tier deflate on OOM: {st}\n{out}");
     assert_eq!(low["rejected_pfns"], 0, "{low}");
     assert_eq!(high["rejected_pfns"], 0, "{high}");
     assert_eq!(st["legacy"]["deflated_pfns"], 0, "{st}");

@@ -121,10 +121,19 @@ pub fn missing() -> Option<String> {
 /// A guest shell command that holds `mib` MiB of memory for a moment and
 /// prints the bytes it wrote: tmpfs pages, which nothing can reclaim
 /// without swap (the guest has none), so they press on the balloon.
+///
+/// dd runs from copies of itself and its libraries in that tmpfs. Run from
+/// hostfs, its text and libc were page cache that reclaim kept evicting and
+/// dd kept faulting back (150 k major faults in one failed run): the guest
+/// thrashed for minutes between OOM calls, each of which deflates only 1 MiB
+/// (VIRTIO_BALLOON_OOM_NR_PAGES). From tmpfs nothing running is reclaimable,
+/// so reclaim fails at once and the OOM notifier runs.
 pub fn hog(mib: u64) -> String {
     format!(
-        "mountpoint -q /mnt || mount -t tmpfs -o size=200M none /mnt; \
-         dd if=/dev/zero of=/mnt/hog bs=1M count={mib} 2>/dev/null; rc=$?; \
+        "mountpoint -q /mnt || mount -t tmpfs -o size=200M none /mnt; b=/mnt/.hogbin; \
+         [ -x $b/dd ] || {{ mkdir -p $b && cp /bin/dd $(ldd /bin/dd | grep -o '/[^ ]*') $b/; }}; \
+         $(ls $b/ld-linux* | head -n 1) --library-path $b $b/dd \
+         if=/dev/zero of=/mnt/hog bs=1M count={mib} 2>/dev/null; rc=$?; \
          stat -c %s /mnt/hog; rm -f /mnt/hog; exit $rc"
     )
 }
