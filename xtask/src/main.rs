@@ -177,10 +177,11 @@ fn dispatch(task: Task) -> anyhow::Result<()> {
     }
 }
 
-/// A clean `cargo xtask test` writes about 8 GiB under the target dir
-/// (measured from a clean clone, CARGO_INCREMENTAL=0); running out half way
-/// shows up as a linker bus error, so say it first.
-const TEST_GIB: f64 = 10.0;
+/// A clean `cargo xtask test` writes about 4.5 GiB under the target dir
+/// (measured from a clean clone with CARGO_INCREMENTAL=0, as CI runs it;
+/// incremental caches add about as much again). Running out half way shows
+/// up as a linker bus error, so say it first.
+const TEST_GIB: f64 = 8.0;
 
 fn test() -> anyhow::Result<()> {
     deps::ensure(false)?;
