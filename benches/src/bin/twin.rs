@@ -11,7 +11,7 @@
 //! Options: `--seed N` (default 1), `--intervals N` (default 65),
 //! `--stride N` (ept_sample_stride, default 1), `--out DIR`,
 //! `--traces DIR` (default benches/traces), `--quick` (fewer workloads and
-//! fleets: a smoke run). `--convert-lackey LOG OUT.pgs.xz [SKIP MAX_RUNS]`
+//! fleets: a smoke run), `--only TEXT` (workloads whose name holds it). `--convert-lackey LOG OUT.pgs.xz [SKIP MAX_RUNS]`
 //! turns a lackey log into a compact trace (benches/traces/README.md).
 
 use std::path::PathBuf;
@@ -99,7 +99,7 @@ fn main() -> anyhow::Result<()> {
     let measured = cost::measure().context("measuring pagemap and read() costs")?;
 
     let mut workloads = suite::synthetic_suite();
-    match suite::trace_suite(&traces, 1e8) {
+    match suite::trace_suite(&traces, 1e7) {
         Ok(t) if !t.is_empty() => workloads.extend(t),
         Ok(_) => println!("no traces in {}: synthetic streams only", traces.display()),
         Err(e) => println!(
@@ -107,7 +107,10 @@ fn main() -> anyhow::Result<()> {
             traces.display()
         ),
     }
-    if quick {
+    if let Some(i) = args.iter().position(|a| a == "--only") {
+        let want = args.get(i + 1).context("--only needs a value")?;
+        workloads.retain(|w| w.name.contains(want.as_str()));
+    } else if quick {
         workloads.truncate(3);
     }
     println!(

@@ -64,25 +64,33 @@ pub fn score(o: &Outcome) -> Vec<Score> {
             let mut missing = 0;
             for i in scored {
                 let e = &i.est[b];
-                let Some(tm) = i.truth_mem else { continue };
+                if i.truth_mem.is_none() && i.truth_all.is_none() {
+                    continue;
+                }
                 let Some(p) = e.point else {
                     missing += 1;
                     continue;
                 };
-                em.push((p - tm) * 100.0);
+                if let Some(tm) = i.truth_mem {
+                    em.push((p - tm) * 100.0);
+                    if b < PAGE_BACKENDS {
+                        if let Some(c) = covers(e, tm) {
+                            cm.push(f64::from(u8::from(c)));
+                        }
+                    }
+                }
                 if let Some(ta) = i.truth_all {
                     ea.push((p - ta) * 100.0);
-                    if let Some(c) = covers(e, ta) {
-                        ca.push(f64::from(u8::from(c)));
+                    if b < PAGE_BACKENDS {
+                        if let Some(c) = covers(e, ta) {
+                            ca.push(f64::from(u8::from(c)));
+                        }
                     }
                 }
                 if b < PAGE_BACKENDS {
-                    if let Some(c) = covers(e, tm) {
-                        cm.push(f64::from(u8::from(c)));
-                        open.push(f64::from(u8::from(e.open)));
-                        if let (Some(l), Some(h)) = (e.low, e.high) {
-                            width.push((h - l) * 100.0);
-                        }
+                    open.push(f64::from(u8::from(e.open)));
+                    if let (Some(l), Some(h)) = (e.low, e.high) {
+                        width.push((h - l) * 100.0);
                     }
                 }
             }
@@ -134,7 +142,7 @@ pub fn print_workload(o: &Outcome, scores: &[Score]) {
     let avg = |v: &[f64]| v.iter().sum::<f64>() / v.len().max(1) as f64;
     let misses = avg(&o.intervals.iter().map(|i| i.misses).collect::<Vec<_>>());
     println!(
-        "{}: working set {:.1} GiB, {:.0e} touches/s, simulated {} pages (1/{:.0}), {} touches; LLC hit {:.1} %, {:.2e} LLC misses/s; truth DRAM share of misses {:.1} %, of touches {:.1} %",
+        "{}: working set {:.3} GiB, {:.0e} touches/s, simulated {} pages (1/{:.1}), {} touches; LLC hit {:.1} %, {:.2e} LLC misses/s; truth DRAM share of misses {:.1} %, of touches {:.1} %",
         o.workload,
         o.ws_bytes as f64 / f64::from(1u32 << 30),
         o.rate,
