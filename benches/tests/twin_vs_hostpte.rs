@@ -64,6 +64,7 @@ fn child(cmd: i32, ack: i32) -> ! {
         let mut n = 0u32;
         // SAFETY: reading into stack buffers of the given sizes.
         if unsafe { libc::read(cmd, (&raw mut n).cast(), 4) } != 4 || n == u32::MAX {
+            // SAFETY: ending the forked child without running destructors.
             unsafe { libc::_exit(0) }
         }
         let mut left = n as usize;
@@ -80,6 +81,7 @@ fn child(cmd: i32, ack: i32) -> ! {
                     )
                 };
                 if r <= 0 {
+                    // SAFETY: ending the forked child without running destructors.
                     unsafe { libc::_exit(3) }
                 }
                 got += r as usize;
@@ -165,6 +167,7 @@ fn modelled_ageing_matches_the_hostpte_sampler() {
     let (mut cmd, mut ack) = ([0i32; 2], [0i32; 2]);
     // SAFETY: pipe fills the two-int arrays.
     assert_eq!(unsafe { libc::pipe(cmd.as_mut_ptr()) }, 0);
+    // SAFETY: as above.
     assert_eq!(unsafe { libc::pipe(ack.as_mut_ptr()) }, 0);
     // SAFETY: the child only makes raw syscalls and exits with _exit.
     let pid = unsafe { libc::fork() };

@@ -70,7 +70,7 @@ fn convert(args: &[String]) -> anyhow::Result<()> {
         t.runs.len(),
         t.accesses,
         t.pages,
-        u64::from(t.pages) * 4096 >> 20,
+        (u64::from(t.pages) * 4096) >> 20,
         raw.len()
     );
     Ok(())

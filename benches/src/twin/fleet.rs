@@ -148,6 +148,9 @@ fn tc(b: &[(f64, f64, usize)]) -> f64 {
     0.5 * (lo + hi)
 }
 
+/// A VM's rate buckets, its TLB's characteristic time and what it holds.
+type VmState = (Vec<(f64, f64, usize)>, f64, [u64; 2]);
+
 /// (examined, young) per tier over a pass of `t` seconds.
 fn pass(
     b: &[(f64, f64, usize)],
@@ -217,7 +220,7 @@ pub fn run(backend: Backend, vms: usize, intervals: u64, phase_at: u64, seed: u6
         for v in &mut sims {
             v.move_balloons(STEP);
         }
-        let state: Vec<(Vec<(f64, f64, usize)>, f64, [u64; 2])> = sims
+        let state: Vec<VmState> = sims
             .iter()
             .map(|v| {
                 let (d, s) = v.held();

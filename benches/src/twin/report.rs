@@ -73,18 +73,14 @@ pub fn score(o: &Outcome) -> Vec<Score> {
                 };
                 if let Some(tm) = i.truth_mem {
                     em.push((p - tm) * 100.0);
-                    if b < PAGE_BACKENDS {
-                        if let Some(c) = covers(e, tm) {
-                            cm.push(f64::from(u8::from(c)));
-                        }
+                    if let Some(c) = covers(e, tm).filter(|_| b < PAGE_BACKENDS) {
+                        cm.push(f64::from(u8::from(c)));
                     }
                 }
                 if let Some(ta) = i.truth_all {
                     ea.push((p - ta) * 100.0);
-                    if b < PAGE_BACKENDS {
-                        if let Some(c) = covers(e, ta) {
-                            ca.push(f64::from(u8::from(c)));
-                        }
+                    if let Some(c) = covers(e, ta).filter(|_| b < PAGE_BACKENDS) {
+                        ca.push(f64::from(u8::from(c)));
                     }
                 }
                 if b < PAGE_BACKENDS {

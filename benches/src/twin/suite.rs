@@ -163,7 +163,7 @@ pub fn trace_suite(dir: &Path, rate: f64) -> anyhow::Result<Vec<Workload>> {
             Ok(Workload {
                 name: format!(
                     "trace {stem} ({} MiB touched), {rate:.0e}/s, dram hottest 25 %",
-                    u64::from(trace.pages) * 4096 >> 20
+                    (u64::from(trace.pages) * 4096) >> 20
                 ),
                 source: Source::Trace {
                     name: stem,
