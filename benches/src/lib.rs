@@ -6,6 +6,7 @@ pub mod fuzz;
 pub mod plot;
 pub mod progress;
 pub mod sys;
+pub mod twin;
 pub mod workload;
 
 /// min, median, max of a non-empty sample.

@@ -266,6 +266,10 @@ const BENCHES: &[(&str, &str)] = &[
         "guest throughput with vs without each sampler, BPF run time per program, hostpte CPU per GiB",
     ),
     (
+        "twin",
+        "trace-driven twin of EPT ageing, hostpte and PMU at real access rates through tierd's estimator and controller: errors, coverage, hot set, cost per GiB, fleets",
+    ),
+    (
         "fuzz",
         "10^6 seeded cases per untrusted-input parser (vm.info, vm.counters, control lines, stats buffers, config): panics, RSS",
     ),
