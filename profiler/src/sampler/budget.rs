@@ -10,10 +10,13 @@
 //! its last DRAM-hit interval: a VM whose estimate is already tight needs
 //! fewer pages). What a unit cannot use at full coverage goes to the others
 //! (water-filling). A scalable unit then picks the stride whose measured
-//! cost fits its allowance; every unit runs a pass only while its credit
-//! (allowance accrued per pass slot, minus CPU spent) is not negative, so a
-//! pass dearer than the allowance is followed by skipped slots: fewer
-//! passes, never more CPU than budgeted over time, and reported as limited.
+//! cost fits its allowance; every unit runs an interval's passes only if its
+//! credit (allowance accrued per pass slot, minus CPU spent) is not negative
+//! when the interval starts, so passes dearer than the allowance are
+//! followed by skipped intervals: fewer passes, never more CPU than
+//! budgeted over time (at most one interval's passes ahead), and reported
+//! as limited. Whole intervals, not scattered passes: the estimate needs an
+//! interval's short and long passes together to fit rates and bound them.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -123,6 +126,8 @@ struct Unit {
     cost: Option<f64>,
     /// Seconds of CPU the unit may still spend (negative: in debt).
     credit: f64,
+    /// Whether this interval's passes run (decided at its first slot).
+    running: bool,
     /// Its allowance, seconds per interval, at the last plan.
     allowance: f64,
     stride: u64,
@@ -143,6 +148,10 @@ pub struct Budget {
     min_stride: u64,
     units: HashMap<String, Unit>,
     needs: HashMap<String, f64>,
+    /// Allowance per unit for this interval, seconds.
+    planned: HashMap<String, f64>,
+    /// Pass slots begun since the last report.
+    slot: u32,
 }
 
 impl Budget {
@@ -156,6 +165,8 @@ impl Budget {
             min_stride: min_stride.max(1),
             units: HashMap::new(),
             needs: HashMap::new(),
+            planned: HashMap::new(),
+            slot: 0,
         }
     }
 
@@ -221,7 +232,17 @@ impl Budget {
                 })
                 .collect();
         };
-        let allowances = self.allot(units, total);
+        // Planned at an interval's first pass (or when a unit is new): the
+        // costs it rests on change by interval, not by pass.
+        if self.slot == 0 || units.iter().any(|s| !self.planned.contains_key(&s.key)) {
+            let a = self.allot(units, total);
+            self.planned = units.iter().map(|s| s.key.clone()).zip(a).collect();
+        }
+        self.slot += 1;
+        let allowances: Vec<f64> = units
+            .iter()
+            .map(|s| self.planned.get(&s.key).copied().unwrap_or(0.0))
+            .collect();
         let slots = f64::from(self.slots);
         let min_stride = self.min_stride;
         units
@@ -230,17 +251,24 @@ impl Budget {
             .map(|(s, a)| {
                 let u = self.units.entry(s.key.clone()).or_default();
                 u.allowance = a;
+                let first = u.slots == 0;
                 u.slots += 1;
                 // Credit accrues per slot, at most one interval's worth
                 // ahead: an idle unit does not bank a burst.
                 u.credit = (u.credit + a / slots).min(a);
+                // Whole intervals run or not: their passes of different
+                // lengths are what the estimate fits (and bounds); single
+                // passes scattered over intervals would give it no interval.
+                if first {
+                    u.running = u.credit >= 0.0;
+                }
                 u.stride = if s.scalable {
                     stride_for(s.pages, min_stride, u.cost, a / slots)
                 } else {
                     1
                 };
                 Decision {
-                    run: u.credit >= 0.0,
+                    run: u.running,
                     stride: u.stride,
                 }
             })
@@ -279,31 +307,29 @@ impl Budget {
                     .map(|c| c / HEADROOM)
             })
             .collect();
+        // Water-filling in order of full cost per weight: a unit whose
+        // full cost is below its share of what is left takes just that;
+        // from the first that is not, all the rest share by weight.
+        let mut order: Vec<usize> = (0..n).collect();
+        let key = |i: usize| caps[i].map_or(f64::INFINITY, |c| c / weights[i]);
+        order.sort_by(|&a, &b| key(a).total_cmp(&key(b)));
         let mut out = vec![0.0; n];
-        let mut open: Vec<usize> = (0..n).collect();
         let mut left = total;
-        // Each round caps the units whose full cost is below their share;
-        // at most n rounds.
-        loop {
-            let w: f64 = open.iter().map(|&i| weights[i]).sum();
-            let (capped, rest): (Vec<usize>, Vec<usize>) = open
-                .iter()
-                .partition(|&&i| caps[i].is_some_and(|c| c <= left * weights[i] / w));
-            if capped.is_empty() {
-                for &i in &rest {
-                    out[i] = left * weights[i] / w;
+        let mut w_left: f64 = weights.iter().sum();
+        for (k, &i) in order.iter().enumerate() {
+            match caps[i] {
+                Some(c) if c <= left * weights[i] / w_left => {
+                    out[i] = c;
+                    left -= c;
+                    w_left -= weights[i];
                 }
-                break;
+                _ => {
+                    for &j in &order[k..] {
+                        out[j] = left * weights[j] / w_left;
+                    }
+                    break;
+                }
             }
-            for &i in &capped {
-                let c = caps[i].unwrap_or(0.0);
-                out[i] = c;
-                left -= c;
-            }
-            if rest.is_empty() {
-                break;
-            }
-            open = rest;
         }
         out
     }
@@ -341,6 +367,7 @@ impl Budget {
     /// over their VMs by need); starts the next interval.
     pub fn take_report(&mut self) -> Report {
         self.prune();
+        self.slot = 0;
         let secs = self.interval.as_secs_f64().max(1e-9);
         let pct = |s: f64| 100.0 * s / secs;
         let mut report = Report {
@@ -442,8 +469,9 @@ fn limit_reason(
     if passes_allowed + 1e-9 < slots {
         let ms = per_pass.unwrap_or(0.0) * 1e3;
         why.push(format!(
-            "{passes_allowed:.2} of {slots} passes per interval: a pass costs {ms:.1} ms of CPU, the allowance is {:.1} ms per interval",
-            u.allowance * 1e3
+            "{passes_allowed:.2} of {slots} passes per interval: a pass costs {ms:.1} ms of CPU, the allowance is {:.1} ms per interval, so about 1 interval in {:.0} is sampled",
+            u.allowance * 1e3,
+            (slots / passes_allowed.max(1e-9)).ceil()
         ));
     }
     why.join("; ")
@@ -580,12 +608,19 @@ mod tests {
         let mut b = Budget::new(1.0, Duration::from_secs(1), 5, 1);
         // 4 GiB resident at 30.8 ms/GiB: 123 ms a pass, 12 x the budget.
         let units = [hostpte(42, &["a", "b"], 4 * GIB_PAGES)];
-        let (reports, total) = run(&mut b, &units, 50, |_, _| 0.1232);
-        let passes: u32 = reports.iter().map(|r| r.vms[0].passes).sum();
-        // 50 intervals x 10 ms = 0.5 s buys 4 passes of 123 ms (the first
-        // on credit 0, the debt then paid back).
-        assert!((4..=5).contains(&passes), "passes {passes}");
-        assert!(total <= 0.5 + 0.1232, "total {total}");
+        let (reports, total) = run(&mut b, &units, 200, |_, _| 0.1232);
+        // Whole intervals: 5 passes or none.
+        assert!(reports.iter().all(|r| r.vms[0].passes % 5 == 0), "{reports:?}");
+        let sampled = reports.iter().filter(|r| r.vms[0].passes == 5).count();
+        // 200 intervals x 10 ms = 2 s buys 3 intervals of 5 x 123 ms (the
+        // first on credit, the debt then paid back).
+        assert!((3..=4).contains(&sampled), "sampled intervals {sampled}");
+        assert!(total <= 2.0 + 5.0 * 0.1232, "total {total}");
+        let skipped = reports.iter().find(|r| r.vms[0].passes == 0).unwrap();
+        assert!(
+            skipped.vms[0].limited.contains("1 interval in 62"),
+            "{skipped:?}"
+        );
         let r = reports.last().unwrap();
         assert_eq!(r.vms.len(), 2, "both VMs of the process reported");
         for v in &r.vms {
@@ -593,9 +628,10 @@ mod tests {
             assert!(v.limited.contains("passes per interval"), "{v:?}");
             assert_eq!(v.coverage, 1.0);
         }
-        // Within budget over the run, not per interval.
-        let spent: f64 = reports.iter().map(|r| r.spent_pct).sum::<f64>() / 50.0;
-        assert!(spent <= 1.0 + 100.0 * 0.1232 / 50.0, "mean spent {spent} %");
+        // Within budget over the run (plus one interval's passes), not per
+        // interval.
+        let spent: f64 = reports.iter().map(|r| r.spent_pct).sum::<f64>() / 200.0;
+        assert!(spent <= 1.0 + 100.0 * 5.0 * 0.1232 / 200.0, "mean spent {spent} %");
     }
 
     #[test]

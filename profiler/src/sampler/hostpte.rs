@@ -70,23 +70,24 @@ impl HostPte {
 /// One budget unit per VMM process, in first-seen order.
 fn units(vms: &[&Vm]) -> Vec<(u32, UnitSpec)> {
     let mut out: Vec<(u32, UnitSpec)> = Vec::new();
+    let mut at: HashMap<u32, usize> = HashMap::new();
     for vm in vms {
         let pages: u64 = vm.tiers.iter().map(|t| t.size_bytes / PAGE).sum();
-        match out.iter_mut().find(|(pid, _)| *pid == vm.vmm_pid) {
-            Some((_, u)) => {
-                u.vms.push(vm.id.clone());
-                u.pages += pages;
-            }
-            None => out.push((
-                vm.vmm_pid,
-                UnitSpec {
-                    key: format!("pid {}", vm.vmm_pid),
-                    vms: vec![vm.id.clone()],
-                    pages,
-                    scalable: false,
-                },
-            )),
+        if let Some(u) = at.get(&vm.vmm_pid).and_then(|&i| out.get_mut(i)) {
+            u.1.vms.push(vm.id.clone());
+            u.1.pages += pages;
+            continue;
         }
+        at.insert(vm.vmm_pid, out.len());
+        out.push((
+            vm.vmm_pid,
+            UnitSpec {
+                key: format!("pid {}", vm.vmm_pid),
+                vms: vec![vm.id.clone()],
+                pages,
+                scalable: false,
+            },
+        ));
     }
     out
 }
