@@ -10,7 +10,9 @@
 //! the two samplers); the budget should hold it at or below 0.10.
 //!
 //! Options: `--sizes 0.25,1,4,8` (GiB), `--runs N` (3), `--intervals N`
-//! (budget-on intervals per run, 100), `--budget-pct P` (tierd's default).
+//! (least intervals of a budget-on run, 100), `--budget-pct P` (tierd's
+//! default). A budget-on run spans whole cycles (sampled intervals and the
+//! skipped ones that pay them back), so its mean is not cut off in debt.
 
 mod guest;
 mod measure;
@@ -59,9 +61,10 @@ fn main() -> anyhow::Result<()> {
     std::fs::write(&stand_in, []).context("bitmap stand-in")?;
     println!(
         "sampler-scale: budget {pct} % of one core; intervals of {} ms, {} passes (tierd's defaults); \
-         passes back to back, intervals counted in pass slots; {runs} runs per case; budget-on runs \
-         are {intervals} intervals, budget-off runs 1; guests: a child process holding N GiB of \
-         touched 4 KiB pages",
+         passes back to back, intervals counted in pass slots; {runs} runs per case; a budget-on \
+         run is at least {intervals} intervals and 2 whole cycles (sampled intervals and the \
+         skipped ones paying them back), a budget-off run 1 interval; guests: a child process \
+         holding N GiB of touched 4 KiB pages",
         measure::INTERVAL.as_millis(),
         measure::PASSES
     );
@@ -157,7 +160,7 @@ fn report(sizes: &[f64], results: &[[Vec<Cost>; 2]], pct: f64) -> anyhow::Result
         &rss_rows,
     );
     println!();
-    println!("What the budget chose (last interval of the last run, budget on):");
+    println!("What the budget chose (last sampled interval, budget on):");
     for (i, name) in SAMPLERS.iter().enumerate() {
         for (k, gib) in sizes.iter().enumerate() {
             if let Some(r) = &results[i][1][k].last

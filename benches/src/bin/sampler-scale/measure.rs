@@ -31,7 +31,7 @@ pub struct Cost {
     pub ms: Vec<f64>,
     /// Peak RSS of this process over the case, KiB.
     pub peak_rss_kib: u64,
-    /// The budget's last report (budget on).
+    /// The budget's report of the last sampled interval (budget on).
     pub last: Option<Report>,
 }
 
@@ -84,36 +84,71 @@ fn budget_of(plan: Plan) -> Budget {
     }
 }
 
+/// Sampled intervals a budget-on run spans at least: its CPU is averaged
+/// over whole cycles (a sampled interval and the skipped ones paying it
+/// back), or a run would end in debt or in credit.
+const CYCLES: usize = 2;
+/// A budget-on case stops after this many intervals even short of its runs.
+const MAX_INTERVALS: usize = 100_000;
+
 /// Runs `pass` `PASSES` times per interval and returns CPU ms per interval
-/// per run, plus the last interval's report.
+/// per run, plus the last sampled interval's report. Budget off: a run is
+/// one interval. Budget on: a run starts at a sampled interval and spans
+/// at least CYCLES sampled intervals with their skipped ones and
+/// `plan.intervals` intervals, ending where the next sampled one starts.
 fn drive(
     plan: Plan,
     mut pass: impl FnMut() -> anyhow::Result<()>,
     mut report: impl FnMut() -> Report,
 ) -> anyhow::Result<Cost> {
     reset_peak();
+    let mut interval = || -> anyhow::Result<(f64, Report)> {
+        let t0 = thread_cpu_ns();
+        for _ in 0..PASSES {
+            pass()?;
+        }
+        let r = report();
+        Ok((thread_cpu_ns().saturating_sub(t0) as f64 / 1e6, r))
+    };
     // One interval first: arming passes and the budget's probe.
-    for _ in 0..PASSES {
-        pass()?;
-    }
-    report();
+    interval()?;
     let mut ms = Vec::new();
     let mut last = None;
-    for _ in 0..plan.runs {
-        let t0 = thread_cpu_ns();
-        for _ in 0..plan.intervals {
-            for _ in 0..PASSES {
-                pass()?;
-            }
-            last = Some(report());
+    if plan.budget_pct.is_none() {
+        for _ in 0..plan.runs {
+            ms.push(interval()?.0);
         }
-        let cpu = thread_cpu_ns().saturating_sub(t0) as f64 / 1e6;
-        ms.push(cpu / plan.intervals as f64);
+    } else {
+        let (mut cpu, mut n, mut cycles) = (0.0, 0usize, 0usize);
+        for _ in 0..MAX_INTERVALS {
+            let (dt, r) = interval()?;
+            let sampled = r.vms.first().is_some_and(|v| v.passes > 0);
+            if sampled && cycles >= CYCLES && n >= plan.intervals {
+                ms.push(cpu / n as f64);
+                (cpu, n, cycles) = (0.0, 0, 0);
+                if ms.len() == plan.runs {
+                    break;
+                }
+            }
+            if sampled {
+                cycles += 1;
+                last = Some(r);
+            }
+            // A run starts at a sampled interval.
+            if cycles > 0 {
+                cpu += dt;
+                n += 1;
+            }
+        }
+        anyhow::ensure!(
+            !ms.is_empty(),
+            "no whole budget cycle in {MAX_INTERVALS} intervals"
+        );
     }
     Ok(Cost {
         ms,
         peak_rss_kib: peak_kib(),
-        last: last.filter(|_| plan.budget_pct.is_some()),
+        last,
     })
 }
 
