@@ -538,7 +538,10 @@ async fn the_sampler_budget_is_kept_and_reported() {
             let s = &u.stats[0];
             let b = s.sampler_budget.as_ref().expect("a budget report per VM");
             assert_eq!((b.slots, b.coverage, b.stride), (PASSES, 1.0, 1), "{b:?}");
-            assert!((b.spent_pct - h.cpu_spent_pct).abs() < 1e-9, "one VM: {b:?} {h:?}");
+            assert!(
+                (b.spent_pct - h.cpu_spent_pct).abs() < 1e-9,
+                "one VM: {b:?} {h:?}"
+            );
             if n == 0 {
                 continue; // started before the stream: a partial interval
             }
@@ -548,7 +551,8 @@ async fn the_sampler_budget_is_kept_and_reported() {
                 0 => {
                     skipped += 1;
                     assert!(
-                        s.not_measured.starts_with("sampler budget: no pass this interval"),
+                        s.not_measured
+                            .starts_with("sampler budget: no pass this interval"),
                         "{s:?}"
                     );
                     assert!(b.limited.contains("passes per interval"), "{b:?}");
@@ -562,9 +566,16 @@ async fn the_sampler_budget_is_kept_and_reported() {
         }
         let n = f64::from(updates - 1);
         if pct > 0.0 {
-            assert!(skipped > 0 && sampled > 0, "{skipped} skipped, {sampled} sampled");
+            assert!(
+                skipped > 0 && sampled > 0,
+                "{skipped} skipped, {sampled} sampled"
+            );
             // Over the run: the budget plus one interval's passes at most.
-            assert!(spent / n <= pct + worst / n + 1e-9, "mean {} % > {pct} %", spent / n);
+            assert!(
+                spent / n <= pct + worst / n + 1e-9,
+                "mean {} % > {pct} %",
+                spent / n
+            );
         } else {
             assert_eq!(skipped, 0, "no budget: every interval sampled");
         }

@@ -177,10 +177,7 @@ fn score(shape: &Shape, ts: &[f64], intervals: usize, seed: u64, fraction: f64) 
                 ..Default::default()
             }
         };
-        let tiers = [
-            tier(&d, dram.len(), kd, ad),
-            tier(&s, slow.len(), ks, as_),
-        ];
+        let tiers = [tier(&d, dram.len(), kd, ad), tier(&s, slow.len(), ks, as_)];
         if let Some(i) = hit_interval(&tiers, &[true, false], point) {
             covered += usize::from(i.low <= truth && truth <= i.high);
             open += usize::from(i.low_open || i.high_open);

@@ -610,7 +610,10 @@ mod tests {
         let units = [hostpte(42, &["a", "b"], 4 * GIB_PAGES)];
         let (reports, total) = run(&mut b, &units, 200, |_, _| 0.1232);
         // Whole intervals: 5 passes or none.
-        assert!(reports.iter().all(|r| r.vms[0].passes % 5 == 0), "{reports:?}");
+        assert!(
+            reports.iter().all(|r| r.vms[0].passes % 5 == 0),
+            "{reports:?}"
+        );
         let sampled = reports.iter().filter(|r| r.vms[0].passes == 5).count();
         // 200 intervals x 10 ms = 2 s buys 3 intervals of 5 x 123 ms (the
         // first on credit, the debt then paid back).
@@ -631,7 +634,10 @@ mod tests {
         // Within budget over the run (plus one interval's passes), not per
         // interval.
         let spent: f64 = reports.iter().map(|r| r.spent_pct).sum::<f64>() / 200.0;
-        assert!(spent <= 1.0 + 100.0 * 5.0 * 0.1232 / 200.0, "mean spent {spent} %");
+        assert!(
+            spent <= 1.0 + 100.0 * 5.0 * 0.1232 / 200.0,
+            "mean spent {spent} %"
+        );
     }
 
     #[test]
