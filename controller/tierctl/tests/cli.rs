@@ -273,7 +273,9 @@ fn policy_get_and_set() {
 }
 
 fn demo_tierd() -> Tierd {
-    Tierd::start(&["--demo-vm", "--interval-ms", "200"])
+    // Every interval sampled (the default sampler budget would skip most
+    // of the demo VM's at 200 ms; tier-profiler's daemon tests cover it).
+    Tierd::start(&["--demo-vm", "--interval-ms", "200", "--cpu-budget-pct", "0"])
 }
 
 fn top_json_matches_the_schema_csv_has_a_header() {
