@@ -627,14 +627,51 @@ mod tests {
         let c = csv(&r);
         let fields = |l: &str| l.split(',').count();
         let header = c.lines().next().unwrap();
-        assert!(header.ends_with("saturated_pages,fit_misfit"));
+        assert!(header.ends_with(
+            "saturated_pages,fit_misfit,sampler_coverage,sampler_passes,sampler_passes_allowed,sampler_budget_pct,sampler_spent_pct,sampler_limited"
+        ));
         // Row 1 has a quoted comma in the VM name: one more split.
         assert_eq!(fields(c.lines().nth(2).unwrap()), fields(header) + 1);
         assert!(
             c.lines()
                 .nth(1)
                 .unwrap()
-                .ends_with(",true,,200,,true,12,1.5"),
+                .ends_with(",true,,200,,true,12,1.5,,,,,,"),
+            "{c}"
+        );
+        // The sampler budget's choice, the VM's on every row of it.
+        u.stats[0].sampler_budget = Some(tier_proto::v1::SamplerBudget {
+            coverage: 0.25,
+            stride: 4,
+            passes: 3,
+            slots: 5,
+            passes_allowed: 3.5,
+            budget_pct: 0.5,
+            spent_pct: 0.4,
+            limited: "stride 4, to fit".into(),
+        });
+        let r = rows(&u);
+        for row in &r[..2] {
+            assert_eq!(
+                (
+                    row.sampler_coverage,
+                    row.sampler_passes,
+                    row.sampler_passes_allowed
+                ),
+                (Some(0.25), Some(3), Some(3.5))
+            );
+            assert_eq!(
+                (row.sampler_budget_pct, row.sampler_spent_pct),
+                (Some(0.5), Some(0.4))
+            );
+            assert_eq!(row.sampler_limited.as_deref(), Some("stride 4, to fit"));
+        }
+        let c = csv(&r);
+        assert!(
+            c.lines()
+                .nth(1)
+                .unwrap()
+                .ends_with(",0.25,3,3.5,0.5,0.4,\"stride 4, to fit\""),
             "{c}"
         );
     }
