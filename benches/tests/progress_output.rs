@@ -15,13 +15,14 @@ use tier_test_support::{Tmux, tmux_missing};
 
 const BENCH: &str = env!("CARGO_BIN_EXE_schedule");
 /// The RESULT keys of `schedule`, in order.
-const KEYS: [&str; 6] = [
+const KEYS: [&str; 7] = [
     "shapes",
     "coverage_min",
     "width_pp_default",
     "width_pp_four",
     "width_pp_lead5ms",
     "width_pp_seven",
+    "fraction",
 ];
 
 /// The RESULT line is the last line, with every key and a number for each.

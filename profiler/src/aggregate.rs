@@ -360,6 +360,8 @@ impl Aggregator {
                 dram_hit_low_open: interval.is_some_and(|i| i.low_open),
                 dram_hit_high_open: interval.is_some_and(|i| i.high_open),
                 counted_dram_hit_ratio: None,
+                // Set by the daemon from the sampler's budget report.
+                sampler_budget: None,
             });
             if !vms_unchanged {
                 vms.push(vm.clone());
@@ -430,6 +432,9 @@ fn sample(
         unattributed_pages: signals.unattributed,
         foreign_young_pages: signals.foreign_young,
         unmapped_pages: signals.unmapped,
+        // Set by the daemon from the sampler's budget report.
+        cpu_budget_pct: 0.0,
+        cpu_spent_pct: 0.0,
     };
     let mut results = results.into_iter().map(Result::ok);
     let readings = host

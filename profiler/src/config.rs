@@ -42,6 +42,44 @@ pub struct Config {
     pub tcp: Tcp,
     pub controller: Controller,
     pub discovery: Discovery,
+    pub sampler: SamplerKeys,
+}
+
+/// `[sampler]`: what sampling may cost (docs/config.md, "Sampler budget").
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct SamplerKeys {
+    /// CPU the sampler backends may use, % of one core; 0 = no budget.
+    pub cpu_budget_pct: f64,
+}
+
+/// Default sampler budget: 1 % of one core.
+pub const DEFAULT_CPU_BUDGET_PCT: f64 = 1.0;
+
+impl Default for SamplerKeys {
+    fn default() -> SamplerKeys {
+        SamplerKeys {
+            cpu_budget_pct: DEFAULT_CPU_BUDGET_PCT,
+        }
+    }
+}
+
+impl SamplerKeys {
+    /// The budget in % of one core: finite, 0 (off) up to every CPU of
+    /// this host (`cpus` x 100).
+    fn validate(&self, cpus: usize) -> Result<f64, ConfigError> {
+        let pct = self.cpu_budget_pct;
+        let max = 100.0 * cpus.max(1) as f64;
+        if !pct.is_finite() || pct < 0.0 || pct > max {
+            return Err(invalid(
+                "sampler.cpu_budget_pct",
+                format!(
+                    "{pct} is not in [0, {max}] (% of one core; 0 = no budget; {cpus} CPUs here)"
+                ),
+            ));
+        }
+        Ok(pct)
+    }
 }
 
 /// `[discovery]`: cloud-hypervisor API sockets (docs/discovery.md).
@@ -143,6 +181,7 @@ impl Default for Config {
             tcp: Tcp::default(),
             controller: Controller::default(),
             discovery: Discovery::default(),
+            sampler: SamplerKeys::default(),
         }
     }
 }
@@ -203,6 +242,8 @@ pub struct Settings {
     pub ept_sample_stride: u32,
     /// The DAMON driver ages each sampled folio this often.
     pub damon_sample: Duration,
+    /// Sampler CPU budget, % of one core; 0 = none.
+    pub cpu_budget_pct: f64,
     /// Whether the pmu source runs next to the backend.
     pub pmu: PmuMode,
     /// User event tables, each checked to parse.
@@ -329,6 +370,8 @@ impl Config {
                 format!("{} is not in [5, 10000]", self.damon_sample_ms),
             ));
         }
+        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let cpu_budget_pct = self.sampler.validate(cpus)?;
         if !BACKENDS.contains(&self.backend.as_str()) {
             return Err(invalid(
                 "backend",
@@ -435,6 +478,7 @@ impl Config {
             backend: self.backend.clone(),
             ept_sample_stride: self.ept_sample_stride,
             damon_sample: Duration::from_millis(self.damon_sample_ms),
+            cpu_budget_pct,
             pmu,
             pmu_events: self.pmu_events.clone(),
             discover: self.discover,
@@ -654,6 +698,14 @@ mod tests {
             "passes_per_interval"
         );
         assert_eq!(key_of("backend = \"magic\""), "backend");
+        assert_eq!(
+            key_of("[sampler]\ncpu_budget_pct = -1"),
+            "sampler.cpu_budget_pct"
+        );
+        assert_eq!(
+            key_of("[sampler]\ncpu_budget_pct = nan"),
+            "sampler.cpu_budget_pct"
+        );
         assert_eq!(key_of("[tier_kinds]\nslow = \"fast\""), "tier_kinds.slow");
         assert_eq!(key_of("log_format = \"xml\""), "log_format");
         assert_eq!(
@@ -662,6 +714,37 @@ mod tests {
         );
         assert_eq!(key_of("[metrics]\nlisten = \"nonsense\""), "metrics.listen");
         assert_eq!(key_of("[tcp]\nlisten = \"127.0.0.1:7443\""), "tcp.cert");
+    }
+
+    #[test]
+    fn sampler_budget_key() {
+        let s = Config::parse("", "t.toml").unwrap().validate().unwrap();
+        assert_eq!(s.cpu_budget_pct, DEFAULT_CPU_BUDGET_PCT);
+        let s = Config::parse("[sampler]\ncpu_budget_pct = 0", "t.toml")
+            .unwrap()
+            .validate()
+            .unwrap();
+        assert_eq!(s.cpu_budget_pct, 0.0, "0 turns the budget off");
+        let s = Config::parse("[sampler]\ncpu_budget_pct = 2.5", "t.toml")
+            .unwrap()
+            .validate()
+            .unwrap();
+        assert_eq!(s.cpu_budget_pct, 2.5);
+        // Above every CPU of the host: the error says the bound and why.
+        let keys = SamplerKeys {
+            cpu_budget_pct: 450.0,
+        };
+        let e = keys.validate(4).unwrap_err().to_string();
+        assert!(e.contains("sampler.cpu_budget_pct"), "{e}");
+        assert!(e.contains("[0, 400]") && e.contains("4 CPUs"), "{e}");
+        assert_eq!(keys.validate(8).unwrap(), 450.0);
+        let e = SamplerKeys {
+            cpu_budget_pct: -0.5,
+        }
+        .validate(2)
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("-0.5 is not in [0, 200]"), "{e}");
     }
 
     #[test]

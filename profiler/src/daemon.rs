@@ -53,7 +53,25 @@ async fn serve(s: Settings, synthetic: (u32, u32)) -> anyhow::Result<()> {
     for c in &report.checks {
         tracing::info!(check = c.name, available = c.available, reason = %c.reason, "probe");
     }
-    let backend = sampler::select(&s.backend, &report, s.ept_sample_stride, s.damon_sample)?;
+    let budget = sampler::budget::Budget::new(
+        s.cpu_budget_pct,
+        s.interval,
+        s.passes,
+        u64::from(s.ept_sample_stride),
+    );
+    if budget.is_on() {
+        tracing::info!(
+            cpu_budget_pct = s.cpu_budget_pct,
+            "sampler CPU budget: strides and passes per VM are chosen to stay inside it"
+        );
+    }
+    let backend = sampler::select(
+        &s.backend,
+        &report,
+        s.ept_sample_stride,
+        s.damon_sample,
+        budget,
+    )?;
     let no_sampler = match &backend {
         Some(b) => {
             tracing::info!(backend = b.backend().short_name(), "sampler selected");
@@ -329,6 +347,9 @@ async fn sample_loop(l: Sampling) {
         drop(pmu_vms);
         let mut update = agg.tick(&mut reg, sampler, interval_ns);
         drop(reg);
+        if let Some(b) = backend.as_deref_mut().and_then(|b| b.budget()) {
+            sampler::budget_stream::close_interval(b, &mut update);
+        }
         pmu.annotate(&mut update, pmu_readings.as_ref());
         for id in &update.departed_vm_ids {
             tracing::info!(vm = %id, "VM left");

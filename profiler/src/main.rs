@@ -63,6 +63,9 @@ pub struct RunArgs {
     /// Sampler backend: auto, ept-fexit, ept-tracepoint, hostpte or none [backend].
     #[arg(long)]
     pub backend: Option<String>,
+    /// CPU the sampler may use, % of one core; 0 = no budget [sampler.cpu_budget_pct].
+    #[arg(long)]
+    pub cpu_budget_pct: Option<f64>,
     /// Do not look for VMs in other processes [discover = false].
     #[arg(long)]
     pub no_discover: bool,
@@ -123,6 +126,9 @@ impl RunArgs {
         }
         if let Some(v) = &self.backend {
             c.backend = v.clone();
+        }
+        if let Some(v) = self.cpu_budget_pct {
+            c.sampler.cpu_budget_pct = v;
         }
         c.discover &= !self.no_discover;
         c.tier_kinds.extend(self.tier_kinds.iter().cloned());

@@ -53,7 +53,9 @@ fn socket_mode(p: &Path) -> u32 {
 #[tokio::test]
 #[cfg_attr(not(has_kvm), ignore = "needs a usable /dev/kvm for the demo VM")]
 async fn serves_the_demo_vm_with_increasing_sequence_numbers() {
-    let tierd = Tierd::start(&["--demo-vm", "--interval-ms", "200"]);
+    // Every interval sampled (the budget would skip some of the demo VM's:
+    // the_sampler_budget_is_kept_and_reported).
+    let tierd = Tierd::start(&["--demo-vm", "--interval-ms", "200", "--cpu-budget-pct", "0"]);
     assert_eq!(socket_mode(&tierd.socket), 0o660);
     let mut client = tier_test_support::stream::client(&tierd.socket).await;
 
@@ -459,7 +461,15 @@ async fn a_slow_watcher_loses_updates_without_stalling_the_others() {
 #[tokio::test(flavor = "multi_thread")]
 #[cfg_attr(not(has_kvm), ignore = "needs /dev/kvm for the demo VM")]
 async fn the_demo_vms_interval_covers_the_guests_exact_ratio() {
-    let tierd = Tierd::start(&["--demo-vm", "--interval-ms", "1000"]);
+    // Every interval sampled: a 4 ms hostpte pass of the demo VM x 5 is
+    // twice the default budget (the_sampler_budget_is_kept_and_reported).
+    let tierd = Tierd::start(&[
+        "--demo-vm",
+        "--interval-ms",
+        "1000",
+        "--cpu-budget-pct",
+        "0",
+    ]);
     let mut client = tier_test_support::stream::client(&tierd.socket).await;
     let info = client
         .get_info(GetInfoRequest {})
@@ -507,4 +517,83 @@ async fn the_demo_vms_interval_covers_the_guests_exact_ratio() {
     assert!(covered + 1 >= scored, "{covered} of {scored}: {seen:?}");
     drop((stream, client));
     assert!(tierd.terminate().success());
+}
+
+/// The sampler CPU budget in the stream: under a budget below what the
+/// demo VM's hostpte passes cost (about 4 ms each here, 5 per 200 ms
+/// interval, against 4 ms per interval at 2 %), tierd samples whole
+/// intervals now and then, says why in between, and spends no more than
+/// the budget plus one interval's passes; without a budget every interval
+/// has every pass.
+#[tokio::test(flavor = "multi_thread")]
+#[cfg_attr(not(has_kvm), ignore = "needs /dev/kvm for the demo VM")]
+async fn the_sampler_budget_is_kept_and_reported() {
+    const PASSES: u32 = 5;
+    for (pct, updates) in [(2.0, 30), (0.0, 4)] {
+        let budget = pct.to_string();
+        let tierd = Tierd::start(&[
+            "--demo-vm",
+            "--backend",
+            "hostpte",
+            "--interval-ms",
+            "200",
+            "--cpu-budget-pct",
+            &budget,
+        ]);
+        let mut client = tier_test_support::stream::client(&tierd.socket).await;
+        let mut stream = tier_test_support::watch_stats(&mut client).await;
+        let (mut spent, mut worst, mut skipped, mut sampled) = (0.0, 0.0f64, 0, 0);
+        let mut limited = String::new();
+        for n in 0..updates {
+            let u = stream.next().await.unwrap().unwrap();
+            let h = &u.health[0];
+            assert!((h.cpu_budget_pct - pct).abs() < 1e-9, "{h:?}");
+            let s = &u.stats[0];
+            let b = s.sampler_budget.as_ref().expect("a budget report per VM");
+            assert_eq!((b.slots, b.coverage, b.stride), (PASSES, 1.0, 1), "{b:?}");
+            assert!(
+                (b.spent_pct - h.cpu_spent_pct).abs() < 1e-9,
+                "one VM: {b:?} {h:?}"
+            );
+            if n == 0 {
+                continue; // started before the stream: a partial interval
+            }
+            spent += h.cpu_spent_pct;
+            worst = worst.max(h.cpu_spent_pct);
+            match b.passes {
+                0 => {
+                    skipped += 1;
+                    assert!(
+                        s.not_measured
+                            .starts_with("sampler budget: no pass this interval"),
+                        "{s:?}"
+                    );
+                    assert!(b.limited.contains("passes per interval"), "{b:?}");
+                    assert!(b.passes_allowed < f64::from(PASSES), "{b:?}");
+                    limited.clone_from(&b.limited);
+                }
+                p => {
+                    assert_eq!(p, PASSES, "whole intervals: {b:?}");
+                    sampled += 1;
+                }
+            }
+        }
+        let n = f64::from(updates - 1);
+        if pct > 0.0 {
+            assert!(
+                skipped > 0 && sampled > 0,
+                "{skipped} skipped, {sampled} sampled; {limited}"
+            );
+            // Over the run: the budget plus one interval's passes at most.
+            assert!(
+                spent / n <= pct + worst / n + 1e-9,
+                "mean {} % > {pct} %",
+                spent / n
+            );
+        } else {
+            assert_eq!(skipped, 0, "no budget: every interval sampled");
+        }
+        drop((stream, client));
+        assert!(tierd.terminate().success());
+    }
 }

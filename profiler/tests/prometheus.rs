@@ -173,6 +173,9 @@ fn a_real_prometheus_scrapes_tierd_and_agrees_with_the_stream() {
     let mut c = Command::new(env!("CARGO_BIN_EXE_tierd"));
     c.args(["run", "--no-discover", "--demo-vm", "--config", "/dev/null"])
         .args(["--interval-ms", "500", "--metrics-listen", "127.0.0.1:0"])
+        // Every interval sampled, so the stream and the scrapes agree (the
+        // budget would leave the ratio absent in most intervals).
+        .args(["--cpu-budget-pct", "0"])
         .arg("--socket")
         .arg(&socket);
     let tierd = spawn(c, dir.path().join("tierd.log"));

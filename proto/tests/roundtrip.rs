@@ -117,6 +117,16 @@ fn stats_update_roundtrip_with_optional_and_departures() {
             dram_hit_low_open: false,
             dram_hit_high_open: true,
             counted_dram_hit_ratio: Some(0.71),
+            sampler_budget: Some(SamplerBudget {
+                coverage: 1.0 / 64.0,
+                stride: 64,
+                passes: 3,
+                slots: 5,
+                passes_allowed: 3.5,
+                budget_pct: 0.25,
+                spent_pct: 0.2,
+                limited: "stride 64 (configured 1) to fit the sampler CPU budget".into(),
+            }),
         }],
         departed_vm_ids: vec!["ch:1".into()],
         vms_unchanged: false,
@@ -130,6 +140,8 @@ fn stats_update_roundtrip_with_optional_and_departures() {
             unattributed_pages: 3,
             foreign_young_pages: 2,
             unmapped_pages: 1,
+            cpu_budget_pct: 1.0,
+            cpu_spent_pct: 0.93,
         }],
     };
     let back = roundtrip(&update);

@@ -242,6 +242,10 @@ const BENCHES: &[(&str, &str)] = &[
     ),
     ("controller", "policy on simulated 8/64/1000-VM fleets"),
     (
+        "sampler-scale",
+        "sampler CPU per interval and RSS against guest size (0.25-8 GiB), hostpte and EPT user space, budget on/off",
+    ),
+    (
         "tierctl-render",
         "tierctl top frame time for 1000 VMs on a TestBackend",
     ),

@@ -7,7 +7,10 @@
 //! interval, one-sided share, median width, point error, and the walks
 //! it costs against tierd's default schedule. No VM: the model of accessed
 //! bits is the kernel's (a page is young in a pass when touched in it).
-//! Options: `--intervals N` per shape (default 40).
+//! Options: `--intervals N` per shape (default 40), `--fraction F` of the
+//! pages sampled (default 1; the sampler CPU budget lowers it on large VMs:
+//! the sample's fit and bounds are scaled by pages / sampled, as the
+//! aggregator does).
 
 use std::time::Duration;
 
@@ -125,35 +128,56 @@ fn median(mut v: Vec<f64>) -> f64 {
     v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
 }
 
-fn score(shape: &Shape, ts: &[f64], intervals: usize, seed: u64) -> Score {
+/// The pages of a tier in a sample of `fraction` of them, the same set
+/// every pass (as tierd's stride grid); at least one page.
+fn sample(rates: &[f64], fraction: f64, rng: &mut Rng) -> Vec<f64> {
+    if fraction >= 1.0 {
+        return rates.to_vec();
+    }
+    let mut out: Vec<f64> = rates
+        .iter()
+        .filter(|_| rng.unit() < fraction)
+        .copied()
+        .collect();
+    if out.is_empty() {
+        out.extend(rates.first());
+    }
+    out
+}
+
+fn score(shape: &Shape, ts: &[f64], intervals: usize, seed: u64, fraction: f64) -> Score {
     let mut rng = Rng(seed);
     let mut w = VmWindows::default();
     let total: f64 = ts.iter().sum();
     let acc = |r: &[f64]| r.iter().sum::<f64>() * total;
     let truth = acc(&shape.dram) / (acc(&shape.dram) + acc(&shape.slow));
+    // As the aggregator: the sample's fit and bounds, scaled by
+    // pages / sampled.
+    let dram = sample(&shape.dram, fraction, &mut rng);
+    let slow = sample(&shape.slow, fraction, &mut rng);
+    let scale = |all: &[f64], sampled: &[f64]| all.len() as f64 / sampled.len() as f64;
+    let (kd, ks) = (scale(&shape.dram, &dram), scale(&shape.slow, &slow));
     let (mut covered, mut open) = (0, 0);
     let (mut widths, mut errs) = (Vec::new(), Vec::new());
     for _ in 0..intervals {
-        let d = young(&shape.dram, ts, &mut rng);
-        let s = young(&shape.slow, ts, &mut rng);
+        let d = young(&dram, ts, &mut rng);
+        let s = young(&slow, ts, &mut rng);
         let e = w.fit(&[&d, &s]);
-        let sum = e[0].accesses + e[1].accesses;
-        let point = if sum > 0.0 { e[0].accesses / sum } else { 0.0 };
+        let (ad, as_) = (e[0].accesses * kd, e[1].accesses * ks);
+        let sum = ad + as_;
+        let point = if sum > 0.0 { ad / sum } else { 0.0 };
         errs.push((point - truth).abs() * 100.0);
-        let tier = |p: &[(f64, f64)], pages: usize, accesses: f64| {
-            let b = bounds(p, pages as f64, 1.0, 0.025);
+        let tier = |p: &[(f64, f64)], sampled: usize, k: f64, accesses: f64| {
+            let b = bounds(p, sampled as f64, 1.0 / k, 0.025);
             TierSample {
                 passes: p.len() as u32,
-                accesses_low: b.map(|b| b.low.min(accesses)),
-                accesses_high: b.and_then(|b| b.high.map(|h| h.max(accesses))),
+                accesses_low: b.map(|b| (b.low * k).min(accesses)),
+                accesses_high: b.and_then(|b| b.high.map(|h| (h * k).max(accesses))),
                 accesses_high_open: b.is_some_and(|b| b.high.is_none()),
                 ..Default::default()
             }
         };
-        let tiers = [
-            tier(&d, shape.dram.len(), e[0].accesses),
-            tier(&s, shape.slow.len(), e[1].accesses),
-        ];
+        let tiers = [tier(&d, dram.len(), kd, ad), tier(&s, slow.len(), ks, as_)];
         if let Some(i) = hit_interval(&tiers, &[true, false], point) {
             covered += usize::from(i.low <= truth && truth <= i.high);
             open += usize::from(i.low_open || i.high_open);
@@ -181,6 +205,20 @@ fn main() -> anyhow::Result<()> {
             .max(1),
         None => 40,
     };
+    // The share of pages sampled (1/stride), as the sampler CPU budget
+    // lowers it on large VMs; 1 = every page.
+    let fraction = match args.iter().position(|a| a == "--fraction") {
+        Some(i) => args
+            .get(i + 1)
+            .context("--fraction needs a value")?
+            .parse::<f64>()
+            .context("--fraction")?,
+        None => 1.0,
+    };
+    anyhow::ensure!(
+        fraction > 0.0 && fraction <= 1.0,
+        "--fraction must be in (0, 1]"
+    );
     let secs = |d: Vec<Duration>| d.iter().map(Duration::as_secs_f64).collect::<Vec<_>>();
     let one = Duration::from_secs(1);
     // tierd's default first: the baseline of the ratios.
@@ -195,7 +233,7 @@ fn main() -> anyhow::Result<()> {
     ];
     let shapes = shapes();
     println!(
-        "schedule: {intervals} simulated 1 s intervals per shape; interval = ~95 % DRAM-hit interval"
+        "schedule: {intervals} simulated 1 s intervals per shape; interval = ~95 % DRAM-hit interval; pages sampled: {fraction}"
     );
     println!(
         "{:<42} {:<32} {:>6} {:>5} {:>9} {:>9} {:>8} {:>9} {:>10}",
@@ -216,7 +254,7 @@ fn main() -> anyhow::Result<()> {
         let mut base_width = f64::NAN;
         for (j, (name, ts)) in schedules.iter().enumerate() {
             progress.item(format!("{}, {name}", shape.name));
-            let s = score(shape, ts, intervals, 0x9e37_79b9 + k as u64);
+            let s = score(shape, ts, intervals, 0x9e37_79b9 + k as u64, fraction);
             progress.inc();
             if j == 0 {
                 base_width = s.width_pp;
@@ -260,6 +298,7 @@ fn main() -> anyhow::Result<()> {
         println!("{name:<32} {cov:>9.2} {width:>12.1}pp");
         pairs.push((keys[j], format!("{width:.1}")));
     }
+    pairs.push(("fraction", format!("{fraction}")));
     println!("{}", result_line(&pairs));
     Ok(())
 }

@@ -77,6 +77,16 @@ pub struct TierRow {
     /// Misfit of the per-page rate mixture in standard errors (below ~2
     /// fits); None without an interval.
     pub fit_misfit: Option<f64>,
+    /// The sampler CPU budget's choice for the VM (same on every row; None
+    /// from a tierd without a budget-keeping sampler): share of its pages
+    /// sampled, passes run and per interval the allowance pays for, its
+    /// allowance and spend in % of one core, and why it is limited.
+    pub sampler_coverage: Option<f64>,
+    pub sampler_passes: Option<u32>,
+    pub sampler_passes_allowed: Option<f64>,
+    pub sampler_budget_pct: Option<f64>,
+    pub sampler_spent_pct: Option<f64>,
+    pub sampler_limited: Option<String>,
 }
 
 /// The DRAM-hit ratio as `top` and the table show it: `34-71 %`, `≥34 %`
@@ -137,6 +147,7 @@ pub fn rows(update: &StatsUpdate) -> Vec<TierRow> {
             let (lo, hi) = (s.dram_hit_low?, s.dram_hit_high?);
             Some((lo, hi, s.dram_hit_low_open, s.dram_hit_high_open))
         });
+        let budget = stats.and_then(|s| s.sampler_budget.as_ref());
         for (i, tier) in vm.tiers.iter().enumerate() {
             let sample = stats.and_then(|s| s.tiers.iter().find(|t| t.tier == tier.name));
             let pmu = sample.and_then(pmu_source);
@@ -197,6 +208,14 @@ pub fn rows(update: &StatsUpdate) -> Vec<TierRow> {
                     .is_some_and(|s| s.accesses_low.is_some() && s.accesses_high_open),
                 saturated_pages: sample.map(|s| s.saturated_pages),
                 fit_misfit: sample.and_then(|s| s.fit_misfit),
+                sampler_coverage: budget.map(|b| b.coverage),
+                sampler_passes: budget.map(|b| b.passes),
+                sampler_passes_allowed: budget.map(|b| b.passes_allowed),
+                sampler_budget_pct: budget.map(|b| b.budget_pct),
+                sampler_spent_pct: budget.map(|b| b.spent_pct),
+                sampler_limited: budget
+                    .filter(|b| !b.limited.is_empty())
+                    .map(|b| b.limited.clone()),
             });
         }
     }
@@ -336,13 +355,13 @@ fn stats_of(r: &TierRow) -> Option<VmStats> {
 /// CSV with a header row; numbers unformatted.
 pub fn csv(rows: &[TierRow]) -> String {
     let mut out = String::from(
-        "vm_id,vm_name,vcpus,tier,kind,size_bytes,resident_bytes,balloon_target_bytes,balloon_actual_bytes,young_pages,sampled_pages,source,guest_accesses_per_s,dram_hit_ratio,guest_hit_ratio,accesses_per_s,dram_hit_error,dram_hit_target,rate_saturation,pmu_events_per_s,pmu_not_measured,pmu_running_ratio,not_measured,dram_hit_low,dram_hit_high,dram_hit_low_open,dram_hit_high_open,counted_dram_hit_ratio,accesses_low_per_s,accesses_high_per_s,accesses_high_open,saturated_pages,fit_misfit\n",
+        "vm_id,vm_name,vcpus,tier,kind,size_bytes,resident_bytes,balloon_target_bytes,balloon_actual_bytes,young_pages,sampled_pages,source,guest_accesses_per_s,dram_hit_ratio,guest_hit_ratio,accesses_per_s,dram_hit_error,dram_hit_target,rate_saturation,pmu_events_per_s,pmu_not_measured,pmu_running_ratio,not_measured,dram_hit_low,dram_hit_high,dram_hit_low_open,dram_hit_high_open,counted_dram_hit_ratio,accesses_low_per_s,accesses_high_per_s,accesses_high_open,saturated_pages,fit_misfit,sampler_coverage,sampler_passes,sampler_passes_allowed,sampler_budget_pct,sampler_spent_pct,sampler_limited\n",
     );
     let opt = |v: Option<f64>| v.map(|x| format!("{x}")).unwrap_or_default();
     for r in rows {
         let _ = writeln!(
             out,
-            "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}",
+            "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}",
             csv_field(&r.vm_id),
             csv_field(&r.vm_name),
             r.vcpus,
@@ -376,6 +395,12 @@ pub fn csv(rows: &[TierRow]) -> String {
             r.accesses_high_open,
             opt(r.saturated_pages),
             opt(r.fit_misfit),
+            opt(r.sampler_coverage),
+            r.sampler_passes.map(|p| p.to_string()).unwrap_or_default(),
+            opt(r.sampler_passes_allowed),
+            opt(r.sampler_budget_pct),
+            opt(r.sampler_spent_pct),
+            csv_field(r.sampler_limited.as_deref().unwrap_or_default()),
         );
     }
     out
@@ -602,14 +627,51 @@ mod tests {
         let c = csv(&r);
         let fields = |l: &str| l.split(',').count();
         let header = c.lines().next().unwrap();
-        assert!(header.ends_with("saturated_pages,fit_misfit"));
+        assert!(header.ends_with(
+            "saturated_pages,fit_misfit,sampler_coverage,sampler_passes,sampler_passes_allowed,sampler_budget_pct,sampler_spent_pct,sampler_limited"
+        ));
         // Row 1 has a quoted comma in the VM name: one more split.
         assert_eq!(fields(c.lines().nth(2).unwrap()), fields(header) + 1);
         assert!(
             c.lines()
                 .nth(1)
                 .unwrap()
-                .ends_with(",true,,200,,true,12,1.5"),
+                .ends_with(",true,,200,,true,12,1.5,,,,,,"),
+            "{c}"
+        );
+        // The sampler budget's choice, the VM's on every row of it.
+        u.stats[0].sampler_budget = Some(tier_proto::v1::SamplerBudget {
+            coverage: 0.25,
+            stride: 4,
+            passes: 3,
+            slots: 5,
+            passes_allowed: 3.5,
+            budget_pct: 0.5,
+            spent_pct: 0.4,
+            limited: "stride 4, to fit".into(),
+        });
+        let r = rows(&u);
+        for row in &r[..2] {
+            assert_eq!(
+                (
+                    row.sampler_coverage,
+                    row.sampler_passes,
+                    row.sampler_passes_allowed
+                ),
+                (Some(0.25), Some(3), Some(3.5))
+            );
+            assert_eq!(
+                (row.sampler_budget_pct, row.sampler_spent_pct),
+                (Some(0.5), Some(0.4))
+            );
+            assert_eq!(row.sampler_limited.as_deref(), Some("stride 4, to fit"));
+        }
+        let c = csv(&r);
+        assert!(
+            c.lines()
+                .nth(1)
+                .unwrap()
+                .ends_with(",0.25,3,3.5,0.5,0.4,\"stride 4, to fit\""),
             "{c}"
         );
     }

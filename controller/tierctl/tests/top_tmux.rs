@@ -58,7 +58,9 @@ fn has_all(s: &str, parts: &[&str]) -> bool {
 }
 
 fn sort_filter_detail_help_pause_resize_quit() {
-    let tierd = Tierd::start(&["--demo-vm", "--interval-ms", "500"]);
+    // Every interval sampled, so the detail pane always shows the tiers'
+    // source (the default sampler budget would skip most of them).
+    let tierd = Tierd::start(&["--demo-vm", "--interval-ms", "500", "--cpu-budget-pct", "0"]);
     let tmux = Top::start("keys", &tierd.endpoint(), 160, 40);
 
     // The demo VM's row with both tiers, once host samples have arrived.

@@ -1,10 +1,12 @@
 //! Prometheus `/metrics` on a loopback address: per VM and tier accesses,
 //! hit ratio, balloon target/actual, sampler health and scan cost. Fleets
 //! aggregate hosts with Prometheus, not with a collector of ours. The
-//! estimate's intervals are in `bounds`, the controller's in `control`,
+//! estimate's intervals are in `bounds`, the sampler budget's in `budget`,
+//! the controller's in `control`,
 //! the process series in `process`.
 
 mod bounds;
+mod budget;
 mod control;
 mod process;
 mod text;
@@ -65,6 +67,7 @@ pub struct Metrics {
     hit: FGauge<VmLabels>,
     hit_error: FGauge<VmLabels>,
     bounds: bounds::Bounds,
+    budget: budget::Budget,
     control: control::Control,
     measured: Family<VmLabels, Gauge>,
     active: Family<BackendLabels, Gauge>,
@@ -126,6 +129,7 @@ impl Metrics {
             hit: Family::default(),
             hit_error: Family::default(),
             bounds: bounds::Bounds::default(),
+            budget: budget::Budget::default(),
             control: control::Control::default(),
             measured: Family::default(),
             active: Family::default(),
@@ -212,6 +216,7 @@ impl Metrics {
             m.hit_error.clone(),
         );
         m.bounds.register(r);
+        m.budget.register(r);
         m.control.register(r);
         r.register(
             "vm_measured",
@@ -323,6 +328,7 @@ impl Metrics {
                 self.hit_error.remove(vl);
             }
             self.bounds.vm(vl, stats, stats.has_accesses && measured);
+            self.budget.vm(vl, stats, secs);
         }
         for h in &u.health {
             let b = BackendLabels {
@@ -336,6 +342,7 @@ impl Metrics {
                 .get_or_create(&b)
                 .inc_by(h.scan_cost_ns as f64 / 1e9);
             self.events.get_or_create(&b).inc_by(h.events);
+            self.budget.health(&b, h, secs);
             self.lost.get_or_create(&b).inc_by(h.lost);
             for (f, v) in self.signals.iter().zip([
                 h.unattributed_pages,
@@ -397,6 +404,7 @@ impl Metrics {
         self.hit_error.remove(&vm);
         self.measured.remove(&vm);
         self.bounds.forget_vm(&vm);
+        self.budget.forget_vm(&vm);
         self.control.forget_vm(&vm);
         for t in tiers {
             self.bounds.forget_tier(&t);

@@ -142,12 +142,71 @@ fn everything() -> StatsUpdate {
     st.dram_hit_low = Some(0.2);
     st.dram_hit_high = Some(0.6);
     st.counted_dram_hit_ratio = Some(0.4);
+    st.sampler_budget = Some(tier_proto::v1::SamplerBudget {
+        coverage: 0.25,
+        stride: 4,
+        passes: 3,
+        slots: 5,
+        passes_allowed: 3.2,
+        budget_pct: 0.5,
+        spent_pct: 0.4,
+        limited: "stride 4 (configured 1) to fit the sampler CPU budget".into(),
+    });
     u.health = vec![tier_proto::v1::SamplerHealth {
         backend: Backend::Hostpte as i32,
         active: true,
+        cpu_budget_pct: 1.0,
+        cpu_spent_pct: 0.8,
         ..Default::default()
     }];
     u
+}
+
+/// The budget's choice and spend per VM and per backend, in cores and
+/// CPU seconds; a VM without a budget report has no budget series.
+#[test]
+fn sampler_budget_series() {
+    let mut m = Metrics::new();
+    let u = everything();
+    m.update(&u);
+    let body = m.encode();
+    let vm = "{vm=\"v\",name=\"v\"}";
+    assert_eq!(
+        value(&body, &format!("tierd_vm_sampler_coverage_ratio{vm}")),
+        Some(0.25)
+    );
+    assert_eq!(
+        value(&body, &format!("tierd_vm_sampler_passes{vm}")),
+        Some(3.0)
+    );
+    assert_eq!(
+        value(&body, &format!("tierd_vm_sampler_passes_allowed{vm}")),
+        Some(3.2)
+    );
+    assert_eq!(
+        value(&body, &format!("tierd_vm_sampler_cpu_budget_ratio{vm}")),
+        Some(0.005)
+    );
+    assert_eq!(
+        value(&body, &format!("tierd_vm_sampler_limited{vm}")),
+        Some(1.0)
+    );
+    // 0.4 % of a core over a 0.5 s interval: 2 ms.
+    let spent = value(&body, &format!("tierd_vm_sampler_cpu_seconds_total{vm}")).unwrap();
+    assert!((spent - 0.002).abs() < 1e-12, "{spent}");
+    let b = "{backend=\"hostpte\"}";
+    assert_eq!(
+        value(&body, &format!("tierd_sampler_cpu_budget_ratio{b}")),
+        Some(0.01)
+    );
+    let host = value(&body, &format!("tierd_sampler_cpu_seconds_total{b}")).unwrap();
+    assert!((host - 0.004).abs() < 1e-12, "{host}");
+    let mut none = u.clone();
+    none.vms_unchanged = true;
+    none.stats[0].sampler_budget = None;
+    m.update(&none);
+    let body = m.encode();
+    assert_eq!(value(&body, &format!("tierd_vm_sampler_passes{vm}")), None);
 }
 
 /// Names a query can use for every family tierd can export (a counter's

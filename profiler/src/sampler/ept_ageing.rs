@@ -12,10 +12,11 @@
 use std::collections::{HashMap, HashSet};
 use std::fs::File;
 use std::path::Path;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tier_proto::v1::{Backend, Vm};
 
+use super::budget::{self, Budget, UnitSpec};
 use super::canary::{Canary, CanaryPass};
 use super::damon::{DamonDriver, per_round};
 use super::ept::{EptOptions, EptPrograms, GfnRange, HostMode, MAX_VMS};
@@ -50,10 +51,22 @@ pub struct EptAgeing {
     unattributed_taken: u64,
     /// Health signals since the last `take_signals`.
     signals: Signals,
-    /// One page in `stride` of each tier is aged, by whole folios (1 = all).
-    stride: u64,
     slots: HashMap<String, u32>,
     canaries: HashMap<String, Canary>,
+    /// Per VM, one page in `stride` of each tier is aged, by whole folios,
+    /// from the configured stride (the densest sample) up.
+    budget: Budget,
+    /// Per VM: the stride of its last ageing, when it was, and whether
+    /// budget-skipped slots came since.
+    aged: HashMap<String, Aged>,
+}
+
+/// A VM's last ageing pass.
+#[derive(Debug, Clone, Copy)]
+struct Aged {
+    stride: u64,
+    at: Instant,
+    skipped: bool,
 }
 
 fn err(what: &str, e: impl std::fmt::Display) -> SampleError {
@@ -102,10 +115,18 @@ impl EptAgeing {
             flags,
             unattributed_taken: 0,
             signals: Signals::default(),
-            stride: stride.max(1),
             slots: HashMap::new(),
             canaries: HashMap::new(),
+            budget: Budget::unlimited(stride),
+            aged: HashMap::new(),
         })
+    }
+
+    /// Keeps `budget`: per VM the stride (from the configured one up) and
+    /// the passes that fit its allowance.
+    pub fn with_budget(mut self, budget: Budget) -> EptAgeing {
+        self.budget = budget;
+        self
     }
 
     fn slot(&mut self, vm: &Vm) -> Result<u32, SampleError> {
@@ -125,8 +146,9 @@ impl EptAgeing {
         Ok(slot)
     }
 
-    /// The folios of this pass, per tier: pages, heads and extents.
-    fn pick(&self, vm: &Vm) -> Result<Picked, SampleError> {
+    /// The folios of this pass at `stride`, per tier: pages, heads and
+    /// extents.
+    fn pick(&self, vm: &Vm, stride: u64) -> Result<Picked, SampleError> {
         let path = format!("/proc/{}/pagemap", vm.vmm_pid);
         let pagemap =
             File::open(&path).map_err(|_| SampleError::ProcessGone { pid: vm.vmm_pid })?;
@@ -145,7 +167,7 @@ impl EptAgeing {
                     &self.flags,
                     r.hva_start,
                     r.length,
-                    self.stride,
+                    stride,
                     &mut seen,
                 )
                 .map_err(|e| match e {
@@ -164,18 +186,68 @@ impl EptAgeing {
         Ok(p)
     }
 
-    fn sample_vm(&mut self, vm: &Vm) -> Result<Vec<TierReading>, SampleError> {
+    /// One VM's slot of a pass under the budget's decision.
+    fn budgeted_vm(
+        &mut self,
+        vm: &Vm,
+        d: budget::Decision,
+    ) -> Result<Vec<TierReading>, SampleError> {
+        if !d.run {
+            // Not a pass: the VM stays armed; the next one covers the
+            // time since its last ageing.
+            if let Some(a) = self.aged.get_mut(&vm.id) {
+                a.skipped = true;
+            }
+            return Ok(vec![TierReading::default(); vm.tiers.len()]);
+        }
+        let cpu = budget::thread_cpu();
+        let now = Instant::now();
+        let before = self.aged.insert(
+            vm.id.clone(),
+            Aged {
+                stride: d.stride,
+                at: now,
+                skipped: false,
+            },
+        );
+        let out = self.sample_vm(vm, d.stride, before);
+        let grid: u64 = vm
+            .tiers
+            .iter()
+            .flat_map(|t| &t.ranges)
+            .map(|r| budget::grid(r.length / PAGE, d.stride))
+            .sum();
+        self.budget.spent(
+            &vm.id,
+            budget::thread_cpu().saturating_sub(cpu),
+            grid.max(1),
+        );
+        out
+    }
+
+    /// `before`: the VM's previous ageing. A changed stride ages a new set
+    /// of folios: the pass only arms (pages new to the sample were young
+    /// since whenever). After skipped slots the pass's exposure is the
+    /// time since that ageing.
+    fn sample_vm(
+        &mut self,
+        vm: &Vm,
+        stride: u64,
+        before: Option<Aged>,
+    ) -> Result<Vec<TierReading>, SampleError> {
         let slot = self.slot(vm)?;
+        let restrided = before.is_some_and(|b| b.stride != stride);
+        let late = before.filter(|b| b.skipped).map(|b| b.at.elapsed());
         let unattributed_before = self.progs.unattributed().map_err(|e| err("bpf", e))?;
         let (sampled, exposure, rounds) = if let Driver::PageIdle(_) = &self.driver {
-            let p = self.pick(vm)?;
+            let p = self.pick(vm, stride)?;
             let _owner = self.progs.scan_as(slot).map_err(|e| err("bpf", e))?;
             if let Driver::PageIdle(bitmap) = &self.driver {
                 bitmap
                     .mark_idle(&page_idle::words(p.heads))
                     .map_err(|e| err(page_idle::BITMAP, e))?;
             }
-            (p.pages, None, 1.0)
+            (p.pages, late, 1.0)
         } else {
             let Driver::Damon(d) = &mut self.driver else {
                 return Err(err("ageing driver", "not DAMON"));
@@ -183,7 +255,7 @@ impl EptAgeing {
             if d.armed(&vm.id)
                 .is_none_or(|a| a.armed_at.elapsed() >= DAMON_REPICK)
             {
-                return self.arm_damon(vm, slot);
+                return self.arm_damon(vm, slot, stride);
             }
             let pages = d
                 .armed(&vm.id)
@@ -209,7 +281,7 @@ impl EptAgeing {
                 reason: why.to_string(),
             });
         }
-        if !publish {
+        if !publish || (restrided && matches!(self.driver, Driver::PageIdle(_))) {
             // The pass that proved the VM only arms, as every first pass
             // did: young since the VMM mapped the page means nothing.
             return Ok(vec![TierReading::default(); sampled.len()]);
@@ -227,8 +299,13 @@ impl EptAgeing {
 
     /// (Re)starts the VM's kdamond on freshly picked folios; the pass only
     /// arms (no reading).
-    fn arm_damon(&mut self, vm: &Vm, slot: u32) -> Result<Vec<TierReading>, SampleError> {
-        let p = self.pick(vm)?;
+    fn arm_damon(
+        &mut self,
+        vm: &Vm,
+        slot: u32,
+        stride: u64,
+    ) -> Result<Vec<TierReading>, SampleError> {
+        let p = self.pick(vm, stride)?;
         let Driver::Damon(d) = &mut self.driver else {
             return Err(err("ageing driver", "not DAMON"));
         };
@@ -298,7 +375,24 @@ impl Sampler for EptAgeing {
     }
 
     fn sample(&mut self, vms: &[&Vm]) -> Vec<Result<Vec<TierReading>, SampleError>> {
-        vms.iter().map(|vm| self.sample_vm(vm)).collect()
+        let specs: Vec<UnitSpec> = vms
+            .iter()
+            .map(|vm| UnitSpec {
+                key: vm.id.clone(),
+                vms: vec![vm.id.clone()],
+                pages: vm.tiers.iter().map(|t| t.size_bytes / PAGE).sum(),
+                scalable: true,
+            })
+            .collect();
+        let decisions = self.budget.begin_pass(&specs);
+        vms.iter()
+            .zip(decisions)
+            .map(|(vm, d)| self.budgeted_vm(vm, d))
+            .collect()
+    }
+
+    fn budget(&mut self) -> Option<&mut Budget> {
+        Some(&mut self.budget)
     }
 
     fn take_signals(&mut self) -> Signals {
@@ -314,6 +408,7 @@ impl Sampler for EptAgeing {
 
     fn forget(&mut self, vm_id: &str) {
         self.canaries.remove(vm_id);
+        self.aged.remove(vm_id);
         if let Driver::Damon(d) = &mut self.driver
             && let Some(tid) = d.disarm(vm_id)
             && let Err(e) = self.progs.clear_scan_owner(tid)

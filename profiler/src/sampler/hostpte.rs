@@ -29,22 +29,67 @@ use std::time::{Duration, Instant};
 
 use tier_proto::v1::{Backend, Vm};
 
+use super::budget::{self, Budget, UnitSpec};
 use super::{SampleError, Sampler, TierReading};
 
 const PAGE: u64 = 4096;
 
 /// The hostpte sampler: remembers which VMs are armed and when each VMM
 /// process was last re-armed.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct HostPte {
     armed: HashSet<String>,
     rearmed: HashMap<u32, Instant>,
+    /// A pass walks a whole process: the budget can only skip passes.
+    budget: Budget,
+}
+
+impl Default for HostPte {
+    fn default() -> HostPte {
+        HostPte::with_budget(Budget::unlimited(1))
+    }
 }
 
 impl HostPte {
+    /// Without a budget: every process every pass.
     pub fn new() -> HostPte {
         HostPte::default()
     }
+
+    /// Keeping `budget`: a process whose pass costs more than its
+    /// allowance skips passes (its next pass covers the time since).
+    pub fn with_budget(budget: Budget) -> HostPte {
+        HostPte {
+            armed: HashSet::new(),
+            rearmed: HashMap::new(),
+            budget,
+        }
+    }
+}
+
+/// One budget unit per VMM process, in first-seen order.
+fn units(vms: &[&Vm]) -> Vec<(u32, UnitSpec)> {
+    let mut out: Vec<(u32, UnitSpec)> = Vec::new();
+    let mut at: HashMap<u32, usize> = HashMap::new();
+    for vm in vms {
+        let pages: u64 = vm.tiers.iter().map(|t| t.size_bytes / PAGE).sum();
+        if let Some(u) = at.get(&vm.vmm_pid).and_then(|&i| out.get_mut(i)) {
+            u.1.vms.push(vm.id.clone());
+            u.1.pages += pages;
+            continue;
+        }
+        at.insert(vm.vmm_pid, out.len());
+        out.push((
+            vm.vmm_pid,
+            UnitSpec {
+                key: format!("pid {}", vm.vmm_pid),
+                vms: vec![vm.id.clone()],
+                pages,
+                scalable: false,
+            },
+        ));
+    }
+    out
 }
 
 fn io(path: &std::path::Path, source: std::io::Error, pid: u32) -> SampleError {
@@ -270,16 +315,30 @@ impl Sampler for HostPte {
     fn sample(&mut self, vms: &[&Vm]) -> Vec<Result<Vec<TierReading>, SampleError>> {
         // One smaps read and one re-arm per VMM process, however many VMs
         // it holds: a second re-arm would erase the first VM's interval.
+        let units = units(vms);
+        let specs: Vec<UnitSpec> = units.iter().map(|u| u.1.clone()).collect();
+        let decisions = self.budget.begin_pass(&specs);
         let mut walks: HashMap<u32, Result<Walk, SampleError>> = HashMap::new();
-        for vm in vms {
-            walks
-                .entry(vm.vmm_pid)
-                .or_insert_with(|| read_and_rearm(vm.vmm_pid));
+        let mut skipped = HashSet::new();
+        for ((pid, spec), d) in units.iter().zip(decisions) {
+            if !d.run {
+                skipped.insert(*pid);
+                continue;
+            }
+            let cpu = budget::thread_cpu();
+            walks.insert(*pid, read_and_rearm(*pid));
+            self.budget
+                .spent(&spec.key, budget::thread_cpu().saturating_sub(cpu), 0);
         }
         let results = vms
             .iter()
             .map(|vm| {
                 let since = self.rearmed.get(&vm.vmm_pid).copied();
+                if skipped.contains(&vm.vmm_pid) {
+                    // Not a pass (no pages examined): the process stays
+                    // armed and its next pass covers the time since.
+                    return Ok(vec![TierReading::default(); vm.tiers.len()]);
+                }
                 match walks.get(&vm.vmm_pid) {
                     Some(Ok(walk)) => self.readings(vm, walk, since),
                     Some(Err(e)) => Err(e.clone()),
@@ -288,16 +347,23 @@ impl Sampler for HostPte {
             })
             .collect();
         // The next pass of each process starts at this re-arm; one that
-        // failed leaves the next pass's exposure unknown.
-        self.rearmed = walks
-            .into_iter()
-            .filter_map(|(pid, w)| Some((pid, w.ok()?.rearmed)))
-            .collect();
+        // failed leaves the next pass's exposure unknown, one skipped
+        // keeps its last.
+        self.rearmed.retain(|pid, _| skipped.contains(pid));
+        self.rearmed.extend(
+            walks
+                .into_iter()
+                .filter_map(|(pid, w)| Some((pid, w.ok()?.rearmed))),
+        );
         results
     }
 
     fn forget(&mut self, vm_id: &str) {
         self.armed.remove(vm_id);
+    }
+
+    fn budget(&mut self) -> Option<&mut Budget> {
+        Some(&mut self.budget)
     }
 }
 

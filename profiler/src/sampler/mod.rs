@@ -1,6 +1,8 @@
 //! Sampler backends: per interval, per VM, per tier, which pages were
 //! accessed. Each backend reads what the host saw, never the guest.
 
+pub mod budget;
+pub mod budget_stream;
 pub mod canary;
 pub mod damon;
 pub mod ept;
@@ -39,6 +41,12 @@ pub trait Sampler: Send {
     fn take_signals(&mut self) -> Signals {
         Signals::default()
     }
+    /// The CPU budget the sampler keeps (`[sampler] cpu_budget_pct`):
+    /// the daemon takes its report each interval and gives it each VM's
+    /// need. `None`: the backend keeps none.
+    fn budget(&mut self) -> Option<&mut budget::Budget> {
+        None
+    }
 }
 
 /// What an EPT backend saw besides its readings, in pages.
@@ -75,12 +83,15 @@ pub enum SelectError {
 /// The sampler for a configured backend name: `auto` takes the probe's best
 /// implemented backend; a named one must be available. The ept backends age
 /// every `stride`-th page of each tier (by folio), through page_idle or, where
-/// it is absent, DAMON ageing every `damon_sample`.
+/// it is absent, DAMON ageing every `damon_sample`. `budget` keeps their
+/// CPU within `[sampler] cpu_budget_pct`, raising the stride (ept) or
+/// skipping passes (hostpte).
 pub fn select(
     name: &str,
     report: &crate::probe::Report,
     stride: u32,
     damon_sample: std::time::Duration,
+    budget: budget::Budget,
 ) -> Result<Option<Box<dyn Sampler>>, SelectError> {
     let wanted = match name {
         "auto" => report.best_backend(),
@@ -94,7 +105,7 @@ pub fn select(
         None => Ok(None),
         Some(Backend::Hostpte) => match report.get("hostpte") {
             Some(c) if !c.available => Err(SelectError::Unavailable(name.into(), c.reason.clone())),
-            _ => Ok(Some(Box::new(hostpte::HostPte::new()))),
+            _ => Ok(Some(Box::new(hostpte::HostPte::with_budget(budget)))),
         },
         Some(b @ (Backend::EptFexit | Backend::EptTracepoint)) => {
             if let Some(c) = report.get(b.short_name()).filter(|c| !c.available) {
@@ -107,7 +118,8 @@ pub fn select(
                 ));
             }
             let s = ept_ageing::EptAgeing::new(b, u64::from(stride), damon_sample)
-                .map_err(|e| SelectError::Unavailable(name.into(), e.to_string()))?;
+                .map_err(|e| SelectError::Unavailable(name.into(), e.to_string()))?
+                .with_budget(budget);
             Ok(Some(Box::new(s)))
         }
         Some(other) => {

@@ -27,7 +27,10 @@ impl Tierd {
     /// the controller. Only the VMMs in `ch_dir` are its to drive: other
     /// cloud-hypervisor processes on the host (another test's) are not
     /// looked up by their command line. `extra` is appended to the `[controller]` table
-    /// (e.g. `policy_file = "..."`).
+    /// (e.g. `policy_file = "..."`). No sampler CPU budget: the scenarios
+    /// time the controller against every interval's estimate (a hostpte
+    /// pass of a cloud-hypervisor guest costs more than the default budget
+    /// pays for every interval; docs/config.md, "Sampler budget").
     pub fn start(
         bin: &Path,
         dir: &Path,
@@ -45,6 +48,8 @@ impl Tierd {
              interval_ms = {interval_ms}\n\
              passes_per_interval = {passes}\n\
              backend = {backend:?}\n\
+             [sampler]\n\
+             cpu_budget_pct = 0\n\
              [tier_kinds]\n\
              slow = \"cxl\"\n\
              [metrics]\n\

@@ -91,6 +91,13 @@ fn main() -> anyhow::Result<()> {
             &probe,
             defaults.ept_sample_stride,
             std::time::Duration::from_millis(defaults.damon_sample_ms),
+            // As tierd runs: the default sampler CPU budget.
+            sampler::budget::Budget::new(
+                defaults.sampler.cpu_budget_pct,
+                interval,
+                passes,
+                u64::from(defaults.ept_sample_stride),
+            ),
         ) {
             Ok(Some(s)) => backends.push((name.to_string(), s)),
             Ok(None) => unavailable.push((name.into(), "no sampler".into())),

@@ -51,6 +51,9 @@ act_on = "interval"
 ch_api_dir = "/run/cloud-hypervisor"
 ch_cmdline = true
 ch_timeout_ms = 2000
+
+[sampler]
+cpu_budget_pct = 1.0
 "#;
 
 impl ConfigFile {

@@ -244,6 +244,15 @@ fn tier_table(app: &App, v: &VmView, width: usize) -> Vec<Line<'static>> {
             out.push(Line::raw(l));
         }
     }
+    // What the sampler CPU budget chose and spent (issue 23).
+    if let Some(b) = v.stats.as_ref().and_then(|s| s.sampler_budget.as_ref()) {
+        out.push(Line::raw(budget_line(b)));
+        if !b.limited.is_empty() {
+            for l in wrap("budget limits: ", &b.limited, width, 2) {
+                out.push(Line::styled(l, Style::new().fg(Color::Yellow)));
+            }
+        }
+    }
     // Why a VM or a tier reads n/m, and what a count rests on: never a
     // silent 0.
     if let Some(why) = v.not_measured() {
@@ -357,9 +366,53 @@ fn history_lines(app: &App, v: &VmView, width: usize) -> Vec<Line<'static>> {
     out
 }
 
+/// `sampler: coverage 1/64 (1.6 %), passes 3/5 (budget pays 3.5), cpu 0.20 % of 0.25 % of a core`.
+pub fn budget_line(b: &tier_proto::v1::SamplerBudget) -> String {
+    let budget = if b.budget_pct > 0.0 {
+        format!("{:.2} % of {:.2} % of a core", b.spent_pct, b.budget_pct)
+    } else {
+        format!("{:.2} % of a core (no budget)", b.spent_pct)
+    };
+    format!(
+        "sampler: coverage 1/{} ({:.1} %), passes {}/{} (budget pays {:.1}), cpu {budget}",
+        b.stride.max(1),
+        b.coverage * 100.0,
+        b.passes,
+        b.slots,
+        b.passes_allowed,
+    )
+}
+
 #[cfg(test)]
 mod tests {
-    use super::wrap;
+    use super::{budget_line, wrap};
+
+    #[test]
+    fn the_budget_line_says_coverage_passes_and_cpu() {
+        let b = tier_proto::v1::SamplerBudget {
+            coverage: 1.0 / 64.0,
+            stride: 64,
+            passes: 3,
+            slots: 5,
+            passes_allowed: 3.5,
+            budget_pct: 0.25,
+            spent_pct: 0.2,
+            limited: String::new(),
+        };
+        assert_eq!(
+            budget_line(&b),
+            "sampler: coverage 1/64 (1.6 %), passes 3/5 (budget pays 3.5), cpu 0.20 % of 0.25 % of a core"
+        );
+        let off = tier_proto::v1::SamplerBudget {
+            budget_pct: 0.0,
+            ..b
+        };
+        assert!(
+            budget_line(&off).ends_with("(no budget)"),
+            "{}",
+            budget_line(&off)
+        );
+    }
 
     #[test]
     fn wraps_at_spaces_under_the_body() {
