@@ -234,3 +234,77 @@ impl Service<http::Request<tonic::body::Body>> for Routes {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tier_proto::v1::{DaemonInfo, Vm, VmStats};
+
+    fn update(seq: u64, vms_unchanged: bool) -> StatsUpdate {
+        StatsUpdate {
+            sequence: seq,
+            vms: if vms_unchanged {
+                Vec::new()
+            } else {
+                vec![Vm {
+                    id: "a".into(),
+                    ..Default::default()
+                }]
+            },
+            stats: ["a", "b"]
+                .map(|id| VmStats {
+                    vm_id: id.into(),
+                    dram_hit_ratio: 0.25,
+                    ..Default::default()
+                })
+                .to_vec(),
+            vms_unchanged,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn watchers_of_every_vm_share_one_encoding_of_the_update() {
+        let shared = Shared::new(DaemonInfo::default());
+        shared.set_vms(
+            ["a", "b"]
+                .map(|id| Vm {
+                    id: id.into(),
+                    ..Default::default()
+                })
+                .to_vec(),
+        );
+        let p = Arc::new(Published::new(Arc::new(update(7, true))));
+        // After its first message a whole-update watcher gets the shared
+        // bytes: the same for every watcher, and the update once decoded.
+        let mut sent = true;
+        let Frame::Whole(w) = frame(&shared, &p, &[], &mut sent) else {
+            panic!("not shared")
+        };
+        let (a, b) = (w.encoded(), p.encoded());
+        assert_eq!(a.as_ptr(), b.as_ptr(), "encoded twice");
+        assert_eq!(StatsUpdate::decode(a).ok().as_ref(), Some(&*p.update));
+        // A stream's first message carries the VM list; a filtered one
+        // only its VMs: both made for that watcher, as before.
+        let mut first = false;
+        let own = frame(&shared, &p, &[], &mut first).into_bytes();
+        let own = StatsUpdate::decode(own).unwrap();
+        assert!(first && !own.vms_unchanged);
+        assert_eq!(own.vms.len(), 2);
+        assert_eq!(own.stats, p.update.stats);
+        let ids = vec!["b".to_string()];
+        let mut sent = true;
+        let only_b = frame(&shared, &p, &ids, &mut sent).into_update();
+        assert_eq!(only_b.stats.len(), 1);
+        assert_eq!(only_b.stats[0].vm_id, "b");
+        assert!(only_b.vms_unchanged && only_b.vms.is_empty());
+        // An update that carries the VM list anyway is shared from the
+        // first message on.
+        let listed = Arc::new(Published::new(Arc::new(update(8, false))));
+        let mut first = false;
+        assert!(matches!(
+            frame(&shared, &listed, &[], &mut first),
+            Frame::Whole(_)
+        ));
+    }
+}
