@@ -307,7 +307,7 @@ where
 {
     let (tx, out) = mpsc::channel(WATCH_BACKLOG);
     tokio::spawn(async move {
-        for item in first.iter().filter_map(|f| map(f)) {
+        for item in first.iter().filter_map(&mut map) {
             if tx.send(Ok(item)).await.is_err() {
                 return;
             }
