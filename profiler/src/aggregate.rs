@@ -16,7 +16,7 @@ use std::time::Instant;
 use tier_proto::v1::{SamplerHealth, StatsUpdate, TierSample, VmStats};
 
 use crate::estimate::VmWindows;
-use crate::estimate::bounds::{self, Bounds};
+use crate::estimate::bounds::{Bounds, Programs};
 pub use crate::estimate::pass_ends;
 use crate::registry::Registry;
 use crate::sampler::{Sampler, TierReading};
@@ -38,6 +38,8 @@ pub struct Aggregator {
     /// Per VM, the passes of earlier intervals its tiers' rates are
     /// fitted to (docs/estimate.md).
     windows: HashMap<String, VmWindows>,
+    /// Columns and quantiles the tiers' interval programs share.
+    programs: Programs,
     /// Sampler health summed over this interval's passes.
     health: Option<SamplerHealth>,
     /// Per VM, why the sampler's last pass of this interval could not read
@@ -118,7 +120,12 @@ const ALPHA: f64 = 0.05;
 /// Page touches over the interval, saturation and interval of each tier of
 /// one VM (`estimate::VmWindows::fit` over its timed tiers; the plain sum
 /// otherwise, without an interval).
-fn estimates(sums: &[PassSum], windows: &mut VmWindows, pages: &[u64]) -> Vec<TierEstimate> {
+fn estimates(
+    sums: &[PassSum],
+    windows: &mut VmWindows,
+    programs: &mut Programs,
+    pages: &[u64],
+) -> Vec<TierEstimate> {
     // Untimed tiers go in empty: they keep no window.
     let timed: Vec<&[(f64, f64)]> = sums
         .iter()
@@ -146,8 +153,9 @@ fn estimates(sums: &[PassSum], windows: &mut VmWindows, pages: &[u64]) -> Vec<Ti
             };
             let accesses = e.accesses * k;
             let fraction = s.sampled_pages as f64 / pages.max(1) as f64;
-            let bounds =
-                bounds::bounds(&s.timed, s.sampled_pages as f64, fraction, alpha).map(|b| Bounds {
+            let bounds = programs
+                .bounds(&s.timed, s.sampled_pages as f64, fraction, alpha)
+                .map(|b| Bounds {
                     // Scaled as the point, and never without it.
                     low: (b.low * k).min(accesses),
                     high: b.high.map(|h| (h * k).max(accesses)),
@@ -204,7 +212,14 @@ impl Aggregator {
             let Some(r) = t.synthetic_readings().or(r) else {
                 continue;
             };
-            let sums = self.passes.entry(t.vm().id.clone()).or_default();
+            // Looked up by reference: no key copied for every pass.
+            let id = &t.vm().id;
+            if !self.passes.contains_key(id) {
+                self.passes.insert(id.clone(), Vec::new());
+            }
+            let Some(sums) = self.passes.get_mut(id) else {
+                continue;
+            };
             sums.resize(r.len(), PassSum::default());
             for (sum, reading) in sums.iter_mut().zip(r) {
                 sum.add(reading, secs);
@@ -289,7 +304,8 @@ impl Aggregator {
                         .iter()
                         .map(|t| (t.size_bytes / PAGE).max(1))
                         .collect();
-                    estimates(r, self.windows.entry(vm.id.clone()).or_default(), &pages)
+                    let windows = self.windows.entry(vm.id.clone()).or_default();
+                    estimates(r, windows, &mut self.programs, &pages)
                 }
                 None => {
                     self.windows.remove(&vm.id);
@@ -394,10 +410,7 @@ fn sample(
         s.forget(id);
     }
     // Synthetic VMs have no process to look at.
-    let host: Vec<bool> = registry
-        .iter()
-        .map(|t| t.synthetic_readings().is_none())
-        .collect();
+    let host: Vec<bool> = registry.iter().map(|t| !t.is_synthetic()).collect();
     let vms: Vec<_> = registry
         .iter()
         .zip(&host)

@@ -17,9 +17,10 @@ use tier_profiler::discovery::Discoverer;
 use tier_profiler::registry::Registry;
 use tier_profiler::sampler::pmu::source::PmuState;
 use tier_profiler::sampler::{self, Sampler};
-use tier_profiler::server::{Shared, TierServer};
+use tier_profiler::server::Shared;
 use tier_profiler::synthetic::SyntheticVm;
-use tier_proto::v1::{DaemonInfo, tier_service_server::TierServiceServer};
+use tier_profiler::watch::Routes;
+use tier_proto::v1::DaemonInfo;
 
 use crate::listen;
 use crate::metrics::{self, Metrics};
@@ -123,6 +124,7 @@ async fn serve(s: Settings, synthetic: (u32, u32)) -> anyhow::Result<()> {
     let fleet = tier_profiler::ch::Fleet::default();
     shared.set_fleet(fleet.clone());
     let metrics = Arc::new(Mutex::new(Metrics::new()));
+    let metrics_served = s.metrics.is_some();
     if let Some(addr) = s.metrics {
         let bound = metrics::serve(addr, metrics.clone()).await?;
         tracing::info!(%bound, "metrics on http://{bound}/metrics");
@@ -207,6 +209,7 @@ async fn serve(s: Settings, synthetic: (u32, u32)) -> anyhow::Result<()> {
         controller,
         shared: shared.clone(),
         metrics,
+        metrics_served,
         interval: s.interval,
         passes: s.passes,
         pmu,
@@ -217,7 +220,7 @@ async fn serve(s: Settings, synthetic: (u32, u32)) -> anyhow::Result<()> {
     let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|s| *s).await;
     };
-    let service = TierServiceServer::new(TierServer::new(shared.clone()));
+    let service = Routes::new(shared.clone());
     let unix_server = tonic::transport::Server::builder()
         .add_service(service.clone())
         .serve_with_incoming_shutdown(UnixListenerStream::new(unix), stopped(stop_rx.clone()));
@@ -277,6 +280,9 @@ struct Sampling {
     controller: Option<InProcess>,
     shared: Arc<Shared>,
     metrics: Arc<Mutex<Metrics>>,
+    /// Whether a metrics endpoint serves them: without one, the per-tier
+    /// series are not kept up (nothing could read them).
+    metrics_served: bool,
     interval: Duration,
     passes: u32,
     pmu: PmuState,
@@ -293,6 +299,7 @@ async fn sample_loop(l: Sampling) {
         mut controller,
         shared,
         metrics,
+        metrics_served,
         interval,
         passes,
         mut pmu,
@@ -340,7 +347,7 @@ async fn sample_loop(l: Sampling) {
         }
         let pmu_vms: Vec<&tier_proto::v1::Vm> = reg
             .iter()
-            .filter(|t| t.synthetic_readings().is_none() && t.alive())
+            .filter(|t| !t.is_synthetic() && t.alive())
             .map(|t| t.vm())
             .collect();
         let pmu_readings = pmu.sample(&pmu_vms);
@@ -354,14 +361,14 @@ async fn sample_loop(l: Sampling) {
         for id in &update.departed_vm_ids {
             tracing::info!(vm = %id, "VM left");
         }
-        if let Ok(mut m) = metrics.lock() {
+        if metrics_served && let Ok(mut m) = metrics.lock() {
             m.update(&update);
         }
         let update = shared.publish(update);
         if let Some(c) = controller.as_mut() {
             control_step(c, &shared, &metrics, &update);
         }
-        if let Ok(m) = metrics.lock() {
+        if metrics_served && let Ok(m) = metrics.lock() {
             m.controller(controller.as_ref());
         }
     }

@@ -182,14 +182,26 @@ fn shape(r: f64, t: f64) -> f64 {
 /// `s` (active pages; `a r` for `r = 0`). Binomial variance `s g (1 - p)`,
 /// at least one page, with the weights re-estimated twice from `s`.
 fn chi2(passes: &[(f64, f64)], r: f64) -> (f64, f64) {
-    // (young, shape, 1 - p) per pass: one exp per pass and rate.
-    let pts: Vec<(f64, f64, f64)> = passes
-        .iter()
-        .map(|&(t, y)| {
-            let g = shape(r, t);
-            (y, g, if r > 0.0 { 1.0 - g } else { 1.0 })
-        })
-        .collect();
+    // (young, shape, 1 - p) per pass: one exp per pass and rate. On the
+    // stack for tierd's schedules: the searches call this thousands of
+    // times per interval.
+    const ON_STACK: usize = 8;
+    let point = |&(t, y): &(f64, f64)| {
+        let g = shape(r, t);
+        (y, g, if r > 0.0 { 1.0 - g } else { 1.0 })
+    };
+    if passes.len() <= ON_STACK {
+        let mut pts = [(0.0, 0.0, 0.0); ON_STACK];
+        for (p, x) in pts.iter_mut().zip(passes) {
+            *p = point(x);
+        }
+        chi2_of(&pts[..passes.len()])
+    } else {
+        chi2_of(&passes.iter().map(point).collect::<Vec<_>>())
+    }
+}
+
+fn chi2_of(pts: &[(f64, f64, f64)]) -> (f64, f64) {
     let var = |s: f64, g: f64, q: f64| (s * g * q).max(1.0);
     let solve = |s0: Option<f64>| {
         let (gy, gg) = pts.iter().fold((0.0, 0.0), |(gy, gg), &(y, g, q)| {

@@ -20,6 +20,7 @@ pub mod registry;
 pub mod sampler;
 pub mod server;
 pub mod synthetic;
+pub mod watch;
 
 /// Nanoseconds since the Unix epoch, saturating (clock before 1970 -> 0).
 pub fn unix_now_ns() -> u64 {

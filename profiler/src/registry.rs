@@ -21,6 +21,11 @@ pub trait TrackedVm: Send + Sync {
     fn synthetic_readings(&self) -> Option<Vec<crate::sampler::TierReading>> {
         None
     }
+    /// Whether this is a synthetic source (no host sampler looks at it);
+    /// asks without drawing readings.
+    fn is_synthetic(&self) -> bool {
+        false
+    }
     /// Per-tier balloon (target, actual) in bytes, in `Vm::tiers` order, as
     /// the VMM last reported it; `None` without a per-tier balloon.
     fn balloon_bytes(&self) -> Option<Vec<(u64, u64)>> {
@@ -45,6 +50,9 @@ impl<T: TrackedVm + ?Sized> TrackedVm for std::sync::Arc<T> {
     }
     fn synthetic_readings(&self) -> Option<Vec<crate::sampler::TierReading>> {
         (**self).synthetic_readings()
+    }
+    fn is_synthetic(&self) -> bool {
+        (**self).is_synthetic()
     }
     fn balloon_bytes(&self) -> Option<Vec<(u64, u64)>> {
         (**self).balloon_bytes()

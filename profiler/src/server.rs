@@ -1,6 +1,7 @@
 //! tier.v1 gRPC service. Stats fan out through a broadcast channel: each
 //! watcher has its own bounded queue, so a slow watcher only loses its own
 //! updates (seen as a gap in sequence numbers) and never stalls the others.
+//! Watchers of the whole update share one encoding of it (`watch`).
 
 use std::pin::Pin;
 use std::sync::{Arc, RwLock};
@@ -15,6 +16,8 @@ use tier_proto::v1::*;
 
 use tier_controller::policy::default_policy;
 
+use crate::watch::{Frame, Published, frame};
+
 /// Updates a watcher may fall behind before it starts losing them.
 const WATCH_BACKLOG: usize = 8;
 
@@ -22,11 +25,11 @@ const WATCH_BACKLOG: usize = 8;
 #[derive(Debug)]
 pub struct Shared {
     info: DaemonInfo,
-    latest: RwLock<Option<Arc<StatsUpdate>>>,
+    latest: RwLock<Option<Arc<Published>>>,
     /// Known VMs; set at start-up and by every update, so ListVms answers
     /// before the first interval has passed.
     vms: RwLock<Arc<Vec<Vm>>>,
-    stats_tx: broadcast::Sender<Arc<StatsUpdate>>,
+    stats_tx: broadcast::Sender<Arc<Published>>,
     /// Controller decisions; the in-process controller publishes here.
     decisions_tx: broadcast::Sender<Arc<Decision>>,
     /// The last decision per VM, replayed to a new decision watcher so a
@@ -97,11 +100,12 @@ impl Shared {
             self.set_vms(update.vms.clone());
         }
         let update = Arc::new(update);
+        let published = Arc::new(Published::new(update.clone()));
         if let Ok(mut latest) = self.latest.write() {
-            *latest = Some(update.clone());
+            *latest = Some(published.clone());
         }
         // No receivers is fine: nobody watches right now.
-        let _ = self.stats_tx.send(update.clone());
+        let _ = self.stats_tx.send(published);
         update
     }
 
@@ -145,8 +149,26 @@ impl Shared {
         self.closing.send_replace(true);
     }
 
-    fn latest(&self) -> Option<Arc<StatsUpdate>> {
+    fn latest(&self) -> Option<Arc<Published>> {
         self.latest.read().ok().and_then(|l| l.clone())
+    }
+
+    /// A WatchStats stream of `ids` (empty: every VM), each message made by
+    /// `out` from what the watcher gets of an update (`watch::frame`).
+    pub(crate) fn watch<U: Send + 'static>(
+        self: &Arc<Self>,
+        ids: Vec<String>,
+        out: fn(Frame) -> U,
+    ) -> Result<BoxStream<U>, Status> {
+        check_ids(&ids)?;
+        let rx = self.stats_tx.subscribe();
+        let first = self.latest().into_iter().collect();
+        let closing = self.closing.subscribe();
+        let shared = self.clone();
+        let mut sent_vms = false;
+        Ok(forward(rx, closing, first, move |p| {
+            Some(out(frame(&shared, p, &ids, &mut sent_vms)))
+        }))
     }
 }
 
@@ -162,7 +184,7 @@ impl TierServer {
     }
 }
 
-type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
+pub(crate) type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
 
 fn check_ids(ids: &[String]) -> Result<(), Status> {
     if let Some(i) = ids.iter().position(|s| s.is_empty()) {
@@ -270,35 +292,6 @@ async fn set_through_vmm(
     }))
 }
 
-/// The part of an update a watcher asked for.
-fn filter(update: &StatsUpdate, ids: &[String]) -> StatsUpdate {
-    if ids.is_empty() {
-        return update.clone();
-    }
-    let wanted = |id: &String| ids.contains(id);
-    StatsUpdate {
-        vms: update
-            .vms
-            .iter()
-            .filter(|v| wanted(&v.id))
-            .cloned()
-            .collect(),
-        stats: update
-            .stats
-            .iter()
-            .filter(|s| wanted(&s.vm_id))
-            .cloned()
-            .collect(),
-        departed_vm_ids: update
-            .departed_vm_ids
-            .iter()
-            .filter(|i| wanted(i))
-            .cloned()
-            .collect(),
-        ..update.clone()
-    }
-}
-
 /// Forwards a broadcast into a per-watcher bounded queue until the watcher
 /// goes away; lagging skips updates instead of blocking the sender.
 fn forward<T, U, F>(
@@ -310,11 +303,11 @@ fn forward<T, U, F>(
 where
     T: Send + Sync + 'static,
     U: Send + 'static,
-    F: FnMut(&T) -> Option<U> + Send + 'static,
+    F: FnMut(&Arc<T>) -> Option<U> + Send + 'static,
 {
     let (tx, out) = mpsc::channel(WATCH_BACKLOG);
     tokio::spawn(async move {
-        for item in first.iter().filter_map(|f| map(f)) {
+        for item in first.iter().filter_map(&mut map) {
             if tx.send(Ok(item)).await.is_err() {
                 return;
             }
@@ -377,27 +370,11 @@ impl TierService for TierServer {
         &self,
         req: Request<WatchStatsRequest>,
     ) -> Result<Response<Self::WatchStatsStream>, Status> {
-        let ids = req.into_inner().vm_ids;
-        check_ids(&ids)?;
-        let rx = self.shared.stats_tx.subscribe();
-        let first = self.shared.latest().into_iter().collect();
-        let closing = self.shared.closing.subscribe();
-        let shared = self.shared.clone();
-        let mut sent_vms = false;
-        Ok(Response::new(forward(rx, closing, first, move |u| {
-            let mut out = filter(u, &ids);
-            // A stream's first message always carries the VM list.
-            if !sent_vms && out.vms_unchanged {
-                let all = StatsUpdate {
-                    vms: shared.vms().to_vec(),
-                    ..Default::default()
-                };
-                out.vms = filter(&all, &ids).vms;
-                out.vms_unchanged = false;
-            }
-            sent_vms = true;
-            Some(out)
-        })))
+        // tierd serves this route through `watch::Routes` (shared
+        // encodings); this one serves in-process callers.
+        self.shared
+            .watch(req.into_inner().vm_ids, Frame::into_update)
+            .map(Response::new)
     }
 
     async fn get_policy(&self, _: Request<GetPolicyRequest>) -> Result<Response<Policy>, Status> {
@@ -479,7 +456,9 @@ impl TierService for TierServer {
             rx,
             closing,
             recent,
-            move |d: &Decision| (ids.is_empty() || ids.contains(&d.vm_id)).then(|| d.clone()),
+            move |d: &Arc<Decision>| {
+                (ids.is_empty() || ids.contains(&d.vm_id)).then(|| (**d).clone())
+            },
         )))
     }
 }

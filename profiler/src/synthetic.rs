@@ -88,6 +88,10 @@ impl TrackedVm for SyntheticVm {
         None
     }
 
+    fn is_synthetic(&self) -> bool {
+        true
+    }
+
     fn synthetic_readings(&self) -> Option<Vec<TierReading>> {
         let pages = TIER_BYTES / 4096;
         Some(

@@ -67,14 +67,24 @@ pub struct Bounds {
     pub misfit: f64,
 }
 
-/// The columns of one tier's program: for each, the young share per pass,
-/// the accesses per page over the passes (for the every-pass column, `open`,
-/// at the cap: its rate is unknown), and whether it counts as saturated.
+/// The columns of one tier's program: for each pass, the young share of
+/// every column (row-major, `n` per pass), and per column the accesses per
+/// page over the passes (for the every-pass column, `open`, at the cap: its
+/// rate is unknown) and whether it counts as saturated.
+#[derive(Debug, Clone, Default)]
 struct Columns {
-    g: Vec<Vec<f64>>,
+    n: usize,
+    g: Vec<f64>,
     cost: Vec<f64>,
     saturated: Vec<bool>,
     open: Vec<bool>,
+}
+
+impl Columns {
+    /// Young shares of every column in pass `j`.
+    fn pass(&self, j: usize) -> &[f64] {
+        &self.g[j * self.n..(j + 1) * self.n]
+    }
 }
 
 fn columns(ts: &[f64]) -> Columns {
@@ -82,33 +92,34 @@ fn columns(ts: &[f64]) -> Columns {
     let t_max = ts.iter().copied().fold(0.0, f64::max);
     let total: f64 = ts.iter().sum();
     let (lo, hi) = ((0.01 / t_max).ln(), (CAP / t_min).ln());
+    let n = 2 * GRID + 1;
     let mut c = Columns {
-        g: Vec::new(),
-        cost: Vec::new(),
-        saturated: Vec::new(),
-        open: Vec::new(),
+        n,
+        g: vec![0.0; n * ts.len()],
+        cost: Vec::with_capacity(n),
+        saturated: Vec::with_capacity(n),
+        open: Vec::with_capacity(n),
     };
     for k in 0..GRID {
         let r = (lo + (hi - lo) * k as f64 / (GRID - 1) as f64).exp();
         for periodic in [false, true] {
-            c.g.push(
-                ts.iter()
-                    .map(|&t| {
-                        if periodic {
-                            (r * t).min(1.0)
-                        } else {
-                            -(-r * t).exp_m1()
-                        }
-                    })
-                    .collect(),
-            );
+            let col = c.cost.len();
+            for (j, &t) in ts.iter().enumerate() {
+                c.g[j * n + col] = if periodic {
+                    (r * t).min(1.0)
+                } else {
+                    -(-r * t).exp_m1()
+                };
+            }
             c.cost.push(r * total);
             c.saturated.push(r * t_min >= SATURATED_RATE);
             c.open.push(false);
         }
     }
     // Young in every pass, at any rate from the cap up.
-    c.g.push(vec![1.0; ts.len()]);
+    for j in 0..ts.len() {
+        c.g[j * n + n - 1] = 1.0;
+    }
     c.cost.push(CAP / t_min * total);
     c.saturated.push(true);
     c.open.push(true);
@@ -143,135 +154,188 @@ pub fn z_for(alpha: f64) -> f64 {
 /// young pages of the sample) of `pages` examined pages, a `fraction` of
 /// the tier (page sampling), at two-sided tail `alpha` for all its passes
 /// together. `None` without a pass of positive length, or with passes of
-/// one length.
+/// one length. ([`Programs::bounds`] with nothing kept from other tiers.)
 pub fn bounds(passes: &[(f64, f64)], pages: f64, fraction: f64, alpha: f64) -> Option<Bounds> {
-    let ts: Vec<f64> = passes.iter().map(|p| p.0).collect();
-    if passes.is_empty()
-        || ts
+    Programs::default().bounds(passes, pages, fraction, alpha)
+}
+
+/// What [`bounds`] can reuse from one tier to the next: its programs'
+/// columns depend only on the pass lengths and `z` only on the tail and the
+/// number of passes, and a VM's tiers (all of a host's VMs, with
+/// synthetic sources or one walk for all) share them. Each is kept for the
+/// last key seen, compared bit for bit, so a kept one is exactly what
+/// would be computed anew.
+#[derive(Debug, Default)]
+pub struct Programs {
+    /// Pass lengths (bits) and their columns.
+    columns: Option<(Vec<u64>, Columns)>,
+    /// Šidák tail per pass (bits) and its quantile.
+    z: Option<(u64, f64)>,
+}
+
+impl Programs {
+    fn columns(&mut self, ts: &[f64]) -> &Columns {
+        let same = self.columns.as_ref().is_some_and(|(k, _)| {
+            k.len() == ts.len() && k.iter().zip(ts).all(|(k, t)| *k == t.to_bits())
+        });
+        if !same {
+            self.columns = None;
+        }
+        &self
+            .columns
+            .get_or_insert_with(|| (ts.iter().map(|t| t.to_bits()).collect(), columns(ts)))
+            .1
+    }
+
+    fn z(&mut self, tail: f64) -> f64 {
+        match self.z {
+            Some((k, z)) if k == tail.to_bits() => z,
+            _ => {
+                let z = z_for(tail);
+                self.z = Some((tail.to_bits(), z));
+                z
+            }
+        }
+    }
+
+    /// [`bounds`], reusing what earlier calls computed where it applies.
+    pub fn bounds(
+        &mut self,
+        passes: &[(f64, f64)],
+        pages: f64,
+        fraction: f64,
+        alpha: f64,
+    ) -> Option<Bounds> {
+        if passes.is_empty()
+            || passes
+                .iter()
+                .any(|p| p.0.is_nan() || p.0 <= 0.0 || p.0.is_infinite())
+        {
+            return None;
+        }
+        // Passes of one length cannot tell rates apart (as for the fit): no
+        // interval, rather than one resting on the cap alone.
+        let t_min = passes.iter().map(|p| p.0).fold(f64::INFINITY, f64::min);
+        let t_max = passes.iter().map(|p| p.0).fold(0.0, f64::max);
+        if t_max / t_min < MIN_SPREAD {
+            return None;
+        }
+        let ts: Vec<f64> = passes.iter().map(|p| p.0).collect();
+        let ys: Vec<f64> = passes.iter().map(|p| p.1.max(0.0)).collect();
+        let pages = pages.max(ys.iter().copied().fold(0.0, f64::max)).max(1.0);
+        // Šidák: every pass within z at once, with probability 1 - alpha.
+        let m = passes.len() as f64;
+        let z = self.z(1.0 - (1.0 - alpha).powf(1.0 / m));
+        // Binomial noise of the pages, and of the page sample when not every
+        // page is examined; at least one page.
+        let sigma: Vec<f64> = ys
             .iter()
-            .any(|t| t.is_nan() || *t <= 0.0 || t.is_infinite())
-    {
-        return None;
-    }
-    // Passes of one length cannot tell rates apart (as for the fit): no
-    // interval, rather than one resting on the cap alone.
-    let t_min = ts.iter().copied().fold(f64::INFINITY, f64::min);
-    let t_max = ts.iter().copied().fold(0.0, f64::max);
-    if t_max / t_min < MIN_SPREAD {
-        return None;
-    }
-    let ys: Vec<f64> = passes.iter().map(|p| p.1.max(0.0)).collect();
-    let pages = pages.max(ys.iter().copied().fold(0.0, f64::max)).max(1.0);
-    // Šidák: every pass within z at once, with probability 1 - alpha.
-    let m = passes.len() as f64;
-    let z = z_for(1.0 - (1.0 - alpha).powf(1.0 / m));
-    // Binomial noise of the pages, and of the page sample when not every
-    // page is examined; at least one page.
-    let sigma: Vec<f64> = ys
-        .iter()
-        .map(|&y| {
-            let pages_noise = y * (1.0 - y / pages);
-            let sample_noise = y * (1.0 - fraction.clamp(0.0, 1.0));
-            (pages_noise + sample_noise).max(1.0).sqrt()
-        })
-        .collect();
-    let cols = columns(&ts);
-    let scale = ys.iter().copied().fold(1.0, f64::max);
-    let misfit = misfit(&cols, &ys, &sigma, pages, scale)?;
-    // No steady mixture fits: the tier changed within the passes, or the
-    // guest did not run through one (a vCPU held off its CPU reads as a
-    // pass with nothing young). The low end still holds, at a wider box;
-    // nothing bounds the high end.
-    let broken = misfit > z;
-    let z = z.max(MISFIT_WIDEN * misfit);
-    // Each pass within z standard errors, and no more pages than examined.
-    let n = cols.g.len();
-    let mut a = Vec::with_capacity(2 * ys.len() + 1);
-    let mut b = Vec::with_capacity(2 * ys.len() + 1);
-    for (j, (&y, s)) in ys.iter().zip(&sigma).enumerate() {
-        let row: Vec<f64> = (0..n).map(|k| cols.g[k][j]).collect();
-        a.push(row.iter().map(|v| -v).collect());
-        b.push(-(y - z * s) / scale);
-        a.push(row);
-        b.push((y + z * s) / scale);
-    }
-    a.push(vec![1.0; n]);
-    b.push(pages / scale);
-    let value = |o: Outcome| match o {
-        Outcome::Optimal(v, _) => Some(v * scale),
-        _ => None,
-    };
-    // One phase one for both objectives over all columns.
-    let feasible = Feasible::new(n, &a, &b).ok()?;
-    let neg_cost: Vec<f64> = cols.cost.iter().map(|c| -c).collect();
-    let low = -value(feasible.maximize(&neg_cost))?;
-    let sat_mass: Vec<f64> = cols
-        .saturated
-        .iter()
-        .map(|s| if *s { -1.0 } else { 0.0 })
-        .collect();
-    let saturated = -value(feasible.maximize(&sat_mass))?;
-    // The most accesses without the open column: priced out rather than
-    // removed, so the same basis serves; a program that cannot do without
-    // it is open too.
-    let high = if saturated >= SATURATED_MIN || broken {
-        None
-    } else {
-        let cost: Vec<f64> = (0..cols.cost.len())
-            .map(|k| {
-                if cols.open[k] {
-                    -PRICED_OUT
-                } else {
-                    cols.cost[k]
-                }
+            .map(|&y| {
+                let pages_noise = y * (1.0 - y / pages);
+                let sample_noise = y * (1.0 - fraction.clamp(0.0, 1.0));
+                (pages_noise + sample_noise).max(1.0).sqrt()
             })
             .collect();
-        match feasible.maximize(&cost) {
-            Outcome::Optimal(v, x) if cols.open.iter().zip(&x).all(|(o, x)| !*o || *x <= 1e-9) => {
-                Some(v * scale)
-            }
-            Outcome::Optimal(..) => None,
-            _ => return None,
+        let cols = self.columns(&ts);
+        let scale = ys.iter().copied().fold(1.0, f64::max);
+        let misfit = misfit(cols, &ys, &sigma, pages, scale)?;
+        // No steady mixture fits: the tier changed within the passes, or the
+        // guest did not run through one (a vCPU held off its CPU reads as a
+        // pass with nothing young). The low end still holds, at a wider box;
+        // nothing bounds the high end.
+        let broken = misfit > z;
+        let z = z.max(MISFIT_WIDEN * misfit);
+        // Each pass within z standard errors, and no more pages than examined.
+        let n = cols.n;
+        let mut a = Vec::with_capacity((2 * ys.len() + 1) * n);
+        let mut b = Vec::with_capacity(2 * ys.len() + 1);
+        for (j, (&y, s)) in ys.iter().zip(&sigma).enumerate() {
+            let row = cols.pass(j);
+            a.extend(row.iter().map(|v| -v));
+            b.push(-(y - z * s) / scale);
+            a.extend_from_slice(row);
+            b.push((y + z * s) / scale);
         }
-    };
-    // Firm whatever the timing: each young page was touched in its pass.
-    let firm: f64 = ys
-        .iter()
-        .zip(&sigma)
-        .map(|(y, s)| (y - z * s).max(0.0))
-        .sum();
-    Some(Bounds {
-        low: low.max(firm).max(0.0),
-        high: high.map(|h| h.max(low)),
-        saturated: saturated.max(0.0),
-        misfit,
-    })
+        a.extend(std::iter::repeat_n(1.0, n));
+        b.push(pages / scale);
+        let value = |o: Outcome| match o {
+            Outcome::Optimal(v, _) => Some(v * scale),
+            _ => None,
+        };
+        // One phase one for both objectives over all columns.
+        let rows: Vec<&[f64]> = a.chunks_exact(n).collect();
+        let feasible = Feasible::new(n, &rows, &b).ok()?;
+        let neg_cost: Vec<f64> = cols.cost.iter().map(|c| -c).collect();
+        let low = -value(feasible.maximize(&neg_cost))?;
+        let sat_mass: Vec<f64> = cols
+            .saturated
+            .iter()
+            .map(|s| if *s { -1.0 } else { 0.0 })
+            .collect();
+        let saturated = -value(feasible.maximize(&sat_mass))?;
+        // The most accesses without the open column: priced out rather than
+        // removed, so the same basis serves; a program that cannot do without
+        // it is open too.
+        let high = if saturated >= SATURATED_MIN || broken {
+            None
+        } else {
+            let cost: Vec<f64> = (0..cols.cost.len())
+                .map(|k| {
+                    if cols.open[k] {
+                        -PRICED_OUT
+                    } else {
+                        cols.cost[k]
+                    }
+                })
+                .collect();
+            match feasible.maximize(&cost) {
+                Outcome::Optimal(v, x)
+                    if cols.open.iter().zip(&x).all(|(o, x)| !*o || *x <= 1e-9) =>
+                {
+                    Some(v * scale)
+                }
+                Outcome::Optimal(..) => None,
+                _ => return None,
+            }
+        };
+        // Firm whatever the timing: each young page was touched in its pass.
+        let firm: f64 = ys
+            .iter()
+            .zip(&sigma)
+            .map(|(y, s)| (y - z * s).max(0.0))
+            .sum();
+        Some(Bounds {
+            low: low.max(firm).max(0.0),
+            high: high.map(|h| h.max(low)),
+            saturated: saturated.max(0.0),
+            misfit,
+        })
+    }
 }
 
 /// Smallest `s` such that some mixture fits every pass within `s`
 /// standard errors (one more column: `s` itself).
 fn misfit(cols: &Columns, ys: &[f64], sigma: &[f64], pages: f64, scale: f64) -> Option<f64> {
-    let n = cols.g.len();
-    let mut a = Vec::with_capacity(2 * ys.len() + 1);
+    let n = cols.n;
+    let w = n + 1;
+    let mut a = Vec::with_capacity((2 * ys.len() + 1) * w);
     let mut b = Vec::with_capacity(2 * ys.len() + 1);
     for (j, (&y, &s)) in ys.iter().zip(sigma).enumerate() {
-        let mut row: Vec<f64> = (0..n).map(|k| cols.g[k][j]).collect();
-        row.push(-s / scale);
-        a.push(row.clone());
+        let row = cols.pass(j);
+        a.extend_from_slice(row);
+        a.push(-s / scale);
         b.push(y / scale);
-        for v in &mut row[..n] {
-            *v = -*v;
-        }
-        a.push(row);
+        a.extend(row.iter().map(|v| -*v));
+        a.push(-s / scale);
         b.push(-y / scale);
     }
-    let mut mass = vec![1.0; n];
-    mass.push(0.0);
-    a.push(mass);
+    a.extend(std::iter::repeat_n(1.0, n));
+    a.push(0.0);
     b.push(pages / scale);
     let mut c = vec![0.0; n];
     c.push(-1.0);
-    match maximize(&c, &a, &b) {
+    let rows: Vec<&[f64]> = a.chunks_exact(w).collect();
+    match maximize(&c, &rows, &b) {
         Outcome::Optimal(v, _) => Some((-v).max(0.0)),
         _ => None,
     }

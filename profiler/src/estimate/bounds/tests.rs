@@ -136,3 +136,51 @@ fn page_sampling_widens_and_nothing_young_reads_zero() {
     assert_eq!(bounds(&[(0.0, 3.0)], 10.0, 1.0, 0.05), None);
     assert_eq!(bounds(&[(0.2, 3.0), (0.21, 4.0)], 10.0, 1.0, 0.05), None);
 }
+
+#[test]
+fn kept_columns_and_quantiles_give_the_intervals_computed_anew() {
+    // One `Programs` through tiers of varied shape, schedules that repeat
+    // and change (jittered lengths, another pass count), two tails, page
+    // sampling on and off: every interval as a fresh computation has it.
+    let mut rng = Rng(0x5eed_cafe);
+    let mut kept = Programs::default();
+    let jitter =
+        |rng: &mut Rng| -> Vec<f64> { TS.iter().map(|t| t * (1.0 + 0.02 * rng.unit())).collect() };
+    let mut schedule = TS.to_vec();
+    let (mut closed, mut open) = (0, 0);
+    for k in 0..600 {
+        match k % 7 {
+            0 => schedule = jitter(&mut rng),
+            3 => schedule = TS[..4].to_vec(),
+            5 => schedule = TS.to_vec(),
+            _ => {}
+        }
+        let (rates, pages) = match k % 4 {
+            0 => (zipf(512, 1.2, 10000.0), 512.0),
+            1 => (zipf(4096, 0.0, 8000.0), 4096.0),
+            2 => (zipf(2048, 0.99, 500.0), 2048.0),
+            _ => (zipf(64, 0.0, 9000.0), 64.0),
+        };
+        let young = interval(&rates, &mut rng).0;
+        let passes: Vec<(f64, f64)> = schedule
+            .iter()
+            .zip(&young)
+            .map(|(&t, p)| (t, p.1))
+            .collect();
+        let fraction = if k % 3 == 0 { 0.25 } else { 1.0 };
+        let alpha = if k % 5 < 2 { 0.05 } else { 0.05 / 4.0 };
+        let fresh = bounds(&passes, pages, fraction, alpha);
+        assert_eq!(
+            kept.bounds(&passes, pages, fraction, alpha),
+            fresh,
+            "{passes:?}"
+        );
+        match fresh {
+            Some(b) if b.high.is_some() => closed += 1,
+            Some(_) => open += 1,
+            None => {}
+        }
+    }
+    // Both kinds of interval were compared.
+    assert!(closed > 50 && open > 50, "{closed} closed, {open} open");
+}
