@@ -16,6 +16,7 @@ pub mod estimate;
 pub mod memtier;
 pub mod policy_store;
 pub mod probe;
+pub mod publish;
 pub mod registry;
 pub mod sampler;
 pub mod server;

@@ -16,7 +16,7 @@ use tier_proto::v1::*;
 
 use tier_controller::policy::default_policy;
 
-use crate::watch::{Frame, Published, frame};
+use crate::publish::{Frame, Published, frame};
 
 /// Updates a watcher may fall behind before it starts losing them.
 const WATCH_BACKLOG: usize = 8;
@@ -154,7 +154,7 @@ impl Shared {
     }
 
     /// A WatchStats stream of `ids` (empty: every VM), each message made by
-    /// `out` from what the watcher gets of an update (`watch::frame`).
+    /// `out` from what the watcher gets of an update (`publish::frame`).
     pub(crate) fn watch<U: Send + 'static>(
         self: &Arc<Self>,
         ids: Vec<String>,
@@ -167,7 +167,7 @@ impl Shared {
         let shared = self.clone();
         let mut sent_vms = false;
         Ok(forward(rx, closing, first, move |p| {
-            Some(out(frame(&shared, p, &ids, &mut sent_vms)))
+            Some(out(frame(p, &ids, &mut sent_vms, || shared.vms())))
         }))
     }
 }
