@@ -18,24 +18,23 @@ use std::path::Path;
 
 use anyhow::Context;
 
-/// splitmix64: small, fast, deterministic for a seed.
+/// The controller simulator's splitmix64, seeded apart from it, with the
+/// draws the twin needs on top.
 #[derive(Debug, Clone)]
-pub struct Rng(u64);
+pub struct Rng(tier_controller::sim::rng::Rng);
 
 impl Rng {
     pub fn new(seed: u64) -> Rng {
-        Rng(seed ^ 0x6a09_e667_f3bc_c909)
+        Rng(tier_controller::sim::rng::Rng::new(
+            seed ^ 0x6a09_e667_f3bc_c909,
+        ))
     }
     pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
+        self.0.next_u64()
     }
     /// Uniform in [0, 1).
     pub fn unit(&mut self) -> f64 {
-        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
+        self.0.unit()
     }
     /// Exponential with the given rate.
     pub fn exp(&mut self, rate: f64) -> f64 {
