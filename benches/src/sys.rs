@@ -2,18 +2,10 @@
 
 use std::path::PathBuf;
 
-/// CPU time of the calling thread, in ns (CLOCK_THREAD_CPUTIME_ID).
+/// CPU time of the calling thread, in ns (CLOCK_THREAD_CPUTIME_ID), as
+/// tierd's sampler budget reads it; 0 if the clock fails.
 pub fn thread_cpu_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: ts is a valid, writable timespec; the clock id is a constant.
-    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-    if rc != 0 {
-        return 0;
-    }
-    u64::try_from(ts.tv_sec).unwrap_or(0) * 1_000_000_000 + u64::try_from(ts.tv_nsec).unwrap_or(0)
+    u64::try_from(tier_profiler::sampler::budget::thread_cpu().as_nanos()).unwrap_or(u64::MAX)
 }
 
 /// A thread's scheduler times, from `/proc/PID/task/TID/schedstat`.

@@ -1,5 +1,5 @@
 //! A small seeded PRNG (xoshiro256** seeded through splitmix64): the same
-//! seed gives the same cases on every machine, without a dependency.
+//! seed gives the same cases on every machine.
 
 /// xoshiro256**.
 #[derive(Debug, Clone)]
@@ -9,16 +9,10 @@ pub struct Rng {
 
 impl Rng {
     pub fn new(seed: u64) -> Rng {
-        let mut x = seed;
-        let mut next = || {
-            x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
-            let mut z = x;
-            z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-            z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-            z ^ (z >> 31)
-        };
+        // Seeded by the controller simulator's splitmix64.
+        let mut sm = tier_controller::sim::rng::Rng::new(seed);
         Rng {
-            s: [next(), next(), next(), next()],
+            s: [sm.next_u64(), sm.next_u64(), sm.next_u64(), sm.next_u64()],
         }
     }
 
