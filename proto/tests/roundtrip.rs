@@ -105,6 +105,28 @@ fn stats_update_roundtrip_with_optional_and_departures() {
                 accesses_high_open: true,
                 saturated_pages: 12.5,
                 fit_misfit: Some(1.3),
+                ages: Some(TierAges {
+                    working_set: vec![
+                        WorkingSet {
+                            horizon_seconds: 1.0,
+                            bytes: 40.0 * 4096.0,
+                            bytes_low: 30.0 * 4096.0,
+                            bytes_high: 52.0 * 4096.0,
+                            not_measured: String::new(),
+                        },
+                        WorkingSet {
+                            horizon_seconds: 600.0,
+                            not_measured: "watched for 8 s of 600".into(),
+                            ..Default::default()
+                        },
+                    ],
+                    cold_bytes: None,
+                    promoted_bytes_per_s: Some(4096.0),
+                    promoted_bytes_per_s_low: Some(0.0),
+                    promoted_bytes_per_s_high: Some(3.0 * 4096.0),
+                    history_seconds: 8.0,
+                    ..Default::default()
+                }),
             }],
             dram_hit_ratio: 0.75,
             dram_hit_error: 0.01,
@@ -172,7 +194,11 @@ fn policy_and_decision_roundtrip() {
                 ceiling_bytes: 0,
             }],
             excluded: false,
+            mode: Some(PolicyMode::WorkingSet as i32),
         }],
+        mode: PolicyMode::Ratio as i32,
+        hot_horizon_seconds: 10.0,
+        promotion_slo: 0.002,
     };
     roundtrip(&SetPolicyRequest {
         policy: Some(policy),

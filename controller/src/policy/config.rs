@@ -231,6 +231,9 @@ pub fn default_policy() -> Policy {
         cooldown_intervals: 2,
         idle_threshold: 0.5,
         vms: Vec::new(),
+        mode: tier_proto::v1::PolicyMode::Ratio as i32,
+        hot_horizon_seconds: 0.0,
+        promotion_slo: 0.0,
     }
 }
 
@@ -255,6 +258,7 @@ mod tests {
                     ceiling_bytes: 0,
                 }],
                 excluded: false,
+                mode: None,
             }],
             ..default_policy()
         }

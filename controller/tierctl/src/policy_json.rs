@@ -115,6 +115,7 @@ pub fn apply_file(base: &mut Policy, json: &str) -> Result<(), PolicyFileError> 
             .map(|v| VmPolicy {
                 vm: v.vm,
                 target: v.target,
+                mode: None,
                 limits: v
                     .limits
                     .into_iter()
@@ -168,6 +169,7 @@ mod tests {
                     ceiling_bytes: 0,
                 }],
                 excluded: false,
+                mode: None,
             }],
             ..Default::default()
         }

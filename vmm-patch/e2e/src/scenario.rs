@@ -108,6 +108,7 @@ impl Plan {
             // the VM whose working set shrank is the donor.
             idle_threshold: 0.3,
             vms: Vec::new(),
+            ..Policy::default()
         }
     }
 }

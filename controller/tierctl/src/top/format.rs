@@ -101,6 +101,9 @@ pub fn reason(r: DecisionReason) -> &'static str {
         DecisionReason::IdleReclaim => "idle",
         DecisionReason::Budget => "budget",
         DecisionReason::Uncooperative => "uncoop",
+        DecisionReason::HotSetDeficit => "hotdef",
+        DecisionReason::PromotionPressure => "promo",
+        DecisionReason::ColdReclaim => "cold",
     }
 }
 

@@ -53,6 +53,7 @@ impl Plan {
             cooldown_intervals: 1,
             idle_threshold: 0.3,
             vms: Vec::new(),
+            ..Policy::default()
         }
     }
 
