@@ -30,6 +30,7 @@ use std::time::{Duration, Instant};
 use tier_proto::v1::{Backend, Vm};
 
 use super::budget::{self, Budget, UnitSpec};
+use super::hostpte_ages::HostPteAges;
 use super::{SampleError, Sampler, TierReading};
 
 const PAGE: u64 = 4096;
@@ -42,6 +43,8 @@ pub struct HostPte {
     rearmed: HashMap<u32, Instant>,
     /// A pass walks a whole process: the budget can only skip passes.
     budget: Budget,
+    /// Working-set ages and the long passes they need.
+    ages: HostPteAges,
 }
 
 impl Default for HostPte {
@@ -63,6 +66,7 @@ impl HostPte {
             armed: HashSet::new(),
             rearmed: HashMap::new(),
             budget,
+            ages: HostPteAges::default(),
         }
     }
 }
@@ -321,7 +325,9 @@ impl Sampler for HostPte {
         let mut walks: HashMap<u32, Result<Walk, SampleError>> = HashMap::new();
         let mut skipped = HashSet::new();
         for ((pid, spec), d) in units.iter().zip(decisions) {
-            if !d.run {
+            // Inside a long pass (docs/working-set.md) as when the budget
+            // skips: the process stays armed.
+            if !d.run || self.ages.skip(*pid) {
                 skipped.insert(*pid);
                 continue;
             }
@@ -329,6 +335,7 @@ impl Sampler for HostPte {
             walks.insert(*pid, read_and_rearm(*pid));
             self.budget
                 .spent(&spec.key, budget::thread_cpu().saturating_sub(cpu), 0);
+            self.ages.walked(*pid);
         }
         let results = vms
             .iter()
@@ -340,7 +347,13 @@ impl Sampler for HostPte {
                     return Ok(vec![TierReading::default(); vm.tiers.len()]);
                 }
                 match walks.get(&vm.vmm_pid) {
-                    Some(Ok(walk)) => self.readings(vm, walk, since),
+                    Some(Ok(walk)) => {
+                        let r = self.readings(vm, walk, since);
+                        if let Ok(r) = &r {
+                            self.ages.record(vm, r);
+                        }
+                        r
+                    }
                     Some(Err(e)) => Err(e.clone()),
                     None => Err(SampleError::ProcessGone { pid: vm.vmm_pid }),
                 }
@@ -355,11 +368,25 @@ impl Sampler for HostPte {
                 .into_iter()
                 .filter_map(|(pid, w)| Some((pid, w.ok()?.rearmed))),
         );
+        self.ages.pass_done();
         results
     }
 
     fn forget(&mut self, vm_id: &str) {
         self.armed.remove(vm_id);
+        self.ages.forget(vm_id);
+    }
+
+    fn set_ages(&mut self, config: &crate::ages::AgesConfig) {
+        self.ages.set_config(config);
+    }
+
+    fn interval_ends(&mut self) {
+        self.ages.interval_ends();
+    }
+
+    fn ages(&mut self, vm: &Vm) -> Option<Vec<tier_proto::v1::TierAges>> {
+        Some(self.ages.ages(vm))
     }
 
     fn budget(&mut self) -> Option<&mut Budget> {

@@ -16,6 +16,7 @@ mod csv;
 mod matrix;
 mod report;
 mod run;
+mod ws;
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -99,7 +100,11 @@ fn main() -> anyhow::Result<()> {
                 u64::from(defaults.ept_sample_stride),
             ),
         ) {
-            Ok(Some(s)) => backends.push((name.to_string(), s)),
+            Ok(Some(mut s)) => {
+                // As tierd runs: the default working-set horizons.
+                s.set_ages(&tier_profiler::ages::AgesConfig::default());
+                backends.push((name.to_string(), s));
+            }
             Ok(None) => unavailable.push((name.into(), "no sampler".into())),
             Err(e) => unavailable.push((name.into(), e.to_string())),
         }
@@ -159,6 +164,7 @@ fn main() -> anyhow::Result<()> {
     println!();
 
     let mut headline = None;
+    let mut ws_result: Vec<(String, String)> = Vec::new();
     let mut runs: Vec<Option<(String, Box<dyn Sampler>)>> =
         backends.into_iter().map(Some).collect();
     if runs.is_empty() {
@@ -210,8 +216,11 @@ fn main() -> anyhow::Result<()> {
         all.extend(others.iter().copied());
         files.extend([csv, summary]);
         files.extend(report::plots(&sub, &matrix, &records, &all)?);
+        let scores = ws::score(records.iter().filter(|r| !r.warmup).flat_map(|r| &r.ws));
+        let ws_pairs = ws::print(&scores);
         if name.as_deref() == Some("hostpte") {
             headline = h;
+            ws_result = ws_pairs;
         }
         println!();
     }
@@ -241,6 +250,8 @@ fn main() -> anyhow::Result<()> {
             ("skew_rows", skew_rows.to_string()),
         ],
     };
+    let mut pairs = pairs;
+    pairs.extend(ws_result.iter().map(|(k, v)| (k.as_str(), v.clone())));
     println!("{}", result_line(&pairs));
     Ok(())
 }
