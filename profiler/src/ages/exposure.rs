@@ -4,8 +4,8 @@
 //! given by the reading whose exposure is closest to it; the gap `d =
 //! |H - e|` is bounded by a pass of exposure at least `d` (the pages a
 //! window of length d can add or remove are at most those young in a
-//! window at least as long, under a steady workload), and the point takes
-//! the share d / e_gap of it.
+//! window at least as long, under a steady workload), and the point follows
+//! the growth from the next shorter reading to this one over the gap.
 
 use super::{Bounded, horizon_label};
 
@@ -64,7 +64,18 @@ pub fn working_set(
     }
     // At least one page of slack: the gap pass ran at another time.
     let bound = gap.young.max(1.0);
-    let part = bound * d / gap.exposure;
+    // The point follows the working set's growth between the reading and
+    // the next shorter one (0 when saturated: the same pages again), within
+    // the bound.
+    let slope = readings
+        .iter()
+        .chain(recent)
+        .filter(|r| r.exposure > 0.0 && r.exposure < near.exposure)
+        .max_by(|a, b| a.exposure.total_cmp(&b.exposure))
+        .map_or(0.0, |s| {
+            ((near.young - s.young) / (near.exposure - s.exposure)).max(0.0)
+        });
+    let part = (slope * d).min(bound);
     Ok(if near.exposure < h {
         Bounded {
             point: (near.young + part).min(pages),
@@ -99,10 +110,26 @@ mod tests {
         let b = working_set(1.0, &r, &[], 4096.0).unwrap();
         assert_eq!(b.low, 500.0);
         assert_eq!(b.high, 510.0);
-        assert!((b.point - 504.0).abs() < 1e-6, "{b:?}");
+        // Growth 490 pages over 0.965 s, for 0.01 s.
+        let grown = 490.0 / 0.965 * 0.01;
+        assert!((b.point - (500.0 + grown)).abs() < 1e-6, "{b:?}");
         // A horizon shorter than the long pass: the long pass is the top.
         let b = working_set(0.98, &r, &[], 4096.0).unwrap();
         assert_eq!((b.low, b.high), (490.0, 500.0));
+        assert!((b.point - (500.0 - grown)).abs() < 1e-6, "{b:?}");
+        // Saturated (the short pass saw as many): the point stays put.
+        let flat = [
+            Whole {
+                young: 66.0,
+                exposure: 0.025,
+            },
+            Whole {
+                young: 66.0,
+                exposure: 0.99,
+            },
+        ];
+        let b = working_set(1.0, &flat, &[], 4096.0).unwrap();
+        assert_eq!((b.low, b.point, b.high), (66.0, 66.0, 132.0));
         // On the edge: exact.
         let b = working_set(0.025, &r, &[], 4096.0).unwrap();
         assert_eq!((b.low, b.point, b.high), (10.0, 10.0, 10.0));

@@ -88,7 +88,7 @@ pub fn from_whole(
         .iter()
         .map(|&h| {
             if history + 1e-9 < h {
-                return entry(h, Err(format!("watched for {history:.0} s of {h}s")));
+                return entry(h, Err(format!("watched for {history:.1} s of {h}s")));
             }
             let r = working_set(h, current, recent, pages);
             entry(h, r.map_err(|e| missing(h).unwrap_or(e)))

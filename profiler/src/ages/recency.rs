@@ -231,7 +231,7 @@ impl Recency {
             .map(|(j, &h)| {
                 if history + 1e-9 < h {
                     return Err(format!(
-                        "watched for {history:.0} s of {}",
+                        "watched for {history:.1} s of {}",
                         horizon_label(h)
                     ));
                 }

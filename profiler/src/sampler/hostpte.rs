@@ -228,19 +228,27 @@ fn read_timed(path: &std::path::Path) -> std::io::Result<TimedText> {
 }
 
 /// One process's smaps walk: the VMAs with their `Referenced:` bytes and
-/// when each was walked, and when the re-arm after it returned.
+/// when each was walked, and when the re-arm after it returned (inside a
+/// long pass: the re-arm that began it).
 struct Walk {
     vmas: Vec<Vma>,
     smaps: TimedText,
     rearmed: Instant,
 }
 
-/// smaps of `pid`, read before the re-arm that starts the next pass.
-fn read_and_rearm(pid: u32) -> Result<Walk, SampleError> {
+/// smaps of `pid`, read before the re-arm that starts the next pass; with
+/// `keep` (inside a long pass) not re-armed: the next pass goes on from
+/// that earlier re-arm.
+fn read_and_rearm(pid: u32, keep: Option<Instant>) -> Result<Walk, SampleError> {
     let path = PathBuf::from(format!("/proc/{pid}/smaps"));
     let smaps = read_timed(&path).map_err(|e| io(&path, e, pid))?;
-    rearm(pid)?;
-    let rearmed = Instant::now();
+    let rearmed = match keep {
+        Some(at) => at,
+        None => {
+            rearm(pid)?;
+            Instant::now()
+        }
+    };
     Ok(Walk {
         vmas: parse_smaps_field(&smaps.text, "Referenced:"),
         smaps,
@@ -325,14 +333,20 @@ impl Sampler for HostPte {
         let mut walks: HashMap<u32, Result<Walk, SampleError>> = HashMap::new();
         let mut skipped = HashSet::new();
         for ((pid, spec), d) in units.iter().zip(decisions) {
-            // Inside a long pass (docs/working-set.md) as when the budget
-            // skips: the process stays armed.
-            if !d.run || self.ages.skip(*pid) {
+            if !d.run {
                 skipped.insert(*pid);
                 continue;
             }
+            // Inside a long pass (docs/working-set.md) the process is read
+            // but not re-armed: each reading counts from the long pass's
+            // start, a pass of its own for the estimate.
+            let keep = self
+                .ages
+                .inside_long(*pid)
+                .then(|| self.rearmed.get(pid).copied())
+                .flatten();
             let cpu = budget::thread_cpu();
-            walks.insert(*pid, read_and_rearm(*pid));
+            walks.insert(*pid, read_and_rearm(*pid, keep));
             self.budget
                 .spent(&spec.key, budget::thread_cpu().saturating_sub(cpu), 0);
             self.ages.walked(*pid);

@@ -2,11 +2,12 @@
 //! process per pass and reads counts per VMA, so it knows how many pages of
 //! a tier were touched within each pass's exposure, never which. Its passes
 //! are far shorter than the horizons, so one interval in
-//! `long_pass_every` is a long pass: the process is read and re-armed at
-//! the interval's start and not again until its end, and that reading is
-//! the working set within about one interval. Horizons beyond that are not
-//! measured: a longer pass would take the ratio estimate's passes away for
-//! as long.
+//! `long_pass_every` is a long pass: the process is re-armed at the
+//! interval's start and not again until its end; its passes inside read
+//! smaps only, so each counts from that start (the estimate takes them as
+//! passes of growing exposure), and the last is the working set within
+//! about one interval. Horizons beyond that are not measured: a longer pass
+//! would take the ratio estimate's short passes away for as long.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::time::Instant;
@@ -61,9 +62,9 @@ impl HostPteAges {
         self.closed.clear();
     }
 
-    /// True: `pid` is inside a long pass and this pass neither reads nor
-    /// re-arms it.
-    pub fn skip(&self, pid: u32) -> bool {
+    /// True: `pid` is inside a long pass and this pass reads it without
+    /// re-arming.
+    pub fn inside_long(&self, pid: u32) -> bool {
         !self.tick_now && self.long.contains(&pid)
     }
 

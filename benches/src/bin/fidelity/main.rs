@@ -59,6 +59,16 @@ fn main() -> anyhow::Result<()> {
     let passes = u32::try_from(arg("--passes")?.unwrap_or(u64::from(defaults.passes_per_interval)))
         .context("--passes")?;
     let interval = Duration::from_millis(interval_ms);
+    // hostpte's long pass for the working set (docs/working-set.md): one
+    // interval in N, tierd's default unless `--ws-long-pass-every N` (0 =
+    // never, to see the ratio without it).
+    let ages = tier_profiler::ages::AgesConfig {
+        long_pass_every: u32::try_from(
+            arg("--ws-long-pass-every")?.unwrap_or(u64::from(defaults.sampler.ws_long_pass_every)),
+        )
+        .context("--ws-long-pass-every")?,
+        horizons: defaults.sampler.ws_horizons_s.clone(),
+    };
     anyhow::ensure!(
         (1..=64).contains(&passes)
             && tier_profiler::estimate::shortest_pass(interval, passes) >= Duration::from_millis(5),
@@ -102,7 +112,7 @@ fn main() -> anyhow::Result<()> {
         ) {
             Ok(Some(mut s)) => {
                 // As tierd runs: the default working-set horizons.
-                s.set_ages(&tier_profiler::ages::AgesConfig::default());
+                s.set_ages(&ages);
                 backends.push((name.to_string(), s));
             }
             Ok(None) => unavailable.push((name.into(), "no sampler".into())),
