@@ -49,7 +49,7 @@ pub fn working_set(
         .min_by(|a, b| a.exposure.total_cmp(&b.exposure))
     else {
         return Err(format!(
-            "hostpte re-arms the whole process every pass: its longest pass was {longest:.2} s, \
+            "hostpte re-arms the whole process every pass: its longest pass was {longest:.2} s; \
              {} is beyond it",
             horizon_label(h)
         ));
@@ -57,7 +57,7 @@ pub fn working_set(
     // A reading is stretched to a horizon by at most a quarter of itself.
     if d > near.exposure / 4.0 {
         return Err(format!(
-            "hostpte re-arms the whole process every pass: its longest pass was {longest:.2} s, \
+            "hostpte re-arms the whole process every pass: its longest pass was {longest:.2} s; \
              {} is beyond it",
             horizon_label(h)
         ));

@@ -437,7 +437,7 @@ impl Sampler for EptAgeing {
         let why = match &self.driver {
             Driver::PageIdle(_) => None,
             Driver::Damon(_) => Some(
-                "the DAMON ageing driver reports young pages per region and tier,                  not per folio: no ages",
+                "the DAMON ageing driver reports young pages per region and tier (not per folio): no ages",
             ),
         };
         let stride = self.aged.get(&vm.id).map_or(1, |a| a.stride);

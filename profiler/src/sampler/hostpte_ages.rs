@@ -144,7 +144,7 @@ impl HostPteAges {
                 let long = w.long;
                 let missing = |h: f64| match long {
                     Some(e) if !closed && every > 0 && h <= e * 1.5 => Some(format!(
-                        "hostpte measures {h}s in its long pass, one interval in {every}; \
+                        "hostpte measures {h}s in its long pass (one interval in {every}); \
                          not this one"
                     )),
                     _ if every == 0 => Some(format!(
