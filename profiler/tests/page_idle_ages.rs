@@ -1,8 +1,8 @@
 //! The page_idle path of the working-set ages on this process's own pages:
 //! pages touched at known times between real idle-bitmap passes, read back
 //! per folio into a recency record, give the exact working set per horizon.
-//! Needs root and CONFIG_IDLE_PAGE_TRACKING; elsewhere it says why and
-//! does nothing.
+//! Needs root and CONFIG_IDLE_PAGE_TRACKING; elsewhere it is reported
+//! ignored with the reason.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly on purpose
 
@@ -11,23 +11,34 @@ use std::fs::File;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use libtest_mimic::{Arguments, Completion, Failed, Trial};
+
 use tier_profiler::ages::recency::Recency;
 use tier_profiler::sampler::folio::PageFlags;
 use tier_profiler::sampler::page_idle::{self, Bitmap};
 
 const PAGE: usize = 4096;
 
-#[test]
-fn idle_bitmap_passes_give_the_exact_working_set_per_horizon() {
-    let bitmap = match Bitmap::open(Path::new(page_idle::BITMAP)) {
-        Ok(b) => b,
-        Err(e) => {
-            eprintln!(
-                "skipped: no page_idle bitmap here ({e}); needs root and CONFIG_IDLE_PAGE_TRACKING"
-            );
-            return;
-        }
-    };
+fn main() {
+    let args = Arguments::from_args();
+    let trial = Trial::ignorable_test(
+        "idle_bitmap_passes_give_the_exact_working_set_per_horizon",
+        || -> Result<Completion, Failed> {
+            match Bitmap::open(Path::new(page_idle::BITMAP)) {
+                Ok(bitmap) => {
+                    exact_working_set_per_horizon(bitmap);
+                    Ok(Completion::Completed)
+                }
+                Err(e) => Ok(Completion::ignored_with(format!(
+                    "no page_idle bitmap here ({e}); needs root and CONFIG_IDLE_PAGE_TRACKING"
+                ))),
+            }
+        },
+    );
+    libtest_mimic::run(&args, vec![trial]).exit();
+}
+
+fn exact_working_set_per_horizon(bitmap: Bitmap) {
     let flags = PageFlags::open().expect("kpageflags (root)");
     let pages = 64;
     // SAFETY: a fresh private anonymous mapping, checked below, unmapped
