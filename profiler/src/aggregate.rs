@@ -85,6 +85,10 @@ impl PassSum {
         let watched = r.exposure.map(|d| d.as_secs_f64()).or(secs);
         match watched {
             Some(t) => {
+                // One allocation for tierd's schedules (5 passes), not two.
+                if self.timed.capacity() == 0 {
+                    self.timed.reserve_exact(8);
+                }
                 self.timed.push((t, r.young_pages as f64));
                 self.span += secs.unwrap_or(t);
             }
@@ -463,6 +467,7 @@ impl Aggregator {
         let mut out = vec![Vec::new(); n];
         let start = self.fit_budget.cursor % n.max(1);
         let mut first_deferred = None;
+        let mut clock = self.fit_budget.share.is_some().then(thread_cpu);
         for k in 0..n {
             let i = (start + k) % n;
             let vm = tracked[i].vm();
@@ -482,8 +487,6 @@ impl Aggregator {
             let Some(fit) = self.windows.get_mut(&vm.id) else {
                 continue;
             };
-            let budgeted = self.fit_budget.share.is_some();
-            let before = budgeted.then(thread_cpu);
             let (e, path) = estimates(
                 r,
                 fit,
@@ -491,13 +494,22 @@ impl Aggregator {
                 &pages,
                 self.fit_budget.may_fit(),
             );
-            if let Some(b) = before {
-                self.fit_budget.credit -= thread_cpu().saturating_sub(b).as_secs_f64();
+            // The clock is read after full fits only (a system call each):
+            // the cheap VMs before one are charged with it.
+            if path == FitPath::Full
+                && let Some(b) = clock
+            {
+                let now = thread_cpu();
+                self.fit_budget.credit -= now.saturating_sub(b).as_secs_f64();
+                clock = Some(now);
             }
             if path == FitPath::Deferred && first_deferred.is_none() {
                 first_deferred = Some(i);
             }
             out[i] = e;
+        }
+        if let Some(b) = clock {
+            self.fit_budget.credit -= thread_cpu().saturating_sub(b).as_secs_f64();
         }
         self.fit_budget.cursor = first_deferred.unwrap_or(start);
         out
