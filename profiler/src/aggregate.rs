@@ -15,10 +15,11 @@ use std::time::Instant;
 
 use tier_proto::v1::{SamplerHealth, StatsUpdate, TierSample, VmStats};
 
-use crate::estimate::VmWindows;
 use crate::estimate::bounds::{Bounds, Programs};
 pub use crate::estimate::pass_ends;
+use crate::estimate::{FitPath, TierIn, VmFit};
 use crate::registry::Registry;
+use crate::sampler::budget::thread_cpu;
 use crate::sampler::{Sampler, TierReading};
 
 const PAGE: u64 = 4096;
@@ -36,8 +37,10 @@ pub struct Aggregator {
     /// Per VM and tier, what this interval's passes found so far.
     passes: HashMap<String, Vec<PassSum>>,
     /// Per VM, the passes of earlier intervals its tiers' rates are
-    /// fitted to (docs/estimate.md).
-    windows: HashMap<String, VmWindows>,
+    /// fitted to, and its last full fit (docs/estimate.md).
+    windows: HashMap<String, VmFit>,
+    /// The estimator's CPU budget for full fits.
+    fit_budget: FitBudget,
     /// Columns and quantiles the tiers' interval programs share.
     programs: Programs,
     /// Sampler health summed over this interval's passes.
@@ -82,6 +85,10 @@ impl PassSum {
         let watched = r.exposure.map(|d| d.as_secs_f64()).or(secs);
         match watched {
             Some(t) => {
+                // One allocation for tierd's schedules (5 passes), not two.
+                if self.timed.capacity() == 0 {
+                    self.timed.reserve_exact(8);
+                }
                 self.timed.push((t, r.young_pages as f64));
                 self.span += secs.unwrap_or(t);
             }
@@ -112,32 +119,86 @@ struct TierEstimate {
     accesses: f64,
     saturation: Option<f64>,
     bounds: Option<Bounds>,
+    /// Intervals since the full fit the estimate rests on.
+    fit_age: u32,
+    /// The full fit was due and the estimator's CPU budget deferred it.
+    deferred: bool,
+}
+
+/// Share of one core the estimator's full fits may take, on average over
+/// intervals (docs/estimate.md): fits past it are deferred to a later
+/// interval, the VMs taken in turn from where the last interval stopped.
+pub const FIT_BUDGET_PCT: f64 = 0.5;
+
+/// The estimator's CPU budget: credit per interval, spent by the
+/// estimate (thread CPU time); full fits run while it is not negative.
+#[derive(Debug)]
+struct FitBudget {
+    /// Share of one core; `None`: no budget.
+    share: Option<f64>,
+    credit: f64,
+    /// Registry position to start the next interval's fits from: the
+    /// first VM deferred last time.
+    cursor: usize,
+}
+
+impl Default for FitBudget {
+    fn default() -> Self {
+        FitBudget {
+            share: Some(FIT_BUDGET_PCT / 100.0),
+            credit: 0.0,
+            cursor: 0,
+        }
+    }
+}
+
+impl FitBudget {
+    /// Credit for a new interval: at most one interval's allowance banked,
+    /// and at most one interval's debt carried, so each interval fits at
+    /// least one VM (the one whose turn it is) and no VM waits forever.
+    fn start(&mut self, interval_s: f64) {
+        if let Some(s) = self.share {
+            let allowance = s * interval_s;
+            self.credit = (self.credit.max(-allowance) + allowance).min(allowance);
+        }
+    }
+
+    fn may_fit(&self) -> bool {
+        self.share.is_none() || self.credit >= 0.0
+    }
 }
 
 /// Tail of the VM's ratio interval: 5 %, split over its tiers.
 const ALPHA: f64 = 0.05;
 
 /// Page touches over the interval, saturation and interval of each tier of
-/// one VM (`estimate::VmWindows::fit` over its timed tiers; the plain sum
-/// otherwise, without an interval).
+/// one VM (`estimate::VmFit::fit` over its timed tiers; the plain sum
+/// otherwise, without an interval), and how they were had.
 fn estimates(
     sums: &[PassSum],
-    windows: &mut VmWindows,
+    vm: &mut VmFit,
     programs: &mut Programs,
     pages: &[u64],
-) -> Vec<TierEstimate> {
+    may_fit: bool,
+) -> (Vec<TierEstimate>, FitPath) {
     // Untimed tiers go in empty: they keep no window.
-    let timed: Vec<&[(f64, f64)]> = sums
+    let input: Vec<TierIn<'_>> = sums
         .iter()
-        .map(|s| if s.fitted() { s.timed.as_slice() } else { &[] })
+        .zip(pages)
+        .map(|(s, &pages)| TierIn {
+            passes: if s.fitted() { s.timed.as_slice() } else { &[] },
+            pages: s.sampled_pages as f64,
+            fraction: s.sampled_pages as f64 / pages.max(1) as f64,
+        })
         .collect();
-    let fitted = windows.fit(&timed);
     // Bonferroni over the tiers: both ends of the ratio at once.
     let alpha = ALPHA / sums.len().max(1) as f64;
-    sums.iter()
+    let (fitted, path) = vm.fit(&input, alpha, programs, may_fit);
+    let out = sums
+        .iter()
         .zip(fitted)
-        .zip(pages)
-        .map(|((s, e), &pages)| {
+        .map(|(s, f)| {
+            let e = f.estimate;
             if !s.fitted() {
                 return TierEstimate {
                     accesses: s.young_sum as f64,
@@ -152,22 +213,22 @@ fn estimates(
                 1.0
             };
             let accesses = e.accesses * k;
-            let fraction = s.sampled_pages as f64 / pages.max(1) as f64;
-            let bounds = programs
-                .bounds(&s.timed, s.sampled_pages as f64, fraction, alpha)
-                .map(|b| Bounds {
-                    // Scaled as the point, and never without it.
-                    low: (b.low * k).min(accesses),
-                    high: b.high.map(|h| (h * k).max(accesses)),
-                    ..b
-                });
+            let bounds = f.bounds.map(|b| Bounds {
+                // Scaled as the point, and never without it.
+                low: (b.low * k).min(accesses),
+                high: b.high.map(|h| (h * k).max(accesses)),
+                ..b
+            });
             TierEstimate {
                 accesses,
                 saturation: e.saturation,
                 bounds,
+                fit_age: f.age,
+                deferred: path == FitPath::Deferred,
             }
         })
-        .collect()
+        .collect();
+    (out, path)
 }
 
 impl Aggregator {
@@ -274,6 +335,7 @@ impl Aggregator {
             self.last_guest.remove(id);
             self.windows.remove(id);
         }
+        self.fit_budget.start(interval_ns as f64 / 1e9);
         let mut sampler = sampler;
         if let Some(s) = sampler.as_deref_mut() {
             s.interval_ends();
@@ -290,9 +352,15 @@ impl Aggregator {
         self.sent_generation = Some(registry.generation());
         let mut vms = Vec::with_capacity(if vms_unchanged { 0 } else { registry.len() });
         let mut stats = Vec::with_capacity(registry.len());
-        for tracked in registry.iter() {
+        let tracked_vms: Vec<_> = registry.iter().collect();
+        let mut readings: Vec<Option<Vec<PassSum>>> = tracked_vms
+            .iter()
+            .map(|t| passes.remove(&t.vm().id))
+            .collect();
+        let mut fits = self.fit_all(&tracked_vms, &readings);
+        for (i, tracked) in tracked_vms.iter().enumerate() {
             let vm = tracked.vm();
-            let reading = passes.remove(&vm.id);
+            let reading = readings.get_mut(i).and_then(Option::take);
             let why = not_measured.remove(&vm.id);
             let resident = tracked.resident_bytes();
             let balloon = tracked.balloon_bytes().unwrap_or_default();
@@ -301,7 +369,6 @@ impl Aggregator {
                 let before = self.last_guest.insert(vm.id.clone(), now.clone());
                 delta(&now, before.as_deref())
             });
-            // A VM without passes this interval starts its windows over.
             // Working-set ages: from the backend's own per-VM record.
             let mut ages = match sampler.as_mut() {
                 Some(s) if reading.is_some() && !tracked.is_synthetic() => s.ages(vm),
@@ -309,21 +376,7 @@ impl Aggregator {
             }
             .unwrap_or_default()
             .into_iter();
-            let fitted = match reading.as_deref() {
-                Some(r) => {
-                    let pages: Vec<u64> = vm
-                        .tiers
-                        .iter()
-                        .map(|t| (t.size_bytes / PAGE).max(1))
-                        .collect();
-                    let windows = self.windows.entry(vm.id.clone()).or_default();
-                    estimates(r, windows, &mut self.programs, &pages)
-                }
-                None => {
-                    self.windows.remove(&vm.id);
-                    Vec::new()
-                }
-            };
+            let fitted = fits.get_mut(i).map(std::mem::take).unwrap_or_default();
             let tiers = vm
                 .tiers
                 .iter()
@@ -354,8 +407,11 @@ impl Aggregator {
                             sample.accesses_high = b.high.map(|h| h * scale);
                             sample.accesses_high_open = b.high.is_none();
                             sample.saturated_pages = b.saturated * scale;
-                            sample.fit_misfit = Some(b.misfit);
+                            // NaN: not computed (a deferred fit).
+                            sample.fit_misfit = Some(b.misfit).filter(|m| !m.is_nan());
                         }
+                        sample.fit_age = e.fit_age;
+                        sample.fit_deferred = e.deferred;
                         if r.fitted() {
                             (sample.pass_seconds, sample.pass_young_pages) =
                                 r.timed.iter().map(|&(t, y)| (t, y as u64)).unzip();
@@ -407,6 +463,74 @@ impl Aggregator {
             vms_unchanged,
             health,
         }
+    }
+}
+
+impl Aggregator {
+    /// Every VM's estimates for this interval (empty without passes, and
+    /// the VM's windows start over), in registry order. VMs are taken in
+    /// turn from where the estimator's budget ran out last interval, so a
+    /// deferred fit is among the first next time.
+    fn fit_all(
+        &mut self,
+        tracked: &[&dyn crate::registry::TrackedVm],
+        readings: &[Option<Vec<PassSum>>],
+    ) -> Vec<Vec<TierEstimate>> {
+        let n = tracked.len();
+        let mut out = vec![Vec::new(); n];
+        let start = self.fit_budget.cursor % n.max(1);
+        let mut first_deferred = None;
+        let mut clock = self.fit_budget.share.is_some().then(thread_cpu);
+        for k in 0..n {
+            let i = (start + k) % n;
+            let vm = tracked[i].vm();
+            let Some(r) = readings[i].as_deref() else {
+                // A VM without passes this interval starts its windows over.
+                self.windows.remove(&vm.id);
+                continue;
+            };
+            let pages: Vec<u64> = vm
+                .tiers
+                .iter()
+                .map(|t| (t.size_bytes / PAGE).max(1))
+                .collect();
+            if !self.windows.contains_key(&vm.id) {
+                self.windows.insert(vm.id.clone(), VmFit::default());
+            }
+            let Some(fit) = self.windows.get_mut(&vm.id) else {
+                continue;
+            };
+            let (e, path) = estimates(
+                r,
+                fit,
+                &mut self.programs,
+                &pages,
+                self.fit_budget.may_fit(),
+            );
+            // The clock is read after full fits only (a system call each):
+            // the cheap VMs before one are charged with it.
+            if path == FitPath::Full
+                && let Some(b) = clock
+            {
+                let now = thread_cpu();
+                self.fit_budget.credit -= now.saturating_sub(b).as_secs_f64();
+                clock = Some(now);
+            }
+            if path == FitPath::Deferred && first_deferred.is_none() {
+                first_deferred = Some(i);
+            }
+            out[i] = e;
+        }
+        if let Some(b) = clock {
+            self.fit_budget.credit -= thread_cpu().saturating_sub(b).as_secs_f64();
+        }
+        self.fit_budget.cursor = first_deferred.unwrap_or(start);
+        out
+    }
+
+    /// Sets the estimator's CPU budget, % of one core (0: none).
+    pub fn set_fit_budget_pct(&mut self, pct: f64) {
+        self.fit_budget.share = (pct > 0.0).then_some(pct / 100.0);
     }
 }
 
@@ -601,6 +725,60 @@ mod tests {
         fn synthetic_readings(&self) -> Option<Vec<TierReading>> {
             self.1.lock().ok()?.pop()
         }
+    }
+
+    #[test]
+    fn past_the_fit_budget_fits_are_deferred_with_open_intervals_and_taken_in_turn() {
+        use std::time::Duration;
+        // Synthetic VMs: young counts drawn at random per pass, which no
+        // kept fit agrees with, so every interval is due a full fit.
+        let run = |pct: f64| {
+            let mut reg = Registry::default();
+            for i in 0..3 {
+                reg.insert(Box::new(crate::synthetic::SyntheticVm::new(i, 2)));
+            }
+            let mut agg = Aggregator::default();
+            agg.set_fit_budget_pct(pct);
+            let t0 = Instant::now();
+            let ms = Duration::from_millis;
+            let mut updates = Vec::new();
+            for k in 0..3u64 {
+                let start = t0 + ms(1000 * k);
+                for e in [25, 125, 500, 625] {
+                    agg.pass_at(&mut reg, None, start + ms(e));
+                }
+                updates.push(agg.tick_at(&mut reg, None, 1_000_000_000, start + ms(1000)));
+            }
+            // Per interval after the first (untimed: no pass before it),
+            // which VMs were deferred.
+            updates[1..]
+                .iter()
+                .map(|u| {
+                    u.stats
+                        .iter()
+                        .map(|v| {
+                            let deferred = v.tiers.iter().all(|t| t.fit_deferred);
+                            if deferred {
+                                // Firm low end, high end open, no misfit.
+                                assert!(v.tiers.iter().all(|t| t.accesses_high_open
+                                    && t.accesses_low.is_some()
+                                    && t.fit_misfit.is_none()));
+                            }
+                            deferred
+                        })
+                        .collect::<Vec<bool>>()
+                })
+                .collect::<Vec<_>>()
+        };
+        assert!(run(0.0).iter().flatten().all(|d| !d), "no budget");
+        // A budget far below one fit: the first VM in turn is fitted, the
+        // rest deferred, and the next interval starts from the first of
+        // those.
+        let tiny = run(1e-9);
+        assert_eq!(tiny[0].iter().filter(|d| !**d).count(), 1, "{tiny:?}");
+        let first = tiny[0].iter().position(|d| !*d);
+        let next = tiny[1].iter().position(|d| !*d);
+        assert_ne!(first, next, "{tiny:?}");
     }
 
     #[test]

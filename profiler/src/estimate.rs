@@ -18,8 +18,10 @@
 use std::time::Duration;
 
 pub mod bounds;
+mod reuse;
 mod simplex;
 mod window;
+pub use reuse::{FitPath, REFIT_EVERY, TierIn, TierOut, VmFit};
 pub use window::{VmWindows, WINDOW};
 
 /// Long passes are this many times as long as short ones.

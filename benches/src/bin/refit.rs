@@ -1,12 +1,14 @@
 //! Re-fits a recorded fidelity run: reads the per-pass young counts that
 //! `cargo xtask bench fidelity` writes to its intervals CSV, replays them in
-//! order through this build's estimate (`estimate::VmWindows`, one per
+//! order through this build's estimate (`estimate::VmFit`, one per
 //! workload, warm-up intervals included as tierd would see them) and
 //! scores the result against the
 //! recorded truth, next to what the run itself reported. A change to the
 //! estimate is then judged on real passes in a second, without a VM; only a
 //! new schedule of passes needs a new run. Usage: `refit [CSV]` (default:
-//! the last test-guest run's hostpte intervals).
+//! the last test-guest run's hostpte intervals); `refit --refit-every N
+//! [CSV]`: a full fit at least every N intervals (1: every interval, as
+//! before the kept fits were reused).
 
 use std::path::PathBuf;
 
@@ -14,8 +16,8 @@ use anyhow::{Context, bail};
 use tier_benches::fidelity::{ErrorStats, error_pp, ratio};
 use tier_benches::result_line;
 use tier_profiler::aggregate::{HitInterval, hit_interval};
-use tier_profiler::estimate::bounds::bounds;
-use tier_profiler::estimate::{VmWindows, WINDOW};
+use tier_profiler::estimate::bounds::Programs;
+use tier_profiler::estimate::{REFIT_EVERY, TierIn, VmFit, VmWindows, WINDOW};
 use tier_proto::v1::TierSample;
 
 /// One scored interval of the CSV.
@@ -192,53 +194,88 @@ fn refit_all(all: &[Interval], len: usize) -> Vec<Option<f64>> {
         .collect()
 }
 
-/// This build's ~95 % interval of one interval's ratio (estimate::bounds
-/// per tier, as the aggregator forms it; the CSV does not record pages
-/// examined: a million stand in, which only widens the noise to Poisson's,
-/// every page examined as the test guest's runs do). Over dram and slow
-/// only, as the fidelity bench scores it: the truth leaves the guest's
-/// other tiers out; alpha is still split over all of them.
-fn interval(i: &Interval, point: f64) -> Option<HitInterval> {
-    let alpha = 0.05 / (2 + i.other.len()) as f64;
-    let samples: Vec<TierSample> = i
-        .passes
-        .iter()
-        .map(|p| {
-            let b = bounds(p, 1e6, 1.0, alpha)?;
-            Some(TierSample {
-                passes: p.len() as u32,
-                accesses_low: Some(b.low),
-                accesses_high: b.high,
-                accesses_high_open: b.high.is_none(),
-                ..Default::default()
-            })
+/// This build's ratio and ~95 % interval for every interval, in order, as
+/// the aggregator forms them (`estimate::VmFit`: windows of `WINDOW`, the
+/// kept fit reused while the passes agree, a full fit at least every
+/// `refit_every` intervals), each workload with a `VmFit` of its own. The
+/// interval over dram and slow only, as the fidelity bench scores it (the
+/// truth leaves the guest's other tiers out; alpha is still split over all
+/// of them); the CSV does not record pages examined: a million stand in,
+/// which only widens the noise to Poisson's, every page examined as the
+/// test guest's runs do.
+fn refit_kept(all: &[Interval], refit_every: u32) -> Vec<(Option<f64>, Option<HitInterval>)> {
+    let mut programs = Programs::default();
+    let mut v = VmFit::new(VmWindows::new(WINDOW), refit_every);
+    let mut last: Option<&str> = None;
+    all.iter()
+        .map(|i| {
+            if last != Some(i.workload.as_str()) {
+                v = VmFit::new(VmWindows::new(WINDOW), refit_every);
+                last = Some(&i.workload);
+            }
+            let mut tiers: Vec<&[(f64, f64)]> = vec![&i.passes[0], &i.passes[1]];
+            tiers.extend(i.other.iter().map(Vec::as_slice));
+            let input: Vec<TierIn<'_>> = tiers
+                .iter()
+                .map(|p| TierIn {
+                    passes: p,
+                    pages: 1e6,
+                    fraction: 1.0,
+                })
+                .collect();
+            let alpha = 0.05 / tiers.len() as f64;
+            let (e, _) = v.fit(&input, alpha, &mut programs, true);
+            let Some(point) = ratio(e[0].estimate.accesses, e[1].estimate.accesses) else {
+                return (None, None);
+            };
+            let samples: Option<Vec<TierSample>> = e[..2]
+                .iter()
+                .zip(&i.passes)
+                .map(|(t, p)| {
+                    let b = t.bounds?;
+                    Some(TierSample {
+                        passes: p.len() as u32,
+                        accesses_low: Some(b.low),
+                        accesses_high: b.high,
+                        accesses_high_open: b.high.is_none(),
+                        ..Default::default()
+                    })
+                })
+                .collect();
+            let h = samples.and_then(|s| hit_interval(&s, &[true, false], point));
+            (Some(point), h)
         })
-        .collect::<Option<_>>()?;
-    hit_interval(&samples, &[true, false], point)
+        .collect()
 }
 
-/// CPU per tier and interval of the fit alone (today's) and of the fit
-/// with the intervals, over `runs` replays: (min, median, max) in us.
-fn cpu(all: &[Interval], runs: usize) -> [(f64, f64, f64); 2] {
+/// CPU per tier and interval over `runs` replays, (min, median, max) in
+/// us: the fit alone (windows, no intervals), the fit with intervals
+/// every interval in full (the estimate before reuse), and as tierd runs
+/// it (kept fits reused while the passes agree).
+fn cpu(all: &[Interval], runs: usize) -> [(f64, f64, f64); 3] {
     let tiers: usize = all.iter().map(|i| 2 + i.other.len()).sum::<usize>().max(1);
-    let time = |with_bounds: bool| {
+    let time = |f: &dyn Fn()| {
         let mut us: Vec<f64> = (0..runs)
             .map(|_| {
                 let t = std::time::Instant::now();
-                let r = refit_all(all, WINDOW);
-                if with_bounds {
-                    for (i, r) in all.iter().zip(&r) {
-                        std::hint::black_box(interval(i, r.unwrap_or(0.0)));
-                    }
-                }
-                std::hint::black_box(r);
+                f();
                 t.elapsed().as_secs_f64() * 1e6 / tiers as f64
             })
             .collect();
         us.sort_by(f64::total_cmp);
         (us[0], us[us.len() / 2], us[us.len() - 1])
     };
-    [time(false), time(true)]
+    [
+        time(&|| {
+            std::hint::black_box(refit_all(all, WINDOW));
+        }),
+        time(&|| {
+            std::hint::black_box(refit_kept(all, 1));
+        }),
+        time(&|| {
+            std::hint::black_box(refit_kept(all, REFIT_EVERY));
+        }),
+    ]
 }
 
 fn stats(errs: &[f64]) -> String {
@@ -249,7 +286,21 @@ fn stats(errs: &[f64]) -> String {
 
 fn main() -> anyhow::Result<()> {
     // By default the file the fidelity bench writes (same folder rules).
-    let path = match std::env::args_os().nth(1) {
+    // `--refit-every N` (default estimate::REFIT_EVERY; 1: every interval
+    // fitted in full, as before reuse), then the CSV.
+    let mut args: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
+    let mut refit_every = REFIT_EVERY;
+    if let Some(k) = args.iter().position(|a| a == "--refit-every") {
+        refit_every = args
+            .get(k + 1)
+            .and_then(|v| v.to_str())
+            .context("--refit-every needs a value")?
+            .parse::<u32>()
+            .context("--refit-every")?
+            .max(1);
+        args.drain(k..k + 2);
+    }
+    let path = match args.into_iter().next() {
         Some(p) => PathBuf::from(p),
         None => tier_benches::sys::out_dir("fidelity/test-guest")
             .context("the fidelity results folder")?
@@ -264,9 +315,10 @@ fn main() -> anyhow::Result<()> {
     let all = parse(&csv).with_context(|| path.display().to_string())?;
     // As the fidelity bench scores: saying nothing counts 100 pp.
     let err = |i: &Interval, r: Option<f64>| error_pp(r, Some(i.truth)).unwrap_or(100.0);
+    let kept = refit_kept(&all, refit_every);
     let rows: Vec<(&Interval, f64, f64, f64)> = all
         .iter()
-        .zip(refit_all(&all, WINDOW).into_iter().zip(refit_all(&all, 1)))
+        .zip(kept.iter().map(|k| k.0).zip(refit_all(&all, 1)))
         .filter(|(i, _)| !i.warmup)
         .map(|(i, (r, alone))| (i, err(i, i.recorded), err(i, r), err(i, alone)))
         .collect();
@@ -322,13 +374,13 @@ fn main() -> anyhow::Result<()> {
             show(1)
         );
     }
-    // Coverage of this build's intervals, and their width.
-    let refits = refit_all(&all, WINDOW);
+    // Coverage of this build's intervals (as tierd forms them, kept fits
+    // reused while the passes agree), and their width.
     let (mut scored, mut covered, mut open) = (0usize, 0usize, 0usize);
     let mut widths = Vec::new();
     // Per workload: (scored, covered, one-sided, widths).
     let mut rows_by: Vec<(String, usize, usize, usize, Vec<f64>)> = Vec::new();
-    for (i, r) in all.iter().zip(&refits) {
+    for (i, (_, h)) in all.iter().zip(&kept) {
         if i.warmup {
             continue;
         }
@@ -340,7 +392,7 @@ fn main() -> anyhow::Result<()> {
             continue;
         };
         row.1 += 1;
-        if let Some(h) = r.and_then(|r| interval(i, r)) {
+        if let Some(h) = *h {
             let hit = h.low <= i.truth && i.truth <= h.high;
             if !hit {
                 println!(
@@ -377,19 +429,23 @@ fn main() -> anyhow::Result<()> {
         coverage,
         width * 100.0
     );
-    let [cpu_old, cpu_new] = cpu(&all, 5);
+    let [cpu_old, cpu_full, cpu_new] = cpu(&all, 5);
     println!(
-        "{:<30} {:>9} {:>9} {:>9}",
+        "{:<44} {:>9} {:>9} {:>9}",
         "CPU per tier per interval, us", "min", "median", "max"
     );
     for (name, c) in [
         ("fit (before intervals)", cpu_old),
-        ("fit + interval", cpu_new),
+        ("fit + interval, every interval in full", cpu_full),
+        ("fit + interval, kept fits reused (tierd)", cpu_new),
     ] {
-        println!("{name:<30} {:>9.1} {:>9.1} {:>9.1}", c.0, c.1, c.2);
+        println!("{name:<44} {:>9.1} {:>9.1} {:>9.1}", c.0, c.1, c.2);
     }
     let cpu_ratio = cpu_new.1 / cpu_old.1.max(1e-9);
-    println!("ratio (median): {cpu_ratio:.2}x");
+    let reuse_ratio = cpu_new.1 / cpu_full.1.max(1e-9);
+    println!(
+        "ratio (median): {cpu_ratio:.2}x the fit alone, {reuse_ratio:.2}x every interval in full"
+    );
     let s = |k: usize| ErrorStats::of(&pick(&|_| true, k));
     let steady = ErrorStats::of(&pick(&|i| !i.change, 1));
     let (Some(rec), Some(new)) = (s(0), s(1)) else {
@@ -414,6 +470,8 @@ fn main() -> anyhow::Result<()> {
             ("median_width_pp", format!("{:.1}", width * 100.0)),
             ("cpu_us_per_tier", format!("{:.1}", cpu_new.1)),
             ("cpu_ratio", format!("{cpu_ratio:.2}")),
+            ("cpu_us_per_tier_full", format!("{:.1}", cpu_full.1)),
+            ("refit_every", format!("{refit_every}")),
         ])
     );
     Ok(())

@@ -1,5 +1,6 @@
-//! Which pass schedule buys what: tierd's own estimate (`VmWindows` fit
-//! and `estimate::bounds` intervals, as the aggregator forms them) on
+//! Which pass schedule buys what: tierd's own estimate (`VmFit`: windowed
+//! fit, `estimate::bounds` intervals and their reuse while the passes agree,
+//! as the aggregator forms them) on
 //! simulated accessed bits of two-tier VMs whose pages are touched at
 //! random times at known per-page rates: uniform sets, Zipf sets, a few
 //! always-hot guest-kernel pages, a head/tail split of one Zipf ranking,
@@ -10,7 +11,8 @@
 //! Options: `--intervals N` per shape (default 40), `--fraction F` of the
 //! pages sampled (default 1; the sampler CPU budget lowers it on large VMs:
 //! the sample's fit and bounds are scaled by pages / sampled, as the
-//! aggregator does).
+//! aggregator does), `--refit-every N` (default `estimate::REFIT_EVERY`; 1:
+//! every interval fitted in full, as before reuse).
 
 use std::time::Duration;
 
@@ -18,8 +20,8 @@ use anyhow::Context;
 use tier_benches::progress::Progress;
 use tier_benches::result_line;
 use tier_profiler::aggregate::hit_interval;
-use tier_profiler::estimate::bounds::bounds;
-use tier_profiler::estimate::{VmWindows, pass_lengths};
+use tier_profiler::estimate::bounds::{Bounds, Programs};
+use tier_profiler::estimate::{REFIT_EVERY, TierIn, VmFit, VmWindows, pass_lengths};
 use tier_proto::v1::TierSample;
 
 struct Rng(u64);
@@ -145,9 +147,17 @@ fn sample(rates: &[f64], fraction: f64, rng: &mut Rng) -> Vec<f64> {
     out
 }
 
-fn score(shape: &Shape, ts: &[f64], intervals: usize, seed: u64, fraction: f64) -> Score {
+fn score(
+    shape: &Shape,
+    ts: &[f64],
+    intervals: usize,
+    seed: u64,
+    fraction: f64,
+    refit_every: u32,
+) -> Score {
     let mut rng = Rng(seed);
-    let mut w = VmWindows::default();
+    let mut w = VmFit::new(VmWindows::default(), refit_every);
+    let mut programs = Programs::default();
     let total: f64 = ts.iter().sum();
     let acc = |r: &[f64]| r.iter().sum::<f64>() * total;
     let truth = acc(&shape.dram) / (acc(&shape.dram) + acc(&shape.slow));
@@ -162,22 +172,35 @@ fn score(shape: &Shape, ts: &[f64], intervals: usize, seed: u64, fraction: f64) 
     for _ in 0..intervals {
         let d = young(&dram, ts, &mut rng);
         let s = young(&slow, ts, &mut rng);
-        let e = w.fit(&[&d, &s]);
-        let (ad, as_) = (e[0].accesses * kd, e[1].accesses * ks);
+        // As the aggregator: the kept fit while the passes agree with it.
+        fn input(p: &[(f64, f64)], sampled: usize, k: f64) -> TierIn<'_> {
+            TierIn {
+                passes: p,
+                pages: sampled as f64,
+                fraction: 1.0 / k,
+            }
+        }
+        let (e, _) = w.fit(
+            &[input(&d, dram.len(), kd), input(&s, slow.len(), ks)],
+            0.025,
+            &mut programs,
+            true,
+        );
+        let (ad, as_) = (e[0].estimate.accesses * kd, e[1].estimate.accesses * ks);
         let sum = ad + as_;
         let point = if sum > 0.0 { ad / sum } else { 0.0 };
         errs.push((point - truth).abs() * 100.0);
-        let tier = |p: &[(f64, f64)], sampled: usize, k: f64, accesses: f64| {
-            let b = bounds(p, sampled as f64, 1.0 / k, 0.025);
-            TierSample {
-                passes: p.len() as u32,
-                accesses_low: b.map(|b| (b.low * k).min(accesses)),
-                accesses_high: b.and_then(|b| b.high.map(|h| (h * k).max(accesses))),
-                accesses_high_open: b.is_some_and(|b| b.high.is_none()),
-                ..Default::default()
-            }
+        let tier = |p: &[(f64, f64)], b: Option<Bounds>, k: f64, accesses: f64| TierSample {
+            passes: p.len() as u32,
+            accesses_low: b.map(|b| (b.low * k).min(accesses)),
+            accesses_high: b.and_then(|b| b.high.map(|h| (h * k).max(accesses))),
+            accesses_high_open: b.is_some_and(|b| b.high.is_none()),
+            ..Default::default()
         };
-        let tiers = [tier(&d, dram.len(), kd, ad), tier(&s, slow.len(), ks, as_)];
+        let tiers = [
+            tier(&d, e[0].bounds, kd, ad),
+            tier(&s, e[1].bounds, ks, as_),
+        ];
         if let Some(i) = hit_interval(&tiers, &[true, false], point) {
             covered += usize::from(i.low <= truth && truth <= i.high);
             open += usize::from(i.low_open || i.high_open);
@@ -215,6 +238,15 @@ fn main() -> anyhow::Result<()> {
             .context("--fraction")?,
         None => 1.0,
     };
+    let refit_every = match args.iter().position(|a| a == "--refit-every") {
+        Some(i) => args
+            .get(i + 1)
+            .context("--refit-every needs a value")?
+            .parse::<u32>()
+            .context("--refit-every")?
+            .max(1),
+        None => REFIT_EVERY,
+    };
     anyhow::ensure!(
         fraction > 0.0 && fraction <= 1.0,
         "--fraction must be in (0, 1]"
@@ -233,7 +265,7 @@ fn main() -> anyhow::Result<()> {
     ];
     let shapes = shapes();
     println!(
-        "schedule: {intervals} simulated 1 s intervals per shape; interval = ~95 % DRAM-hit interval; pages sampled: {fraction}"
+        "schedule: {intervals} simulated 1 s intervals per shape; interval = ~95 % DRAM-hit interval; pages sampled: {fraction}; full fit at least every {refit_every} intervals"
     );
     println!(
         "{:<42} {:<32} {:>6} {:>5} {:>9} {:>9} {:>8} {:>9} {:>10}",
@@ -254,7 +286,14 @@ fn main() -> anyhow::Result<()> {
         let mut base_width = f64::NAN;
         for (j, (name, ts)) in schedules.iter().enumerate() {
             progress.item(format!("{}, {name}", shape.name));
-            let s = score(shape, ts, intervals, 0x9e37_79b9 + k as u64, fraction);
+            let s = score(
+                shape,
+                ts,
+                intervals,
+                0x9e37_79b9 + k as u64,
+                fraction,
+                refit_every,
+            );
             progress.inc();
             if j == 0 {
                 base_width = s.width_pp;
@@ -299,6 +338,7 @@ fn main() -> anyhow::Result<()> {
         pairs.push((keys[j], format!("{width:.1}")));
     }
     pairs.push(("fraction", format!("{fraction}")));
+    pairs.push(("refit_every", format!("{refit_every}")));
     println!("{}", result_line(&pairs));
     Ok(())
 }

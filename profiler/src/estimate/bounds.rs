@@ -198,6 +198,59 @@ impl Programs {
         }
     }
 
+    /// Šidák: every one of `passes` passes within `z` at once, with
+    /// probability `1 - alpha`.
+    fn z_all(&mut self, passes: usize, alpha: f64) -> f64 {
+        let m = passes.max(1) as f64;
+        self.z(1.0 - (1.0 - alpha).powf(1.0 / m))
+    }
+
+    /// The part of [`bounds`] that needs no program: the firm lower end
+    /// (each pass's young pages less `z` standard errors: touched at least
+    /// once), the upper end open. What the estimator's CPU budget gives a
+    /// tier whose fit it defers: wider than the full interval, never
+    /// narrower (the full lower end is at least this). `saturated` is 0 and
+    /// `misfit` NaN: neither was computed. `None` where [`bounds`] is.
+    pub fn firm(
+        &mut self,
+        passes: &[(f64, f64)],
+        pages: f64,
+        fraction: f64,
+        alpha: f64,
+    ) -> Option<Bounds> {
+        if passes.is_empty()
+            || passes
+                .iter()
+                .any(|p| p.0.is_nan() || p.0 <= 0.0 || p.0.is_infinite())
+        {
+            return None;
+        }
+        let t_min = passes.iter().map(|p| p.0).fold(f64::INFINITY, f64::min);
+        let t_max = passes.iter().map(|p| p.0).fold(0.0, f64::max);
+        if t_max / t_min < MIN_SPREAD {
+            return None;
+        }
+        let pages = passes
+            .iter()
+            .map(|p| p.1.max(0.0))
+            .fold(pages, f64::max)
+            .max(1.0);
+        let z = self.z_all(passes.len(), alpha);
+        let low = passes
+            .iter()
+            .map(|p| {
+                let y = p.1.max(0.0);
+                (y - z * sigma(y, pages, fraction)).max(0.0)
+            })
+            .sum();
+        Some(Bounds {
+            low,
+            high: None,
+            saturated: 0.0,
+            misfit: f64::NAN,
+        })
+    }
+
     /// [`bounds`], reusing what earlier calls computed where it applies.
     pub fn bounds(
         &mut self,
@@ -223,19 +276,8 @@ impl Programs {
         let ts: Vec<f64> = passes.iter().map(|p| p.0).collect();
         let ys: Vec<f64> = passes.iter().map(|p| p.1.max(0.0)).collect();
         let pages = pages.max(ys.iter().copied().fold(0.0, f64::max)).max(1.0);
-        // Šidák: every pass within z at once, with probability 1 - alpha.
-        let m = passes.len() as f64;
-        let z = self.z(1.0 - (1.0 - alpha).powf(1.0 / m));
-        // Binomial noise of the pages, and of the page sample when not every
-        // page is examined; at least one page.
-        let sigma: Vec<f64> = ys
-            .iter()
-            .map(|&y| {
-                let pages_noise = y * (1.0 - y / pages);
-                let sample_noise = y * (1.0 - fraction.clamp(0.0, 1.0));
-                (pages_noise + sample_noise).max(1.0).sqrt()
-            })
-            .collect();
+        let z = self.z_all(passes.len(), alpha);
+        let sigma: Vec<f64> = ys.iter().map(|&y| sigma(y, pages, fraction)).collect();
         let cols = self.columns(&ts);
         let scale = ys.iter().copied().fold(1.0, f64::max);
         let misfit = misfit(cols, &ys, &sigma, pages, scale)?;
@@ -311,6 +353,14 @@ impl Programs {
             misfit,
         })
     }
+}
+
+/// Binomial noise of a pass's `y` young pages of `pages` examined, and of
+/// the page sample when not every page is examined; at least one page.
+fn sigma(y: f64, pages: f64, fraction: f64) -> f64 {
+    let pages_noise = y * (1.0 - y / pages);
+    let sample_noise = y * (1.0 - fraction.clamp(0.0, 1.0));
+    (pages_noise + sample_noise).max(1.0).sqrt()
 }
 
 /// Smallest `s` such that some mixture fits every pass within `s`

@@ -93,6 +93,12 @@ impl VmWindows {
     /// Tiers whose passes differ in number or length (beyond `POOL_SLACK`)
     /// are not pooled.
     pub fn fit(&mut self, tiers: &[&[(f64, f64)]]) -> Vec<Estimate> {
+        self.fit_rates(tiers).into_iter().map(|(e, _)| e).collect()
+    }
+
+    /// [`VmWindows::fit`], with the rate each estimate rests on (`None`:
+    /// the plain sum).
+    pub(crate) fn fit_rates(&mut self, tiers: &[&[(f64, f64)]]) -> Vec<(Estimate, Option<f64>)> {
         if self.tiers.len() != tiers.len() {
             *self = VmWindows {
                 tiers: vec![Window::default(); tiers.len()],
@@ -119,11 +125,41 @@ impl VmWindows {
             .enumerate()
             .map(|(i, p)| match (pooled[i].or(rates[i]), &own[i]) {
                 // This interval's own rate: its fit is at hand.
-                (Some(r), Some(f)) if r.to_bits() == f.r.to_bits() => f.estimate(p),
-                (Some(r), _) => Fit::at(p, r).estimate(p),
-                (None, _) => plain(p),
+                (Some(r), Some(f)) if r.to_bits() == f.r.to_bits() => (f.estimate(p), Some(r)),
+                (Some(r), _) => (Fit::at(p, r).estimate(p), Some(r)),
+                (None, _) => (plain(p), None),
             })
             .collect()
+    }
+
+    /// Adds one interval's passes to the windows without fitting: for an
+    /// interval whose passes agree with the rates kept (`estimate::reuse`),
+    /// so that the next full fit still rests on the last intervals. Tiers
+    /// and pools without a window, or a tier count that changed, are left
+    /// alone (the next fit starts them).
+    pub(crate) fn extend(&mut self, tiers: &[&[(f64, f64)]]) {
+        if self.tiers.len() != tiers.len() {
+            return;
+        }
+        let len = self.len;
+        let push = |w: &mut Window, p: &[(f64, f64)]| {
+            if !w.0.is_empty() && len > 1 {
+                w.0.push_back(p.to_vec());
+                while w.0.len() > len {
+                    w.0.pop_front();
+                }
+            }
+        };
+        for (w, p) in self.tiers.iter_mut().zip(tiers) {
+            push(w, p);
+        }
+        for (m, w) in &mut self.pools {
+            let set: Vec<&[(f64, f64)]> = bits(*m).filter_map(|i| tiers.get(i).copied()).collect();
+            match pool(&set) {
+                Some(p) => push(w, &p),
+                None => w.0.clear(),
+            }
+        }
     }
 
     /// The pooled rate of each tier that shares one with others. All tiers
