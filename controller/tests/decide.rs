@@ -39,6 +39,7 @@ fn vm(id: &str, given: u64, hot: u64, acc: f64, slow_hot: u64, slow_acc: f64) ->
         accesses: acc,
         accessed_bytes: hot,
         idle_bytes: given - hot,
+        reach: None,
     };
     VmObs {
         id: id.into(),
@@ -131,6 +132,45 @@ fn donor_funds_receiver_and_slow_tier_compensates() {
     let p = c.decide(&vms, 9);
     assert!(p.decisions.is_empty());
     assert!(p.targets.iter().all(|t| t.status == VmStatus::Managed));
+}
+
+#[test]
+fn an_actuator_that_reaches_only_part_of_the_tier_is_a_floor() {
+    // As donor_funds_receiver_and_slow_tier_compensates, but b's DRAM tier
+    // is a virtio-mem zone of which only 256M above its target can be
+    // unplugged (issue 33), and its slow tier can take nothing more: b
+    // releases 256M instead of 544M, a still gets its 160M.
+    let mut b = vm("b", G, 640 * M, 1000.0, 0, 0.0);
+    b.dram.reach = Some(G + 256 * M);
+    b.slow.reach = Some(b.slow.balloon_target);
+    let vms = vec![vm("a", 320 * M, 320 * M, 500.0, 320 * M, 500.0), b];
+    let mut c = Controller::new(config(320 * M + G));
+    let p = c.decide(&vms, 7);
+    assert_eq!((p.budget.released, p.budget.granted), (256 * M, 160 * M));
+    let b = decision(&p, "b");
+    assert_eq!(
+        changes(b),
+        [("dram", G, G + 256 * M), ("slow", G, G - 256 * M)]
+    );
+    assert_eq!(
+        changes(decision(&p, "a"))[0],
+        ("dram", 2 * G - 320 * M, 2 * G - 480 * M)
+    );
+}
+
+#[test]
+fn a_zone_still_unplugging_counts_what_it_holds() {
+    // b's DRAM target takes 512M but the guest has given back only 128M
+    // (unplug under way): 896M held counts against the budget, not 512M.
+    let mut b = vm("b", 512 * M, 256 * M, 1000.0, 0, 0.0);
+    b.dram.balloon_actual = 2 * G - 896 * M;
+    let vms = vec![vm("a", 320 * M, 320 * M, 500.0, 320 * M, 500.0), b];
+    let mut c = Controller::new(config(320 * M + 896 * M));
+    let p = c.decide(&vms, 7);
+    assert_eq!(p.targets[1].status, VmStatus::Settling);
+    assert_eq!(p.budget.committed_before, 320 * M + 896 * M);
+    // Nothing left in the pool for a while b still holds it.
+    assert_eq!(p.budget.granted, 0);
 }
 
 #[test]

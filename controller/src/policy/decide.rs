@@ -6,21 +6,26 @@ use super::allocate::{Claim, water_fill};
 use super::classify::{Ctx, Want, classify, resume, unplaced};
 use super::config::{Config, Limits, PAGE};
 use super::decision;
-use super::input::VmObs;
+use super::input::{TierObs, VmObs};
 use super::model::Load;
 use super::state::{Balloons, Dir, Move, VmState, Why};
 use super::work::{Pool, Work};
 use super::{BudgetSummary, Controller, Plan, Targets, VmStatus};
 
-fn limits(cfg: &Config, vm: &VmObs, tier: &str, size: u64) -> (u64, u64) {
-    cfg.vm(&vm.id, &vm.name)
-        .and_then(|o| o.limits.get(tier))
+/// The tier's (floor, ceiling) of DRAM given: the policy's limits, both
+/// raised to what the actuator can never take (`TierObs::reach`).
+fn limits(cfg: &Config, vm: &VmObs, tier: &TierObs) -> (u64, u64) {
+    let (lo, hi) = cfg
+        .vm(&vm.id, &vm.name)
+        .and_then(|o| o.limits.get(&tier.name))
         .copied()
         .unwrap_or(Limits {
             floor: 0,
             ceiling: None,
         })
-        .resolve(size)
+        .resolve(tier.size);
+    let fixed = tier.unreachable();
+    (lo.max(fixed), hi.max(fixed))
 }
 
 fn status(cfg: &Config, vm: &VmObs, st: &mut VmState, round: u64) -> (VmStatus, bool) {
@@ -92,8 +97,8 @@ fn look(cfg: &Config, vm: &VmObs, st: &mut VmState, round: u64) -> Work {
     ) {
         st.moving = None;
     }
-    let (lo, hi) = limits(cfg, vm, &vm.dram.name, vm.dram.size);
-    let (slow_lo, slow_hi) = limits(cfg, vm, &vm.slow.name, vm.slow.size);
+    let (lo, hi) = limits(cfg, vm, &vm.dram);
+    let (slow_lo, slow_hi) = limits(cfg, vm, &vm.slow);
     let load = Load::of(vm);
     if round > st.mixed_until && status != VmStatus::Uncooperative {
         st.settled_hot = Some(load.hot_set());
@@ -236,9 +241,12 @@ fn sum(it: impl Iterator<Item = u64>) -> u64 {
     it.fold(0, u64::saturating_add)
 }
 
-/// DRAM the VM holds against the budget.
+/// DRAM the VM holds against the budget. While its balloon moves (or a
+/// virtio-mem zone's plugged size follows its request), and when it does
+/// not follow, the larger of target and actual counts: memory the guest
+/// has not given back yet is still held (issue 33).
 fn committed(vm: &VmObs, w: &Work, delta: i64) -> u64 {
-    if w.status == VmStatus::Uncooperative {
+    if matches!(w.status, VmStatus::Uncooperative | VmStatus::Settling) {
         let b = vm.dram.balloon_target.min(vm.dram.balloon_actual);
         return vm.dram.size.saturating_sub(b);
     }

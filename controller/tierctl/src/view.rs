@@ -87,6 +87,29 @@ pub struct TierRow {
     pub sampler_budget_pct: Option<f64>,
     pub sampler_spent_pct: Option<f64>,
     pub sampler_limited: Option<String>,
+    /// What moves the VM's memory between tiers (same on every row):
+    /// `tier-balloon`, `resize-zone`, `none`; None when no controller runs.
+    pub actuator: Option<&'static str>,
+    /// Why that actuator and what it cannot do, for humans.
+    pub actuator_detail: Option<String>,
+    /// The tier's virtio-mem part: region size, requested and plugged now
+    /// (plugged None when the VMM does not report it), and whether the
+    /// region is attributed to the tier; all None without one.
+    pub hotplug_region_bytes: Option<u64>,
+    pub hotplug_requested_bytes: Option<u64>,
+    pub hotplug_plugged_bytes: Option<u64>,
+    pub hotplug_attributed: Option<bool>,
+}
+
+/// The actuator's short name, None when unspecified (no controller).
+pub fn actuator_name(a: tier_proto::v1::Actuator) -> Option<&'static str> {
+    use tier_proto::v1::Actuator;
+    match a {
+        Actuator::Unspecified => None,
+        Actuator::None => Some("none"),
+        Actuator::TierBalloon => Some("tier-balloon"),
+        Actuator::ResizeZone => Some("resize-zone"),
+    }
 }
 
 /// The DRAM-hit ratio as `top` and the table show it: `34-71 %`, `≥34 %`
@@ -216,6 +239,14 @@ pub fn rows(update: &StatsUpdate) -> Vec<TierRow> {
                 sampler_limited: budget
                     .filter(|b| !b.limited.is_empty())
                     .map(|b| b.limited.clone()),
+                actuator: stats.and_then(|s| actuator_name(s.actuator())),
+                actuator_detail: stats
+                    .filter(|s| !s.actuator_detail.is_empty())
+                    .map(|s| s.actuator_detail.clone()),
+                hotplug_region_bytes: tier.hotplug.map(|h| h.region_bytes),
+                hotplug_requested_bytes: sample.and_then(|s| s.hotplug_requested_bytes),
+                hotplug_plugged_bytes: sample.and_then(|s| s.hotplug_plugged_bytes),
+                hotplug_attributed: tier.hotplug.map(|h| h.region_attributed),
             });
         }
     }
@@ -355,13 +386,14 @@ fn stats_of(r: &TierRow) -> Option<VmStats> {
 /// CSV with a header row; numbers unformatted.
 pub fn csv(rows: &[TierRow]) -> String {
     let mut out = String::from(
-        "vm_id,vm_name,vcpus,tier,kind,size_bytes,resident_bytes,balloon_target_bytes,balloon_actual_bytes,young_pages,sampled_pages,source,guest_accesses_per_s,dram_hit_ratio,guest_hit_ratio,accesses_per_s,dram_hit_error,dram_hit_target,rate_saturation,pmu_events_per_s,pmu_not_measured,pmu_running_ratio,not_measured,dram_hit_low,dram_hit_high,dram_hit_low_open,dram_hit_high_open,counted_dram_hit_ratio,accesses_low_per_s,accesses_high_per_s,accesses_high_open,saturated_pages,fit_misfit,sampler_coverage,sampler_passes,sampler_passes_allowed,sampler_budget_pct,sampler_spent_pct,sampler_limited\n",
+        "vm_id,vm_name,vcpus,tier,kind,size_bytes,resident_bytes,balloon_target_bytes,balloon_actual_bytes,young_pages,sampled_pages,source,guest_accesses_per_s,dram_hit_ratio,guest_hit_ratio,accesses_per_s,dram_hit_error,dram_hit_target,rate_saturation,pmu_events_per_s,pmu_not_measured,pmu_running_ratio,not_measured,dram_hit_low,dram_hit_high,dram_hit_low_open,dram_hit_high_open,counted_dram_hit_ratio,accesses_low_per_s,accesses_high_per_s,accesses_high_open,saturated_pages,fit_misfit,sampler_coverage,sampler_passes,sampler_passes_allowed,sampler_budget_pct,sampler_spent_pct,sampler_limited,actuator,actuator_detail,hotplug_region_bytes,hotplug_requested_bytes,hotplug_plugged_bytes,hotplug_attributed\n",
     );
     let opt = |v: Option<f64>| v.map(|x| format!("{x}")).unwrap_or_default();
+    let int = |v: Option<u64>| v.map(|x| x.to_string()).unwrap_or_default();
     for r in rows {
         let _ = writeln!(
             out,
-            "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}",
+            "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}",
             csv_field(&r.vm_id),
             csv_field(&r.vm_name),
             r.vcpus,
@@ -401,6 +433,12 @@ pub fn csv(rows: &[TierRow]) -> String {
             opt(r.sampler_budget_pct),
             opt(r.sampler_spent_pct),
             csv_field(r.sampler_limited.as_deref().unwrap_or_default()),
+            r.actuator.unwrap_or_default(),
+            csv_field(r.actuator_detail.as_deref().unwrap_or_default()),
+            int(r.hotplug_region_bytes),
+            int(r.hotplug_requested_bytes),
+            int(r.hotplug_plugged_bytes),
+            r.hotplug_attributed.map(|b| b.to_string()).unwrap_or_default(),
         );
     }
     out

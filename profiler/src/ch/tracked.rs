@@ -75,6 +75,19 @@ impl TrackedVm for ChVm {
             .collect()
     }
 
+    /// Requested and plugged size of each tier's virtio-mem part (plugged
+    /// only from a VMM with vmm-patch 0009).
+    fn hotplug_bytes(&self) -> Option<Vec<Option<(u64, Option<u64>)>>> {
+        let snap = self.handle.snapshot();
+        let zones: Vec<_> = self
+            .vm
+            .tiers
+            .iter()
+            .map(|t| snap.resizable(&t.name).map(|z| (z.requested, z.plugged)))
+            .collect();
+        zones.iter().any(Option::is_some).then_some(zones)
+    }
+
     /// Target and driver-reported actual of each tier's zone; tiers
     /// without a balloon zone read 0.
     fn balloon_bytes(&self) -> Option<Vec<(u64, u64)>> {

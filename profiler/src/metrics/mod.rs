@@ -2,12 +2,14 @@
 //! hit ratio, balloon target/actual, sampler health and scan cost. Fleets
 //! aggregate hosts with Prometheus, not with a collector of ours. The
 //! estimate's intervals are in `bounds`, the sampler budget's in `budget`,
-//! the controller's in `control`,
+//! the controller's in `control`, virtio-mem zones and the actuator in
+//! `hotplug`,
 //! the process series in `process`.
 
 mod bounds;
 mod budget;
 mod control;
+mod hotplug;
 mod process;
 mod text;
 
@@ -69,6 +71,7 @@ pub struct Metrics {
     bounds: bounds::Bounds,
     budget: budget::Budget,
     control: control::Control,
+    hotplug: hotplug::Hotplug,
     measured: Family<VmLabels, Gauge>,
     active: Family<BackendLabels, Gauge>,
     scan_seconds: Family<BackendLabels, Counter<f64, AtomicU64>>,
@@ -80,6 +83,8 @@ pub struct Metrics {
     vms: Gauge,
     updates: Counter,
     live: HashMap<String, (VmLabels, Vec<TierLabels>)>,
+    /// Each live VM's tiers' virtio-mem parts, in tier order.
+    hotplug_of: HashMap<String, Vec<Option<tier_proto::v1::TierHotplug>>>,
 }
 
 /// Label sets of a VM and its tiers, in tier order.
@@ -131,6 +136,7 @@ impl Metrics {
             bounds: bounds::Bounds::default(),
             budget: budget::Budget::default(),
             control: control::Control::default(),
+            hotplug: hotplug::Hotplug::default(),
             measured: Family::default(),
             active: Family::default(),
             scan_seconds: Family::default(),
@@ -141,6 +147,7 @@ impl Metrics {
             vms: Gauge::default(),
             updates: Counter::default(),
             live: HashMap::new(),
+            hotplug_of: HashMap::new(),
             registry: Registry::default(),
         };
         let r = registry.sub_registry_with_prefix("tierd");
@@ -218,6 +225,7 @@ impl Metrics {
         m.bounds.register(r);
         m.budget.register(r);
         m.control.register(r);
+        m.hotplug.register(r);
         r.register(
             "vm_measured",
             "1 if the host sampler read the VM in the last interval, 0 if it cannot (the reason is the stream's VmStats.not_measured and `tierctl top`); hit-ratio series are absent meanwhile",
@@ -286,6 +294,8 @@ impl Metrics {
             }
             for vm in &u.vms {
                 self.live.entry(vm.id.clone()).or_insert_with(|| labels(vm));
+                self.hotplug_of
+                    .insert(vm.id.clone(), vm.tiers.iter().map(|t| t.hotplug).collect());
             }
         }
         let secs = (u.interval_ns as f64 / 1e9).max(1e-9);
@@ -293,7 +303,8 @@ impl Metrics {
             let Some((vl, tiers)) = self.live.get(&stats.vm_id) else {
                 continue;
             };
-            for (tl, s) in tiers.iter().zip(&stats.tiers) {
+            let hotplug = self.hotplug_of.get(&stats.vm_id);
+            for (i, (tl, s)) in tiers.iter().zip(&stats.tiers).enumerate() {
                 self.young.get_or_create(tl).set(clamp(s.young_pages));
                 self.sampled.get_or_create(tl).set(clamp(s.sampled_pages));
                 self.access_rate
@@ -316,6 +327,8 @@ impl Metrics {
                     .set(clamp(s.balloon_actual_bytes));
                 self.pmu(tl, s, secs);
                 self.bounds.tier(tl, s, secs);
+                let hp = hotplug.and_then(|h| h.get(i).copied().flatten());
+                self.hotplug.tier(tl, hp, s);
             }
             let measured = stats.not_measured.is_empty();
             self.measured.get_or_create(vl).set(i64::from(measured));
@@ -329,6 +342,7 @@ impl Metrics {
             }
             self.bounds.vm(vl, stats, stats.has_accesses && measured);
             self.budget.vm(vl, stats, secs);
+            self.hotplug.vm(vl, stats);
         }
         for h in &u.health {
             let b = BackendLabels {
@@ -406,8 +420,11 @@ impl Metrics {
         self.bounds.forget_vm(&vm);
         self.budget.forget_vm(&vm);
         self.control.forget_vm(&vm);
+        self.hotplug.forget_vm(&vm);
+        self.hotplug_of.remove(id);
         for t in tiers {
             self.bounds.forget_tier(&t);
+            self.hotplug.forget_tier(&t);
             for f in [
                 &self.young,
                 &self.sampled,
