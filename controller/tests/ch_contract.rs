@@ -518,10 +518,7 @@ async fn synthetic_resize_zone_retried_after_a_dropped_connection() {
         Step::Reply(b"HTTP/1.1 204 \r\nContent-Length: 0\r\n\r\n".to_vec()),
     ])
     .await;
-    client(&server)
-        .resize_zone("dram", 96 * MIB)
-        .await
-        .unwrap();
+    client(&server).resize_zone("dram", 96 * MIB).await.unwrap();
     let reqs = server.requests();
     assert_eq!(reqs.len(), 2);
     assert_eq!(body_of(&reqs[0]), body_of(&reqs[1]));

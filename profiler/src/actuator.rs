@@ -249,12 +249,20 @@ mod tests {
         assert_eq!(c.dram.as_ref().unwrap().hotplug, 256 << 20);
         assert!(c.detail.contains("not negotiated"), "{}", c.detail);
         assert!(c.detail.contains("128.0M memory blocks"), "{}", c.detail);
-        assert!(c.detail.contains("\"slow\" has no virtio-mem part"), "{}", c.detail);
+        assert!(
+            c.detail.contains("\"slow\" has no virtio-mem part"),
+            "{}",
+            c.detail
+        );
         // Only a whole-VM balloon: said plainly.
         let legacy = snap(None, false, true);
         let c = pick(Preference::Auto, false, &legacy);
         assert_eq!(c.actuator, Actuator::None);
-        assert!(c.detail.starts_with("only a whole-VM balloon"), "{}", c.detail);
+        assert!(
+            c.detail.starts_with("only a whole-VM balloon"),
+            "{}",
+            c.detail
+        );
         let bare = snap(None, false, false);
         assert!(
             pick(Preference::Auto, false, &bare)

@@ -494,7 +494,10 @@ impl Resize {
                 (_, true) => &self.dram,
                 (Some(s), false) if s.id == c.tier => s,
                 _ => {
-                    error = Some(format!("tier {:?} has no virtio-mem zone to resize", c.tier));
+                    error = Some(format!(
+                        "tier {:?} has no virtio-mem zone to resize",
+                        c.tier
+                    ));
                     break;
                 }
             };

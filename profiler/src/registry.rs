@@ -4,6 +4,10 @@
 
 use tier_proto::v1::Vm;
 
+/// A tier's virtio-mem part: (requested, plugged if reported) bytes;
+/// `None` for a tier without one.
+pub type TierHotplugBytes = Option<(u64, Option<u64>)>;
+
 /// One VM as the aggregator sees it. Implementations must be cheap to call
 /// once per interval.
 pub trait TrackedVm: Send + Sync {
@@ -34,7 +38,7 @@ pub trait TrackedVm: Send + Sync {
     /// Per tier in `Vm::tiers` order: the virtio-mem part's (requested,
     /// plugged if reported) bytes, `None` for a tier without one; `None`
     /// for a VM without any (issue 33).
-    fn hotplug_bytes(&self) -> Option<Vec<Option<(u64, Option<u64>)>>> {
+    fn hotplug_bytes(&self) -> Option<Vec<TierHotplugBytes>> {
         None
     }
 }
@@ -63,7 +67,7 @@ impl<T: TrackedVm + ?Sized> TrackedVm for std::sync::Arc<T> {
     fn balloon_bytes(&self) -> Option<Vec<(u64, u64)>> {
         (**self).balloon_bytes()
     }
-    fn hotplug_bytes(&self) -> Option<Vec<Option<(u64, Option<u64>)>>> {
+    fn hotplug_bytes(&self) -> Option<Vec<TierHotplugBytes>> {
         (**self).hotplug_bytes()
     }
 }

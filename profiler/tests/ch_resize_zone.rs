@@ -84,14 +84,20 @@ impl Zone {
             return Err("Failed resizing virtio-mem region".into());
         }
         if desired < BOOT {
-            return Err(format!("Invalid resize below boot size ({desired} < {BOOT})"));
+            return Err(format!(
+                "Invalid resize below boot size ({desired} < {BOOT})"
+            ));
         }
         let size = desired - BOOT;
         if size == self.requested {
-            return Err(format!("new size {size:#x} and requested_size are identical"));
+            return Err(format!(
+                "new size {size:#x} and requested_size are identical"
+            ));
         }
-        if size > REGION || size % BLOCK != 0 {
-            return Err(format!("new size {size:#x} is bigger than region_size or not aligned"));
+        if size > REGION || !size.is_multiple_of(BLOCK) {
+            return Err(format!(
+                "new size {size:#x} is bigger than region_size or not aligned"
+            ));
         }
         self.requested = size;
         if self.guest == Guest::Follows {
@@ -275,7 +281,9 @@ async fn a_stock_guest_is_driven_by_zone_resize_within_its_hotplug_part() {
     c.annotate(&vms, &mut u);
     assert_eq!(u.stats[0].actuator(), Actuator::ResizeZone);
     assert!(
-        u.stats[0].actuator_detail.contains("boot 64.0M + hot-pluggable 256.0M"),
+        u.stats[0]
+            .actuator_detail
+            .contains("boot 64.0M + hot-pluggable 256.0M"),
         "{}",
         u.stats[0].actuator_detail
     );
@@ -292,9 +300,18 @@ async fn a_stock_guest_is_driven_by_zone_resize_within_its_hotplug_part() {
     assert_eq!(change.new_target_bytes, BOOT + REGION - desired);
     assert!((BOOT..BOOT + REGION).contains(&desired), "{desired}");
     assert_eq!((desired - BOOT) % BLOCK, 0);
-    assert!(d[0].detail.starts_with("vm.resize-zone \"dram\" desired_ram="), "{}", d[0].detail);
+    assert!(
+        d[0].detail
+            .starts_with("vm.resize-zone \"dram\" desired_ram="),
+        "{}",
+        d[0].detail
+    );
     // No slow change was asked of a tier without a virtio-mem part.
-    assert!(d[0].changes.iter().all(|c| c.tier == "dram"), "{:?}", d[0].changes);
+    assert!(
+        d[0].changes.iter().all(|c| c.tier == "dram"),
+        "{:?}",
+        d[0].changes
+    );
     assert_eq!(vmm.zone.lock().unwrap().plugged, desired - BOOT);
 
     // Round after round, the boot part is never asked for.

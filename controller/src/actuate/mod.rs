@@ -28,14 +28,14 @@ use std::time::Duration;
 
 pub use ch::{
     BALLOON_DEVICE, BalloonInfo, BalloonZone, ChApi, Counters, MemoryConfigInfo, MemoryZone,
-    VirtioMem, VmConfigInfo, VmInfo, VmmPing, ZoneConfig, ZoneRange, parse_counters,
-    parse_vm_info, resize_zone_body, resize_zones_body, tier_states,
+    VirtioMem, VmConfigInfo, VmInfo, VmmPing, ZoneConfig, ZoneRange, parse_counters, parse_vm_info,
+    resize_zone_body, resize_zones_body, tier_states,
 };
-pub use zone::{DEFAULT_BLOCK, LINUX_MEMORY_BLOCK, ResizableZone};
 pub use vhost::{
     BackendConfig, BackendFrontend, BackendPing, BackendState, BackendStats, BackendZone,
     VhostBalloon, set_targets_line,
 };
+pub use zone::{DEFAULT_BLOCK, LINUX_MEMORY_BLOCK, ResizableZone};
 
 /// One tier's sub-balloon as the VMM reports it, in bytes.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -109,7 +109,10 @@ impl ResizableZone {
     /// controller granted nor takes more than it asked.
     pub fn desired_ram(&self, taken: u64) -> u64 {
         let block = self.block.max(1);
-        let want = self.size().saturating_sub(taken).clamp(self.boot, self.size());
+        let want = self
+            .size()
+            .saturating_sub(taken)
+            .clamp(self.boot, self.size());
         let plug = want - self.boot;
         let plug = if plug >= self.requested {
             plug / block * block
@@ -151,7 +154,10 @@ mod tests {
     #[test]
     fn target_maps_to_desired_ram_clamped_and_rounded_toward_the_request() {
         let z = zone(128 * M);
-        assert_eq!((z.size(), z.reach(), z.target()), (320 * M, 256 * M, 128 * M));
+        assert_eq!(
+            (z.size(), z.reach(), z.target()),
+            (320 * M, 256 * M, 128 * M)
+        );
         // Exact: take 100M -> 220M total.
         assert_eq!(z.desired_ram(100 * M), 220 * M);
         // Taking more than the hot-pluggable part stops at the boot size.
@@ -209,7 +215,10 @@ mod tests {
         )
         .unwrap();
         let z = ResizableZone::of(&upstream, "dram").unwrap();
-        assert_eq!((z.requested, z.plugged, z.block), (32 * M, None, DEFAULT_BLOCK));
+        assert_eq!(
+            (z.requested, z.plugged, z.block),
+            (32 * M, None, DEFAULT_BLOCK)
+        );
         assert_eq!(z.target(), 224 * M);
         // ACPI hot-plug is not virtio-mem: no zone resize tierd drives.
         let acpi = parse_vm_info(

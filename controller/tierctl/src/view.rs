@@ -438,7 +438,9 @@ pub fn csv(rows: &[TierRow]) -> String {
             int(r.hotplug_region_bytes),
             int(r.hotplug_requested_bytes),
             int(r.hotplug_plugged_bytes),
-            r.hotplug_attributed.map(|b| b.to_string()).unwrap_or_default(),
+            r.hotplug_attributed
+                .map(|b| b.to_string())
+                .unwrap_or_default(),
         );
     }
     out
@@ -666,7 +668,7 @@ mod tests {
         let fields = |l: &str| l.split(',').count();
         let header = c.lines().next().unwrap();
         assert!(header.ends_with(
-            "saturated_pages,fit_misfit,sampler_coverage,sampler_passes,sampler_passes_allowed,sampler_budget_pct,sampler_spent_pct,sampler_limited"
+            "saturated_pages,fit_misfit,sampler_coverage,sampler_passes,sampler_passes_allowed,sampler_budget_pct,sampler_spent_pct,sampler_limited,actuator,actuator_detail,hotplug_region_bytes,hotplug_requested_bytes,hotplug_plugged_bytes,hotplug_attributed"
         ));
         // Row 1 has a quoted comma in the VM name: one more split.
         assert_eq!(fields(c.lines().nth(2).unwrap()), fields(header) + 1);
@@ -674,7 +676,7 @@ mod tests {
             c.lines()
                 .nth(1)
                 .unwrap()
-                .ends_with(",true,,200,,true,12,1.5,,,,,,"),
+                .ends_with(",true,,200,,true,12,1.5,,,,,,,,,,,,"),
             "{c}"
         );
         // The sampler budget's choice, the VM's on every row of it.
@@ -709,7 +711,38 @@ mod tests {
             c.lines()
                 .nth(1)
                 .unwrap()
-                .ends_with(",0.25,3,3.5,0.5,0.4,\"stride 4, to fit\""),
+                .ends_with(",0.25,3,3.5,0.5,0.4,\"stride 4, to fit\",,,,,,"),
+            "{c}"
+        );
+        // The actuator (the VM's) and a virtio-mem tier's sizes (issue 33).
+        u.stats[0].actuator = tier_proto::v1::Actuator::ResizeZone as i32;
+        u.stats[0].actuator_detail = "zone resize, plugged unknown".into();
+        u.vms[0].tiers[0].hotplug = Some(tier_proto::v1::TierHotplug {
+            boot_bytes: 8,
+            region_bytes: 24,
+            block_bytes: 2,
+            region_attributed: false,
+        });
+        u.stats[0].tiers[0].hotplug_requested_bytes = Some(16);
+        let r = rows(&u);
+        assert_eq!(r[0].actuator, Some("resize-zone"));
+        assert_eq!(r[1].actuator, Some("resize-zone"));
+        assert_eq!(
+            (
+                r[0].hotplug_region_bytes,
+                r[0].hotplug_requested_bytes,
+                r[0].hotplug_plugged_bytes,
+                r[0].hotplug_attributed
+            ),
+            (Some(24), Some(16), None, Some(false))
+        );
+        assert_eq!(r[1].hotplug_region_bytes, None);
+        let c = csv(&r);
+        assert!(
+            c.lines()
+                .nth(1)
+                .unwrap()
+                .ends_with(",resize-zone,\"zone resize, plugged unknown\",24,16,,false"),
             "{c}"
         );
     }

@@ -10,7 +10,7 @@ use tier_proto::v1::Vm;
 
 use super::handle::ChHandle;
 use crate::discovery::{self, KvmFd};
-use crate::registry::TrackedVm;
+use crate::registry::{TierHotplugBytes, TrackedVm};
 
 #[derive(Debug)]
 pub struct ChVm {
@@ -77,7 +77,7 @@ impl TrackedVm for ChVm {
 
     /// Requested and plugged size of each tier's virtio-mem part (plugged
     /// only from a VMM with vmm-patch 0009).
-    fn hotplug_bytes(&self) -> Option<Vec<Option<(u64, Option<u64>)>>> {
+    fn hotplug_bytes(&self) -> Option<Vec<TierHotplugBytes>> {
         let snap = self.handle.snapshot();
         let zones: Vec<_> = self
             .vm

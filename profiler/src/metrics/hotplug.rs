@@ -115,7 +115,12 @@ impl Hotplug {
     }
 
     pub(super) fn forget_tier(&self, tl: &TierLabels) {
-        for f in [&self.region, &self.requested, &self.plugged, &self.attributed] {
+        for f in [
+            &self.region,
+            &self.requested,
+            &self.plugged,
+            &self.attributed,
+        ] {
             f.remove(tl);
         }
     }

@@ -199,7 +199,10 @@ fn hotplug_and_actuator_series() {
         v(&body, &format!("tierd_tier_hotplug_attributed{dram}")),
         Some(1.0)
     );
-    assert_eq!(v(&body, &format!("tierd_tier_hotplug_region_bytes{slow}")), None);
+    assert_eq!(
+        v(&body, &format!("tierd_tier_hotplug_region_bytes{slow}")),
+        None
+    );
     assert_eq!(
         v(
             &body,
@@ -213,7 +216,10 @@ fn hotplug_and_actuator_series() {
     u.vms_unchanged = true;
     m.update(&u);
     let body = m.encode();
-    assert_eq!(v(&body, &format!("tierd_tier_hotplug_plugged_bytes{dram}")), None);
+    assert_eq!(
+        v(&body, &format!("tierd_tier_hotplug_plugged_bytes{dram}")),
+        None
+    );
     assert!(!body.contains("actuator=\"resize_zone\""), "{body}");
     assert_eq!(
         v(

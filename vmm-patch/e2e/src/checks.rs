@@ -234,7 +234,10 @@ pub fn all(o: &Outcome) -> Vec<Verdict> {
             ));
         }
     }
-    let no_rss = o.rows.iter().all(|r| r.vms.iter().all(|v| v.rss.is_empty()));
+    let no_rss = o
+        .rows
+        .iter()
+        .all(|r| r.vms.iter().all(|v| v.rss.is_empty()));
     out.push(Verdict {
         required: !(o.plan.upstream && no_rss),
         ..verdict(
@@ -257,15 +260,15 @@ pub fn all(o: &Outcome) -> Vec<Verdict> {
         // ratio it steers by is not the guest's; reported, not required.
         required: !o.plan.upstream,
         ..verdict(
-        "ratios_return_within_epsilon",
-        conv.is_some(),
-        format!(
-            "after the later phase change: {}; from the start (phase 0): {}",
-            conv.map_or_else(|| "never".into(), |k| format!("{k} intervals")),
-            converge(o, 0, change.unwrap_or(o.rows.len()))
-                .map_or_else(|| "not until the end".into(), |k| format!("{k} intervals"))
-        ),
-    )
+            "ratios_return_within_epsilon",
+            conv.is_some(),
+            format!(
+                "after the later phase change: {}; from the start (phase 0): {}",
+                conv.map_or_else(|| "never".into(), |k| format!("{k} intervals")),
+                converge(o, 0, change.unwrap_or(o.rows.len()))
+                    .map_or_else(|| "not until the end".into(), |k| format!("{k} intervals"))
+            ),
+        )
     });
     out
 }

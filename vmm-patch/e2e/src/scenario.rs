@@ -375,7 +375,8 @@ pub async fn run(plan: &Plan, paths: &Paths) -> anyhow::Result<Outcome> {
                 // own serial report where vm.info does not say).
                 Actuator::ResizeZone => {
                     if let Ok(z) = vm.zone_sizes("dram").await {
-                        let unplugged = z.plugged.map_or(u64::MAX, |p| z.hotplug - p.min(z.hotplug));
+                        let unplugged =
+                            z.plugged.map_or(u64::MAX, |p| z.hotplug - p.min(z.hotplug));
                         r.balloon
                             .insert("dram".into(), (z.hotplug - z.requested, unplugged));
                         r.plugged_from_serial = z.from_serial;
