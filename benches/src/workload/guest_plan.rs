@@ -20,7 +20,7 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use tier_testguest::params::{Length, Params, Phase, Report, Zipf};
+use tier_testguest::params::{Length, Params, Phase, Report, VirtioMem, Zipf};
 
 use super::{Schedule, Shape, Skew, WorkloadError};
 
@@ -172,6 +172,7 @@ pub fn plan(
         zipf,
         deaf: Vec::new(),
         lie: Vec::new(),
+        virtio_mem: VirtioMem::On,
     };
     params.check()?;
     Ok(GuestPlan {

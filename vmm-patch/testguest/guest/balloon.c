@@ -129,14 +129,15 @@ static void post_stats(void)
 	struct vq *q = &b.q[tg_queue_stats(1)];
 	size_t n, len;
 
-	for (unsigned i = 0; i < nzones; i++) {
+	/* The balloon's tiers only: a virtio-mem zone is no balloon tier. */
+	for (unsigned i = 0; i < nzones_boot; i++) {
 		ts[i].accesses = wl.t.acc[i];
 		ts[i].free_bytes = tier_bytes(zones[i].free);
 		ts[i].total_bytes = tier_bytes(zones[i].total);
 	}
 	if (b.lie)
-		tg_stats_lie(ts, nzones);
-	n = tg_stats_build(tags, vals, ts, nzones);
+		tg_stats_lie(ts, nzones_boot);
+	n = tg_stats_build(tags, vals, ts, nzones_boot);
 	len = tg_stats_encode(b.stats_buf, PAGE_SIZE, tags, vals, n);
 	vq_post(q, 0, (uint64_t)b.stats_buf, (uint32_t)len, 0);
 	vq_kick(q);

@@ -371,6 +371,18 @@ static int parse_one(struct tg_params *p, const char *tok, const char *te)
 		return parse_windows(p, "deaf", v, te, p->deaf, &p->ndeaf);
 	if (key_is(tok, eq, "lie"))
 		return parse_windows(p, "lie", v, te, p->lie, &p->nlie);
+	if (key_is(tok, eq, "virtio_mem")) {
+		static const char *const modes[] = {"on", "off", "mute", "error"};
+
+		for (unsigned m = 0; m < 4; m++) {
+			if (key_is(v, te, modes[m])) {
+				p->vmem = (uint8_t)m;
+				return 0;
+			}
+		}
+		err(p, "virtio_mem= wants on, off, mute or error", tok, (size_t)(te - tok));
+		return -1;
+	}
 	if (key_is(tok, eq, "report")) {
 		if (parse_len(v, te, &x, &secs))
 			goto bad;

@@ -29,6 +29,12 @@
  *                          deflate, no actual written, stats queue not served)
  *   lie=W,W,...            same windows: the stats the driver returns are
  *                          false (proto.h tg_stats_lie)
+ *   virtio_mem=on|off|mute|error
+ *                          the virtio-mem driver (vmem.h): on follows the
+ *                          device's requested size (default); off leaves the
+ *                          device alone; mute sets it up but never sends a
+ *                          request; error sends only requests the device
+ *                          answers with ERROR (nothing is ever plugged)
  *
  * Pure parsing, no guest dependencies: tested on the host by the crate.
  */
@@ -76,6 +82,7 @@ struct tg_params {
 	unsigned ndeaf, nlie;		/* windows given in deaf=, lie= */
 	struct tg_window deaf[TG_MAX_WINDOWS];
 	struct tg_window lie[TG_MAX_WINDOWS];
+	uint8_t vmem;	      /* virtio_mem=: TG_VMEM_ON (0), OFF, MUTE, ERROR (vmem.h) */
 	char err[TG_ERR_LEN]; /* why tg_params_parse failed */
 };
 

@@ -9,6 +9,7 @@
 #include "cmdline.h"
 #include "console.h"
 #include "mem.h"
+#include "vmem.h"
 #include "workload.h"
 
 static struct tg_params params;
@@ -111,6 +112,7 @@ void tg_main(uint32_t start_info)
 	const struct hvm_start_info *si = (const void *)(uint64_t)start_info;
 	const char *cmdline = "";
 	struct tg_balloon_cfg cfg;
+	struct tg_vmem_region vr;
 	unsigned phase = 0, seconds = 0;
 	uint64_t phase_left, report_left, budget_left;
 	uint8_t sec;
@@ -127,7 +129,8 @@ void tg_main(uint32_t start_info)
 		die("cmdline: %s", params.err);
 
 	balloon_probe(&cfg);
-	mem_init(si, &cfg, balloon_mem_need() + wl_mem_need(&params));
+	vmem_probe(params.vmem, &vr);
+	mem_init(si, &cfg, &vr, balloon_mem_need() + vmem_mem_need() + wl_mem_need(&params));
 	for (unsigned i = 0; i < nzones; i++) {
 		con_printf("tg zone i=%u start=0x%lx span=%u total=%u free=%u node=%d\n", i,
 			   zones[i].base_pfn << PAGE_SHIFT, zones[i].span, zones[i].total,
@@ -145,6 +148,7 @@ void tg_main(uint32_t start_info)
 		wl_pace(params.rate, khz);
 	}
 	balloon_start();
+	vmem_start();
 	con_printf("tg ready tiers=%u sets=%u phases=%u truth=0x%lx\n", nzones, params.nsets,
 		   params.nphases, (uint64_t)&wl.t);
 
@@ -183,6 +187,7 @@ void tg_main(uint32_t start_info)
 			}
 		}
 		balloon_poll();
+		vmem_poll(seconds);
 
 		now = rtc_seconds();
 		if (now != sec) {

@@ -7,6 +7,8 @@
 
 struct zone zones[VIRTIO_BALLOON_TIERS_MAX];
 unsigned nzones;
+unsigned nzones_boot;
+int vmem_zone = -1;
 
 extern char _image_end[];
 static uint64_t bump_next, bump_end;
@@ -66,7 +68,8 @@ static uint32_t bits_count(const uint64_t *map, uint32_t words)
 	return n;
 }
 
-void mem_init(const struct hvm_start_info *si, const struct tg_balloon_cfg *cfg, uint64_t extra)
+void mem_init(const struct hvm_start_info *si, const struct tg_balloon_cfg *cfg,
+	      const struct tg_vmem_region *vr, uint64_t extra)
 {
 	const struct hvm_memmap_entry *mm = (const void *)si->memmap_paddr;
 	uint64_t need = extra, reserve_end;
@@ -95,6 +98,15 @@ void mem_init(const struct hvm_start_info *si, const struct tg_balloon_cfg *cfg,
 		zones[0].base_pfn = lo >> PAGE_SHIFT;
 		zones[0].span = (uint32_t)((hi - lo) >> PAGE_SHIFT);
 		zones[0].node = VIRTIO_BALLOON_TIER_NO_NODE;
+	}
+	nzones_boot = nzones;
+	/* Not in the e820 map: the loop below leaves it all used (unplugged). */
+	if (vr->size && nzones < VIRTIO_BALLOON_TIERS_MAX) {
+		vmem_zone = (int)nzones;
+		zones[nzones].base_pfn = vr->addr >> PAGE_SHIFT;
+		zones[nzones].span = (uint32_t)(vr->size >> PAGE_SHIFT);
+		zones[nzones].node = vr->node;
+		nzones++;
 	}
 	for (i = 0; i < nzones; i++) {
 		zones[i].words = (zones[i].span + 63) / 64;
@@ -262,4 +274,44 @@ void zone_release(unsigned zi, const uint32_t *pfns, uint32_t n)
 			zone_free(zi, pfns[i++]);
 		}
 	}
+}
+
+void zone_plug(unsigned zi, uint64_t pfn, uint32_t n)
+{
+	struct zone *z = &zones[zi];
+	uint64_t rel = pfn - z->base_pfn;
+
+	bits_fill(z->used, rel, rel + n, 0);
+	z->free += n;
+	z->total += n;
+	if ((rel >> 6) < z->hint)
+		z->hint = (uint32_t)(rel >> 6);
+}
+
+uint32_t zone_isolate(unsigned zi, uint64_t pfn, uint32_t n)
+{
+	struct zone *z = &zones[zi];
+	uint64_t rel = pfn - z->base_pfn;
+	uint32_t got = 0;
+
+	for (uint64_t i = rel; i < rel + n; i++) {
+		if (z->used[i >> 6] & (1ULL << (i & 63)))
+			continue;
+		z->used[i >> 6] |= 1ULL << (i & 63);
+		got++;
+	}
+	z->free -= got;
+	z->total -= got;
+	return got;
+}
+
+uint32_t zone_used_in(unsigned zi, uint64_t pfn, uint32_t n)
+{
+	struct zone *z = &zones[zi];
+	uint64_t rel = pfn - z->base_pfn;
+	uint32_t used = 0;
+
+	for (uint64_t i = rel; i < rel + n; i++)
+		used += (uint32_t)((z->used[i >> 6] >> (i & 63)) & 1);
+	return used;
 }

@@ -49,13 +49,24 @@ struct zone {
 
 extern struct zone zones[VIRTIO_BALLOON_TIERS_MAX];
 extern unsigned nzones;
+/* Zones of boot RAM (balloon tiers, or all RAM): zones[0, nzones_boot). */
+extern unsigned nzones_boot;
+/* Zone of the virtio-mem region (vmem.c), -1 when there is none. */
+extern int vmem_zone;
+
+/* A virtio-mem device region: a zone of its own, empty until blocks are plugged. */
+struct tg_vmem_region {
+	uint64_t addr, size; /* size 0: no region */
+	uint32_t node;
+};
 
 /*
  * Build the zones: from the balloon's tiers when `cfg->tier_count` > 0,
- * else one zone of all RAM. Everything below the end of the image plus
+ * else one zone of all RAM; then one for the virtio-mem region `vr`, if any. Everything below the end of the image plus
  * `extra` bytes (handed out by bump_alloc) is reserved.
  */
-void mem_init(const struct hvm_start_info *si, const struct tg_balloon_cfg *cfg, uint64_t extra);
+void mem_init(const struct hvm_start_info *si, const struct tg_balloon_cfg *cfg,
+	      const struct tg_vmem_region *vr, uint64_t extra);
 /* Page-aligned zeroed memory from the reserved area. */
 void *bump_alloc(uint64_t bytes);
 /* Zone holding `pfn`, or -1. */
@@ -73,5 +84,14 @@ void zone_free(unsigned z, uint64_t pfn);
 uint32_t zone_take(unsigned z, uint32_t max, uint32_t *out);
 uint32_t zone_untake(unsigned z, uint32_t max, uint32_t *out);
 void zone_release(unsigned z, const uint32_t *pfns, uint32_t n);
+/*
+ * virtio-mem side (whole blocks, 64-page aligned): zone_plug adds pages
+ * [pfn, pfn + n) to zone `z` (free); zone_isolate takes the free ones of
+ * them out of the zone (used, no longer counted in total) and returns how
+ * many; zone_used_in counts pages of the range in use.
+ */
+void zone_plug(unsigned z, uint64_t pfn, uint32_t n);
+uint32_t zone_isolate(unsigned z, uint64_t pfn, uint32_t n);
+uint32_t zone_used_in(unsigned z, uint64_t pfn, uint32_t n);
 
 #endif

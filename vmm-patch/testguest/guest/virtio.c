@@ -37,6 +37,7 @@
 #define C_Q_USEDHI 0x34
 
 #define VIRTQ_AVAIL_F_NO_INTERRUPT 1
+#define VIRTQ_DESC_F_NEXT 1
 #define VIRTQ_DESC_F_WRITE 2
 
 int vdev_probe(struct vdev *d, struct pci_fn pci)
@@ -163,6 +164,23 @@ void vq_post(struct vq *q, uint16_t id, uint64_t addr, uint32_t len, int device_
 	q->desc[id].len = len;
 	q->desc[id].flags = device_writes ? VIRTQ_DESC_F_WRITE : 0;
 	q->desc[id].next = 0;
+	q->avail[2 + q->avail_idx % q->size] = id;
+	mb();
+	q->avail_idx++;
+	q->avail[1] = q->avail_idx;
+}
+
+void vq_post_chain(struct vq *q, uint16_t id, uint64_t out, uint32_t olen, uint64_t in,
+		   uint32_t ilen)
+{
+	q->desc[id].addr = out;
+	q->desc[id].len = olen;
+	q->desc[id].flags = VIRTQ_DESC_F_NEXT;
+	q->desc[id].next = (uint16_t)(id + 1);
+	q->desc[id + 1].addr = in;
+	q->desc[id + 1].len = ilen;
+	q->desc[id + 1].flags = VIRTQ_DESC_F_WRITE;
+	q->desc[id + 1].next = 0;
 	q->avail[2 + q->avail_idx % q->size] = id;
 	mb();
 	q->avail_idx++;

@@ -61,6 +61,10 @@ void vdev_cfg_w32(struct vdev *d, uint32_t off, uint32_t v);
 int vq_setup(struct vdev *d, struct vq *q, uint16_t index, void *mem);
 /* Put buffer [addr, addr+len) in descriptor `id` and make it available. */
 void vq_post(struct vq *q, uint16_t id, uint64_t addr, uint32_t len, int device_writes);
+/* A two-descriptor chain in descriptors `id` and `id + 1`: [out, out+olen)
+ * for the device to read, then [in, in+ilen) for it to write. */
+void vq_post_chain(struct vq *q, uint16_t id, uint64_t out, uint32_t olen, uint64_t in,
+		   uint32_t ilen);
 void vq_kick(struct vq *q);
 /* Used entries not consumed yet; vq_consume() takes one, returns its id. */
 uint16_t vq_pending(struct vq *q);

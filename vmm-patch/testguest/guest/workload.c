@@ -276,6 +276,30 @@ uint32_t wl_promote(unsigned z, uint32_t max)
 	return moved;
 }
 
+uint32_t wl_vacate(unsigned z, uint64_t lo, uint64_t hi)
+{
+	uint32_t moved = 0;
+
+	for (unsigned j = 0; j < wl.nsets; j++) {
+		for (uint32_t k = 0; k < wl.n[j]; k++) {
+			uint64_t old = wl.pfn[j][k];
+			int to;
+
+			if (wl.where[j][k] != z || old < lo || old >= hi)
+				continue;
+			to = zones[z].free ? (int)z : fallback(z, 1);
+			if (to < 0)
+				die("workload: no room to vacate pfn 0x%lx of zone %u", old, z);
+			move_page(j, k, (unsigned)to);
+			/* Its old page must not be handed out again: it is leaving. */
+			zone_isolate(z, old, 1);
+			moved++;
+		}
+	}
+	wl.evicted += moved;
+	return moved;
+}
+
 void wl_resident(uint32_t *res)
 {
 	for (unsigned i = 0; i < nzones; i++)

@@ -57,6 +57,13 @@ uint32_t wl_evict(unsigned z, uint32_t need);
 /* Move up to `max` pages of set `z` that live elsewhere back into zone `z`
  * while it has room; returns how many moved. */
 uint32_t wl_promote(unsigned z, uint32_t max);
+/*
+ * Move every workload page of zone `z` in pfns [lo, hi) elsewhere (zone z
+ * outside the range first, then the fallback zones) and take the pages it
+ * leaves out of the zone (zone_isolate). The caller checked there is room.
+ * Returns the pages moved.
+ */
+uint32_t wl_vacate(unsigned z, uint64_t lo, uint64_t hi);
 /* Workload pages per zone. */
 void wl_resident(uint32_t *res);
 

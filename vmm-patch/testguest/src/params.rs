@@ -53,6 +53,7 @@ struct CParams {
     nlie: u32,
     deaf: [CWindow; MAX_WINDOWS],
     lie: [CWindow; MAX_WINDOWS],
+    vmem: u8,
     err: [c_char; ERR_LEN],
 }
 
@@ -137,6 +138,39 @@ impl Window {
     }
 }
 
+/// What the guest's virtio-mem driver does (`virtio_mem=`, guest/vmem.h).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum VirtioMem {
+    /// Follow the device's requested size (plug and unplug blocks).
+    #[default]
+    On,
+    /// Leave the device alone, as a guest without the driver.
+    Off,
+    /// Set the device up but never send a request: plugged size stays.
+    Mute,
+    /// Send only requests the device answers with ERROR: nothing is plugged.
+    Error,
+}
+
+impl VirtioMem {
+    const ALL: [VirtioMem; 4] = [
+        VirtioMem::On,
+        VirtioMem::Off,
+        VirtioMem::Mute,
+        VirtioMem::Error,
+    ];
+
+    /// As written on the command line.
+    pub fn token(self) -> &'static str {
+        match self {
+            VirtioMem::On => "on",
+            VirtioMem::Off => "off",
+            VirtioMem::Mute => "mute",
+            VirtioMem::Error => "error",
+        }
+    }
+}
+
 /// How often the guest prints a `tg tick` line.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Report {
@@ -172,6 +206,8 @@ pub struct Params {
     /// `lie=`: windows in which the stats the driver returns are false
     /// ([`crate::wire::lie_stats`]).
     pub lie: Vec<Window>,
+    /// `virtio_mem=`: the virtio-mem driver's behaviour.
+    pub virtio_mem: VirtioMem,
 }
 
 #[derive(Debug, Error, PartialEq, Eq)]
@@ -260,6 +296,10 @@ impl Params {
                 .collect(),
             deaf: windows(&c.deaf[..c.ndeaf as usize]),
             lie: windows(&c.lie[..c.nlie as usize]),
+            virtio_mem: VirtioMem::ALL
+                .get(usize::from(c.vmem))
+                .copied()
+                .unwrap_or_default(),
         }
     }
 
@@ -312,6 +352,9 @@ impl Params {
                 let _ = write!(s, " {key}=");
                 list(&mut s, w.iter().map(|w| w.token()).collect(), ",");
             }
+        }
+        if self.virtio_mem != VirtioMem::On {
+            let _ = write!(s, " virtio_mem={}", self.virtio_mem.token());
         }
         s
     }
@@ -431,6 +474,23 @@ mod tests {
         assert!(!Params::default().to_cmdline().contains("zipf"));
         // A chain's last set may shrink; its later set takes no weight.
         assert!(Params::parse("hot=8,8 zipf=1,+ phases=100/0@1k:8/3").is_ok());
+    }
+
+    #[test]
+    fn parses_virtio_mem_modes() {
+        assert_eq!(Params::default().virtio_mem, VirtioMem::On);
+        assert!(!Params::default().to_cmdline().contains("virtio_mem"));
+        for m in VirtioMem::ALL {
+            let p = Params::parse(&format!("virtio_mem={}", m.token())).unwrap();
+            assert_eq!(p.virtio_mem, m);
+            assert_eq!(Params::parse(&p.to_cmdline()).unwrap(), p);
+        }
+        assert_eq!(
+            Params::parse("virtio_mem=maybe"),
+            Err(ParamsError::Invalid(
+                "virtio_mem= wants on, off, mute or error: 'virtio_mem=maybe'".into()
+            ))
+        );
     }
 
     #[test]

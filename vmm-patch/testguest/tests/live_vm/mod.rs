@@ -35,6 +35,19 @@ impl Vm {
     /// Boot with zones `(id, size)` (one guest NUMA node each) and the
     /// per-tier balloon with stats.
     pub fn boot(bin: &Path, zones: &[(&str, &str)], cmdline: &str) -> Vm {
+        let mut args: Vec<String> = vec!["--memory".into(), "size=0".into()];
+        for (i, (id, size)) in zones.iter().enumerate() {
+            args.push("--memory-zone".into());
+            args.push(format!("id={id},size={size}"));
+            args.push("--numa".into());
+            args.push(format!("guest_numa_id={i},memory_zones={id}"));
+        }
+        args.extend(["--balloon".into(), "size=0,tiers=on,stats=on".into()]);
+        Vm::spawn(bin, &args, cmdline)
+    }
+
+    /// Boot with one vCPU and `vmm_args` (memory, zones, NUMA, devices).
+    pub fn spawn(bin: &Path, vmm_args: &[String], cmdline: &str) -> Vm {
         tier_testguest::params::Params::parse(cmdline).unwrap();
         let dir = tempfile::tempdir().unwrap();
         let socket = dir.path().join("ch.sock");
@@ -45,12 +58,8 @@ impl Vm {
             .arg("--kernel")
             .arg(tier_testguest::elf_path())
             .args(["--cmdline", cmdline])
-            .args(["--cpus", "boot=1", "--memory", "size=0"]);
-        for (i, (id, size)) in zones.iter().enumerate() {
-            cmd.args(["--memory-zone", &format!("id={id},size={size}")]);
-            cmd.args(["--numa", &format!("guest_numa_id={i},memory_zones={id}")]);
-        }
-        cmd.args(["--balloon", "size=0,tiers=on,stats=on"])
+            .args(["--cpus", "boot=1"])
+            .args(vmm_args)
             .arg("--serial")
             .arg(format!("file={}", serial.display()))
             .args(["--console", "off"])
