@@ -159,18 +159,24 @@ fn an_actuator_that_reaches_only_part_of_the_tier_is_a_floor() {
 }
 
 #[test]
-fn a_zone_still_unplugging_counts_what_it_holds() {
-    // b's DRAM target takes 512M but the guest has given back only 128M
-    // (unplug under way): 896M held counts against the budget, not 512M.
+fn memory_a_zone_has_not_given_back_yet_is_not_granted() {
+    // b's DRAM target leaves it 512M but the guest still holds 896M (an
+    // unplug or inflation under way). The 384M of slack in the budget is
+    // that memory: a, below target, gets none of it until b gives it back.
     let mut b = vm("b", 512 * M, 256 * M, 1000.0, 0, 0.0);
     b.dram.balloon_actual = 2 * G - 896 * M;
     let vms = vec![vm("a", 320 * M, 320 * M, 500.0, 320 * M, 500.0), b];
     let mut c = Controller::new(config(320 * M + 896 * M));
     let p = c.decide(&vms, 7);
     assert_eq!(p.targets[1].status, VmStatus::Settling);
-    assert_eq!(p.budget.committed_before, 320 * M + 896 * M);
-    // Nothing left in the pool for a while b still holds it.
+    assert_eq!(p.budget.committed_before, 320 * M + 512 * M);
     assert_eq!(p.budget.granted, 0);
+    // Once it has arrived, the same slack is granted.
+    let mut vms = vms;
+    vms[1].dram.balloon_actual = vms[1].dram.balloon_target;
+    let mut c = Controller::new(config(320 * M + 896 * M));
+    let p = c.decide(&vms, 8);
+    assert!(p.budget.granted > 0, "{:?}", p.budget);
 }
 
 #[test]

@@ -241,12 +241,9 @@ fn sum(it: impl Iterator<Item = u64>) -> u64 {
     it.fold(0, u64::saturating_add)
 }
 
-/// DRAM the VM holds against the budget. While its balloon moves (or a
-/// virtio-mem zone's plugged size follows its request), and when it does
-/// not follow, the larger of target and actual counts: memory the guest
-/// has not given back yet is still held (issue 33).
+/// DRAM the VM holds against the budget.
 fn committed(vm: &VmObs, w: &Work, delta: i64) -> u64 {
-    if matches!(w.status, VmStatus::Uncooperative | VmStatus::Settling) {
+    if w.status == VmStatus::Uncooperative {
         let b = vm.dram.balloon_target.min(vm.dram.balloon_actual);
         return vm.dram.size.saturating_sub(b);
     }
@@ -366,6 +363,18 @@ pub(super) fn run(c: &mut Controller, vms: &[VmObs], now_unix_ns: u64) -> Plan {
         Want::Release { bytes, .. } => bytes,
         _ => 0,
     }));
+    // DRAM a settling VM still holds beyond its target (a balloon still
+    // inflating, a virtio-mem zone not yet unplugged): not granted to
+    // anyone until it is given back, so the host holds no more than the
+    // budget while moves are under way (issue 33). Not a reason to force
+    // releases: it is on its way out.
+    let in_flight = sum(vms.iter().zip(&works).map(|(v, w)| {
+        if w.status == VmStatus::Settling {
+            v.dram.held().saturating_sub(v.dram.given())
+        } else {
+            0
+        }
+    }));
     let pool = if before > budget {
         let still = (before - budget).saturating_sub(releasing);
         if still > 0 {
@@ -373,7 +382,9 @@ pub(super) fn run(c: &mut Controller, vms: &[VmObs], now_unix_ns: u64) -> Plan {
         }
         0
     } else {
-        (budget - before).saturating_add(releasing)
+        (budget - before)
+            .saturating_add(releasing)
+            .saturating_sub(in_flight)
     };
     let granted = grant(&mut works, pool);
     let mut released = 0;

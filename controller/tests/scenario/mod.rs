@@ -172,7 +172,7 @@ pub fn committed(obs: &[VmObs], targets: &[Targets], after: bool) -> u64 {
         .zip(targets)
         .map(|(o, t)| {
             let target = if after { t.dram } else { o.dram.balloon_target };
-            if matches!(t.status, VmStatus::Uncooperative | VmStatus::Settling) {
+            if t.status == VmStatus::Uncooperative {
                 o.dram.size - target.min(o.dram.balloon_actual).min(o.dram.size)
             } else {
                 o.dram.size.saturating_sub(target)

@@ -122,10 +122,66 @@ pub fn converge(o: &Outcome, from: usize, to: usize) -> Option<usize> {
     first
 }
 
+/// With guest "b"'s virtio-mem driver stalled (`--stall mute|error`): the
+/// controller sends it a bounded number of resizes, reports it
+/// uncooperative with its request against its plugged size, and keeps
+/// driving "a".
+pub fn stalled(o: &Outcome) -> Vec<Verdict> {
+    use tier_proto::v1::{DecisionOutcome, DecisionReason};
+    let mode = o.plan.stall.clone().unwrap_or_default();
+    let ids: Vec<&str> = o.vm_ids.iter().map(|i| i.as_deref().unwrap_or("")).collect();
+    let of = |i: usize| o.decisions.iter().filter(move |d| d.vm_id == ids[i]);
+    let sent = of(1)
+        .filter(|d| d.outcome() == DecisionOutcome::Applied)
+        .count();
+    let marked: Vec<String> = of(1)
+        .filter(|d| d.reason() == DecisionReason::Uncooperative)
+        .map(|d| d.detail.clone())
+        .collect();
+    let flowing = o.rows.iter().filter(|r| r.vms[0].host.is_some()).count();
+    let a_applied = of(0)
+        .filter(|d| d.outcome() == DecisionOutcome::Applied)
+        .count();
+    let b_last = o.rows.iter().rev().find_map(|r| r.vms[1].actuator.clone());
+    vec![
+        verdict(
+            "stalled_guest_gets_bounded_resizes",
+            sent <= 2,
+            format!(
+                "b (virtio_mem={mode}): {sent} vm.resize-zone sent in {} intervals (limit 2)",
+                o.rows.len()
+            ),
+        ),
+        verdict(
+            "stalled_guest_reported",
+            marked.len() == 1
+                && marked[0].contains("requested")
+                && marked[0].contains("plugged"),
+            format!(
+                "{} UNCOOPERATIVE decision(s) for b: {:?}; actuator in the stream: {:?}",
+                marked.len(),
+                marked.first(),
+                b_last
+            ),
+        ),
+        verdict(
+            "other_vm_served",
+            flowing >= 10 && a_applied >= 1,
+            format!(
+                "a: host estimate in {flowing} of {} intervals, {a_applied} resize(s) applied",
+                o.rows.len()
+            ),
+        ),
+    ]
+}
+
 /// Every check of the closed loop.
 pub fn all(o: &Outcome) -> Vec<Verdict> {
+    if o.plan.stall.is_some() {
+        return stalled(o);
+    }
     let names = ["a", "b"];
-    let initial = o.plan.initial_dram_balloon_mib * MIB;
+    let initial = o.plan.initial_dram_target();
     let mut out = Vec::new();
 
     // Stats flow for both VMs.

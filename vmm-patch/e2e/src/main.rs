@@ -50,6 +50,11 @@ struct Args {
     /// serial report, and the attribution gap is checked for.
     #[arg(long)]
     upstream: bool,
+    /// With --actuator resize-zone: guest b's virtio-mem driver never
+    /// answers (`mute`) or only sends requests the device refuses
+    /// (`error`); the run checks the controller stays stable and serves a.
+    #[arg(long, value_parser = ["mute", "error"])]
+    stall: Option<String>,
 }
 
 fn main() -> ExitCode {
@@ -78,8 +83,13 @@ fn run() -> anyhow::Result<bool> {
         backend: args.backend.clone(),
         actuator: args.actuator,
         upstream: args.upstream,
+        stall: args.stall.clone(),
         ..scenario::Plan::default()
     };
+    anyhow::ensure!(
+        args.stall.is_none() || args.actuator == scenario::Actuator::ResizeZone,
+        "--stall needs --actuator resize-zone"
+    );
     anyhow::ensure!(
         !args.upstream || args.actuator == scenario::Actuator::ResizeZone,
         "--upstream needs --actuator resize-zone (an upstream VMM has no per-tier balloon)"
@@ -116,9 +126,12 @@ fn run() -> anyhow::Result<bool> {
         outcome.decisions.len(),
         if resize {
             format!(
-                " actuator=resize-zone vmm={} attribution={}",
+                " actuator=resize-zone vmm={} attribution={}{}",
                 if args.upstream { "upstream" } else { "patched" },
-                if args.upstream { "none" } else { "tier" }
+                if args.upstream { "none" } else { "tier" },
+                args.stall
+                    .as_ref()
+                    .map_or_else(String::new, |m| format!(" stall_b={m}"))
             )
         } else {
             String::new()

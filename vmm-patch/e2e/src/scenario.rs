@@ -53,12 +53,20 @@ pub struct Plan {
     /// What the controller drives: the per-tier balloon, or the dram
     /// zone's virtio-mem part through `vm.resize-zone` (issue 33).
     pub actuator: Actuator,
-    /// Of the dram zone, with `Actuator::ResizeZone`: the hot-pluggable
-    /// part (the rest is its boot size, which never moves).
+    /// Of the dram zone, with `Actuator::ResizeZone`: its boot size (never
+    /// moves) and hot-pluggable part (a multiple of 128 MiB in
+    /// cloud-hypervisor v53.0, docs/virtio-mem.md). The zone starts at
+    /// `dram_mib - initial_dram_balloon_mib` in all, the DRAM a guest holds
+    /// in the balloon run.
+    pub boot_mib: u64,
     pub hotplug_mib: u64,
     /// The VMM has none of our series (upstream v53.0): no plugged size or
     /// region in vm.info, so tierd cannot attribute plugged memory.
     pub upstream: bool,
+    /// Guest "b"'s virtio-mem driver misbehaves: `mute` (never answers) or
+    /// `error` (only requests the device refuses). The run then checks that
+    /// the controller stays stable and keeps serving "a".
+    pub stall: Option<String>,
 }
 
 /// `--actuator`.
@@ -95,8 +103,10 @@ impl Default for Plan {
             passes: 1,
             backend: "hostpte".into(),
             actuator: Actuator::Balloon,
-            hotplug_mib: 24,
+            boot_mib: 8,
+            hotplug_mib: 128,
             upstream: false,
+            stall: None,
         }
     }
 }
@@ -105,16 +115,16 @@ impl Plan {
     /// VM "a" needs DRAM in phase 0 and little in phase 1; "b" the reverse.
     pub fn specs(&self) -> [VmSpec; 2] {
         let resize = self.actuator == Actuator::ResizeZone;
+        let vmem = |name: &str| match (&self.stall, name) {
+            (Some(mode), "b") => format!(" virtio_mem={mode}"),
+            _ => " virtio_mem=on".into(),
+        };
         let spec = |name: &str, first: u32, second: u32| VmSpec {
             name: name.into(),
             zones: vec![
                 (
                     "dram".into(),
-                    if resize {
-                        self.dram_mib - self.hotplug_mib
-                    } else {
-                        self.dram_mib
-                    },
+                    if resize { self.boot_mib } else { self.dram_mib },
                 ),
                 ("slow".into(), self.slow_mib),
             ],
@@ -122,18 +132,32 @@ impl Plan {
                 "hot={hot},300 phases=95/5@{secs}s:{first}/300,95/5@0:{second}/300 report=1s{vmem}",
                 hot = self.hot_pages,
                 secs = self.phase_secs,
-                vmem = if resize { " virtio_mem=on" } else { "" },
+                vmem = if resize { vmem(name) } else { String::new() },
             ),
             vhost_user: None,
+            // Plugged at boot as much as the run starts with.
             hotplug: resize.then_some(Hotplug {
                 size_mib: self.hotplug_mib,
-                plugged_mib: self.hotplug_mib,
+                plugged_mib: (self.dram_mib - self.initial_dram_balloon_mib)
+                    .saturating_sub(self.boot_mib),
             }),
         };
         [
             spec("a", self.hot_pages, self.small_pages),
             spec("b", self.small_pages, self.hot_pages),
         ]
+    }
+
+    /// The dram tier's balloon-style target at the start, bytes: the
+    /// balloon's, or the zone's total minus what it holds.
+    pub fn initial_dram_target(&self) -> u64 {
+        match self.actuator {
+            Actuator::Balloon => self.initial_dram_balloon_mib * MIB,
+            Actuator::ResizeZone => {
+                (self.boot_mib + self.hotplug_mib + self.initial_dram_balloon_mib - self.dram_mib)
+                    * MIB
+            }
+        }
     }
 
     fn policy(&self) -> Policy {
@@ -198,6 +222,8 @@ pub struct Outcome {
     pub plan: Plan,
     /// tierd's tier map of each VM's dram tier: `Tier.hotplug`.
     pub dram_hotplug: [Option<tier_proto::v1::TierHotplug>; 2],
+    /// Each VM's id in tierd's stream.
+    pub vm_ids: [Option<String>; 2],
 }
 
 /// Boots the guests, balloons them to the starting point, runs tierd and
@@ -235,11 +261,13 @@ pub async fn run(plan: &Plan, paths: &Paths) -> anyhow::Result<Outcome> {
             }
             // The same DRAM held: the zone's total minus what a balloon
             // would take.
+            // A stalled guest never plugs: not waited for.
+            Actuator::ResizeZone if plan.stall.is_some() && i == 1 => Duration::ZERO,
             Actuator::ResizeZone => {
                 vm.resize_to(
                     "dram",
                     (plan.dram_mib - plan.initial_dram_balloon_mib) * MIB,
-                    Duration::from_secs(60),
+                    Duration::from_secs(90),
                 )
                 .await?
             }
@@ -421,6 +449,7 @@ pub async fn run(plan: &Plan, paths: &Paths) -> anyhow::Result<Outcome> {
         initial_rss,
         plan: plan.clone(),
         dram_hotplug,
+        vm_ids: ids,
     })
 }
 
