@@ -285,7 +285,13 @@ impl InProcess {
                     t.reach = Some(z.reach());
                 };
                 zone(&mut o.dram, &dram);
-                idle(&mut o.dram);
+                if dram.plugged.is_some() {
+                    idle(&mut o.dram);
+                } else {
+                    // Upstream: samples cover the boot part only, so what
+                    // is idle in plugged memory is unknown, not all of it.
+                    o.dram.idle_bytes = 0;
+                }
                 match &c.slow {
                     Some(z) => zone(&mut o.slow, z),
                     None => {

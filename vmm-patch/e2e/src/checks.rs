@@ -129,8 +129,15 @@ pub fn converge(o: &Outcome, from: usize, to: usize) -> Option<usize> {
 pub fn stalled(o: &Outcome) -> Vec<Verdict> {
     use tier_proto::v1::{DecisionOutcome, DecisionReason};
     let mode = o.plan.stall.clone().unwrap_or_default();
-    let ids: Vec<&str> = o.vm_ids.iter().map(|i| i.as_deref().unwrap_or("")).collect();
-    let of = |i: usize| o.decisions.iter().filter(move |d| d.vm_id == ids[i]);
+    let ids: Vec<&str> = o
+        .vm_ids
+        .iter()
+        .map(|i| i.as_deref().unwrap_or(""))
+        .collect();
+    let of = |i: usize| {
+        let id = ids[i];
+        o.decisions.iter().filter(move |d| d.vm_id == id)
+    };
     let sent = of(1)
         .filter(|d| d.outcome() == DecisionOutcome::Applied)
         .count();
@@ -154,9 +161,7 @@ pub fn stalled(o: &Outcome) -> Vec<Verdict> {
         ),
         verdict(
             "stalled_guest_reported",
-            marked.len() == 1
-                && marked[0].contains("requested")
-                && marked[0].contains("plugged"),
+            marked.len() == 1 && marked[0].contains("requested") && marked[0].contains("plugged"),
             format!(
                 "{} UNCOOPERATIVE decision(s) for b: {:?}; actuator in the stream: {:?}",
                 marked.len(),
