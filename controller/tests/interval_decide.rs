@@ -42,6 +42,7 @@ fn vm(id: &str, dram_acc: f64, slow_acc: f64, hit: HitEvidence) -> VmObs {
         accessed_bytes: 512 * M,
         idle_bytes: given - 512 * M,
         reach: None,
+        granule: 0,
     };
     VmObs {
         id: id.into(),

@@ -283,6 +283,7 @@ impl InProcess {
                     // the actuator detail says so.
                     t.balloon_actual = z.actual().unwrap_or(t.balloon_target);
                     t.reach = Some(z.reach());
+                    t.granule = z.block;
                 };
                 zone(&mut o.dram, &dram);
                 if dram.plugged.is_some() {

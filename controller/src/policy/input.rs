@@ -27,6 +27,10 @@ pub struct TierObs {
     /// size stays), a tier without an actuator nothing (`Some(0)`). The
     /// policy treats `size - reach` as a floor it cannot go below.
     pub reach: Option<u64>,
+    /// The actuator's granularity, bytes (0: a page): a virtio-mem zone
+    /// moves whole blocks, so a smaller release is made one block and a
+    /// smaller need asks for one (the actuation layer rounds grants down).
+    pub granule: u64,
 }
 
 impl TierObs {
