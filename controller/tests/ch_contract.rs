@@ -471,3 +471,55 @@ async fn invalid_targets_are_refused_before_any_io() {
     // Nothing to set: no call at all.
     api.set_tier_targets(&[]).await.unwrap();
 }
+
+#[tokio::test]
+async fn synthetic_resize_zone_sends_the_zone_total_and_a_refusal_is_not_retried() {
+    // Synthetic answers in cloud-hypervisor's shapes: 204 for a resize it
+    // took, 500 with the error chain for one below the boot size.
+    let server = serve(vec![
+        Step::Reply(b"HTTP/1.1 204 \r\nContent-Length: 0\r\n\r\n".to_vec()),
+        Step::Reply(
+            b"HTTP/1.1 500 \r\nContent-Length: 74\r\n\r\n[\"Error from API\",\"Invalid resize below boot size (67108864 < 134217728)\"]"
+                .to_vec(),
+        ),
+        Step::Reply(b"HTTP/1.1 204 \r\nContent-Length: 0\r\n\r\n".to_vec()),
+    ])
+    .await;
+    let api = client(&server);
+    api.resize_zone("dram", 192 * MIB).await.unwrap();
+    let err = api.resize_zone("dram", 64 * MIB).await.unwrap_err();
+    match &err {
+        ActuateError::Vmm {
+            endpoint,
+            status: 500,
+            message,
+        } => {
+            assert_eq!(*endpoint, "PUT /api/v1/vm.resize-zone");
+            assert!(message.contains("below boot size"), "{message}");
+        }
+        other => panic!("expected Vmm, got {other:?}"),
+    }
+    let reqs = server.requests();
+    // The refusal is final: two requests, no retry.
+    assert_eq!(reqs.len(), 2);
+    assert!(reqs[0].starts_with(b"PUT /api/v1/vm.resize-zone HTTP/1.1\r\n"));
+    let body: serde_json::Value = serde_json::from_slice(body_of(&reqs[0])).unwrap();
+    assert_eq!(
+        body,
+        serde_json::json!({"id": "dram", "desired_ram": 192 * MIB})
+    );
+}
+
+#[tokio::test]
+async fn synthetic_resize_zone_retried_after_a_dropped_connection() {
+    // Absolute, so re-sending after a transport failure is safe.
+    let server = serve(vec![
+        Step::Close,
+        Step::Reply(b"HTTP/1.1 204 \r\nContent-Length: 0\r\n\r\n".to_vec()),
+    ])
+    .await;
+    client(&server).resize_zone("dram", 96 * MIB).await.unwrap();
+    let reqs = server.requests();
+    assert_eq!(reqs.len(), 2);
+    assert_eq!(body_of(&reqs[0]), body_of(&reqs[1]));
+}

@@ -41,6 +41,8 @@ fn vm(id: &str, dram_acc: f64, slow_acc: f64, hit: HitEvidence) -> VmObs {
         accesses: acc,
         accessed_bytes: 512 * M,
         idle_bytes: given - 512 * M,
+        reach: None,
+        granule: 0,
     };
     VmObs {
         id: id.into(),

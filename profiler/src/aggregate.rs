@@ -364,6 +364,7 @@ impl Aggregator {
             let why = not_measured.remove(&vm.id);
             let resident = tracked.resident_bytes();
             let balloon = tracked.balloon_bytes().unwrap_or_default();
+            let hotplug = tracked.hotplug_bytes().unwrap_or_default();
             let guest = tracked.guest_reported_accesses();
             let guest_delta = guest.map(|now| {
                 let before = self.last_guest.insert(vm.id.clone(), now.clone());
@@ -389,6 +390,8 @@ impl Aggregator {
                         balloon_target_bytes: balloon.get(i).map_or(0, |b| b.0),
                         balloon_actual_bytes: balloon.get(i).map_or(0, |b| b.1),
                         ages: ages.next(),
+                        hotplug_requested_bytes: hotplug.get(i).copied().flatten().map(|h| h.0),
+                        hotplug_plugged_bytes: hotplug.get(i).copied().flatten().and_then(|h| h.1),
                         ..Default::default()
                     };
                     if let Some(r) = r.filter(|r| r.passes > 0) {
@@ -447,6 +450,9 @@ impl Aggregator {
                 counted_dram_hit_ratio: None,
                 // Set by the daemon from the sampler's budget report.
                 sampler_budget: None,
+                // Set by the daemon from the controller's choice.
+                actuator: 0,
+                actuator_detail: String::new(),
             });
             if !vms_unchanged {
                 vms.push(vm.clone());

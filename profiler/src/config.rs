@@ -159,6 +159,10 @@ pub struct Controller {
     pub act_on: ActOn,
     /// Where `SetPolicy` is kept across restarts; "" = nowhere.
     pub policy_file: PathBuf,
+    /// What moves memory between tiers (docs/controller.md, "Actuators").
+    pub actuator: crate::actuator::Preference,
+    /// Per-VM `actuator`, by VM name or id.
+    pub actuators: BTreeMap<String, crate::actuator::Preference>,
 }
 
 /// `[controller] act_on`: which part of the DRAM-hit interval decides.
@@ -225,6 +229,8 @@ impl Default for Controller {
             enabled: true,
             act_on: ActOn::Interval,
             policy_file: PathBuf::new(),
+            actuator: crate::actuator::Preference::Auto,
+            actuators: BTreeMap::new(),
         }
     }
 }
@@ -286,6 +292,8 @@ pub struct Settings {
     pub act_on: ActOn,
     /// `[controller] policy_file`, absolute; `None`: the policy is not kept.
     pub policy_file: Option<PathBuf>,
+    /// `[controller] actuator` and `[controller.actuators]`.
+    pub actuators: crate::actuator::Preferences,
     pub ch: ChSettings,
 }
 
@@ -520,6 +528,10 @@ impl Config {
             controller: self.controller.enabled,
             act_on: self.controller.act_on,
             policy_file,
+            actuators: crate::actuator::Preferences {
+                default: self.controller.actuator,
+                per_vm: self.controller.actuators.clone(),
+            },
             ch,
         })
     }
@@ -689,6 +701,9 @@ mod tests {
             [controller]
             enabled = false
             act_on = "protective"
+            actuator = "balloon"
+            [controller.actuators]
+            vm1 = "resize-zone"
             "#,
             "t.toml",
         )
@@ -699,6 +714,14 @@ mod tests {
         assert_eq!(s.tier_kinds.get("slow"), Some(&TierKind::Cxl));
         assert!(s.json_logs && !s.controller && !s.discover);
         assert_eq!(s.act_on, ActOn::Protective);
+        assert_eq!(
+            s.actuators.of("ch:1:2", "vm1"),
+            (crate::actuator::Preference::ResizeZone, true)
+        );
+        assert_eq!(
+            s.actuators.of("ch:1:3", "vm2"),
+            (crate::actuator::Preference::Balloon, true)
+        );
         assert_eq!(s.tcp.unwrap().listen.port(), 7443);
     }
 

@@ -18,11 +18,20 @@
 //! Applied decisions are sent on their own task with a deadline and
 //! published when the VMM has answered: APPLIED, or FAILED with the error
 //! in the detail. Dry-run decisions are never sent.
+//!
+//! Which actuator drives a VM is chosen per interval (`crate::actuator`):
+//! the per-tier balloon, or `vm.resize-zone` of a virtio-mem zone (issue
+//! 33), whose balloon-style target is `hotplug_size - requested` and whose
+//! actual is `hotplug_size - plugged`, so a guest that does not follow is
+//! marked uncooperative after the grace period like a balloon, and the
+//! zone's boot part is a floor (`TierObs::reach`). A refused resize holds
+//! the VM's resizes back for a doubling number of intervals.
 
 use std::collections::HashMap;
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
+use tier_controller::actuate::ResizableZone;
 use tier_controller::policy::{ActOn, Config, ConfigError, Controller, TierObs, VmObs, input};
 
 /// The policy's config with `act_on` in its tuning.
@@ -31,8 +40,12 @@ fn config(policy: &Policy, act_on: ActOn) -> Result<Config, ConfigError> {
     c.tuning.act_on = act_on;
     Ok(c)
 }
-use tier_proto::v1::{Decision, DecisionOutcome, DecisionReason, Policy, StatsUpdate, Vm, VmStats};
+use tier_proto::human_bytes;
+use tier_proto::v1::{
+    Actuator, Decision, DecisionOutcome, DecisionReason, Policy, StatsUpdate, Vm, VmStats,
+};
 
+use crate::actuator::{self, Choice, Preferences};
 use crate::ch::{ChHandle, Fleet};
 
 /// A VM's target DRAM-hit ratio and its hold band.
@@ -54,6 +67,30 @@ struct Actuation {
     max_age: Duration,
 }
 
+/// How a VM is driven this interval.
+enum Drive {
+    Balloon(Arc<ChHandle>),
+    Resize {
+        h: Arc<ChHandle>,
+        dram: ResizableZone,
+        slow: Option<ResizableZone>,
+    },
+}
+
+/// Resizes of a VM held back after the VMM refused one: until when, and
+/// how many refusals in a row (the hold doubles with each).
+#[derive(Debug, Clone, Copy)]
+struct Hold {
+    until: Instant,
+    refusals: u32,
+}
+
+/// Shared with the tasks that send resizes.
+type Holds = Arc<Mutex<HashMap<String, Hold>>>;
+
+/// The longest a VM's resizes are held after refusals.
+const MAX_HOLD_INTERVALS: u32 = 64;
+
 /// The in-process controller and the policy it was built from.
 pub struct InProcess {
     controller: Controller,
@@ -63,6 +100,13 @@ pub struct InProcess {
     actuation: Option<Actuation>,
     /// VMs last handed over with `balloon_ok = false`, and why.
     not_actuable: HashMap<String, String>,
+    /// `[controller] actuator` and its per-VM overrides.
+    prefs: Preferences,
+    /// Each VM's actuator at the last step.
+    choices: HashMap<String, Choice>,
+    holds: Holds,
+    /// The sampling interval (resize holds are counted in it).
+    interval: Duration,
 }
 
 impl std::fmt::Debug for InProcess {
@@ -73,6 +117,7 @@ impl std::fmt::Debug for InProcess {
             .field("act_on", &self.act_on)
             .field("actuation", &self.actuation.is_some())
             .field("not_actuable", &self.not_actuable)
+            .field("prefs", &self.prefs)
             .finish()
     }
 }
@@ -91,7 +136,65 @@ impl InProcess {
             act_on,
             actuation: None,
             not_actuable: HashMap::new(),
+            prefs: Preferences::default(),
+            choices: HashMap::new(),
+            holds: Holds::default(),
+            interval: Duration::from_secs(1),
         })
+    }
+
+    /// Chooses actuators by `prefs` (`[controller] actuator`); resize
+    /// holds are counted in `interval`s.
+    pub fn with_actuators(mut self, prefs: Preferences, interval: Duration) -> Self {
+        self.prefs = prefs;
+        self.interval = interval;
+        self
+    }
+
+    /// The actuator of each VM in `update`, from what its VMM reports now
+    /// (`VmStats.actuator`, `actuator_detail`): called before the update
+    /// is published, so the stream shows what the step will use.
+    pub fn annotate(&self, vms: &[Vm], update: &mut StatsUpdate) {
+        for s in &mut update.stats {
+            let Some(vm) = vms.iter().find(|v| v.id == s.vm_id) else {
+                continue;
+            };
+            let Ok(o) = input::from_proto(vm, s) else {
+                continue;
+            };
+            let c = self.choice(&o);
+            s.actuator = c.actuator as i32;
+            s.actuator_detail = c.detail;
+        }
+    }
+
+    /// The actuator of one VM now.
+    fn choice(&self, o: &VmObs) -> Choice {
+        let h = self
+            .actuation
+            .as_ref()
+            .and_then(|a| a.fleet.get(&o.id).map(|h| (h, a.max_age)));
+        let Some((h, max_age)) = h else {
+            return Choice {
+                actuator: Actuator::None,
+                detail: NO_ACTUATOR.into(),
+                dram: None,
+                slow: None,
+            };
+        };
+        let slow = (o.slow.size > 0).then_some(o.slow.name.as_str());
+        actuator::choose(
+            self.prefs.of(&o.id, &o.name),
+            &h.snapshot(),
+            max_age,
+            &o.dram.name,
+            slow,
+        )
+    }
+
+    /// The actuator each VM had at the last step.
+    pub fn actuator(&self, vm_id: &str) -> Option<&Choice> {
+        self.choices.get(vm_id)
     }
 
     /// Drives the balloons of the VMs in `fleet`; decisions that need a
@@ -153,9 +256,9 @@ impl InProcess {
         self.controller.is_uncooperative(vm_id)
     }
 
-    /// Fills the balloon state of `o` from its VMM; the reason if its
-    /// balloon cannot be driven now.
-    fn readiness(&self, o: &mut VmObs, s: &VmStats) -> Result<Arc<ChHandle>, String> {
+    /// Fills the balloon (or zone) state of `o` from its VMM; the reason
+    /// if nothing can drive it now.
+    fn readiness(&self, o: &mut VmObs, s: &VmStats, c: &Choice) -> Result<Drive, String> {
         let h = self
             .actuation
             .as_ref()
@@ -163,30 +266,75 @@ impl InProcess {
         let Some((h, max_age)) = h else {
             return Err(NO_ACTUATOR.into());
         };
-        let snap = h.snapshot();
-        let mut tiers = vec![o.dram.name.as_str()];
-        if o.slow.size > 0 {
-            tiers.push(o.slow.name.as_str());
-        }
-        let balloon = snap
-            .drivable(max_age, &tiers)
-            .map_err(|e| format!("per-tier balloon not drivable: {e}"))?;
         // Idle is only known for a tier that has been through an ageing pass.
         let aged = |name: &str| s.tiers.iter().any(|x| x.tier == name && x.passes > 0);
-        let fill = |t: &mut TierObs| {
-            if let Some(z) = balloon.zones.iter().find(|z| z.id == t.name) {
-                t.balloon_target = z.target;
-                t.balloon_actual = z.host_ballooned;
-                if aged(&t.name) {
-                    t.idle_bytes = t.held().saturating_sub(t.accessed_bytes);
-                }
+        let idle = |t: &mut TierObs| {
+            if aged(&t.name) {
+                t.idle_bytes = t.held().saturating_sub(t.accessed_bytes);
             }
         };
-        fill(&mut o.dram);
-        if o.slow.size > 0 {
-            fill(&mut o.slow);
+        match c.actuator {
+            Actuator::ResizeZone => {
+                let dram = c.dram.clone().ok_or_else(|| c.detail.clone())?;
+                let zone = |t: &mut TierObs, z: &ResizableZone| {
+                    t.size = z.size();
+                    t.balloon_target = z.target();
+                    // Unknown plugged size (upstream): taken as followed;
+                    // the actuator detail says so.
+                    t.balloon_actual = z.actual().unwrap_or(t.balloon_target);
+                    t.reach = Some(z.reach());
+                    t.granule = z.block;
+                };
+                zone(&mut o.dram, &dram);
+                if dram.plugged.is_some() {
+                    idle(&mut o.dram);
+                } else {
+                    // Upstream: samples cover the boot part only, so what
+                    // is idle in plugged memory is unknown, not all of it.
+                    o.dram.idle_bytes = 0;
+                }
+                match &c.slow {
+                    Some(z) => zone(&mut o.slow, z),
+                    None => {
+                        // No actuator on the slow tier: it stays as it is.
+                        o.slow.balloon_target = 0;
+                        o.slow.balloon_actual = 0;
+                        o.slow.reach = Some(0);
+                    }
+                }
+                if o.slow.size > 0 {
+                    idle(&mut o.slow);
+                }
+                Ok(Drive::Resize {
+                    h,
+                    dram,
+                    slow: c.slow.clone(),
+                })
+            }
+            Actuator::TierBalloon => {
+                let snap = h.snapshot();
+                let mut tiers = vec![o.dram.name.as_str()];
+                if o.slow.size > 0 {
+                    tiers.push(o.slow.name.as_str());
+                }
+                let balloon = snap
+                    .drivable(max_age, &tiers)
+                    .map_err(|e| format!("per-tier balloon not drivable: {e}"))?;
+                let fill = |t: &mut TierObs| {
+                    if let Some(z) = balloon.zones.iter().find(|z| z.id == t.name) {
+                        t.balloon_target = z.target;
+                        t.balloon_actual = z.host_ballooned;
+                        idle(t);
+                    }
+                };
+                fill(&mut o.dram);
+                if o.slow.size > 0 {
+                    fill(&mut o.slow);
+                }
+                Ok(Drive::Balloon(h.clone()))
+            }
+            _ => Err(c.detail.clone()),
         }
-        Ok(h.clone())
     }
 
     /// One interval: decisions for the VMs of `update` (`vms` is the full VM
@@ -207,13 +355,15 @@ impl InProcess {
         // fleet (7 % of tierd's CPU at 1000 VMs once the fits were cheap;
         // issue 23).
         let by_id: HashMap<&str, &Vm> = vms.iter().map(|v| (v.id.as_str(), v)).collect();
+        let mut choices = HashMap::new();
         let obs: Vec<VmObs> = update
             .stats
             .iter()
             .filter_map(|s| {
                 let vm = *by_id.get(s.vm_id.as_str())?;
                 let mut o = input::from_proto(vm, s).ok()?;
-                match self.readiness(&mut o, s) {
+                let c = self.choice(&o);
+                match self.readiness(&mut o, s, &c) {
                     Ok(h) => {
                         o.balloon_ok = true;
                         handles.insert(o.id.clone(), h);
@@ -223,9 +373,20 @@ impl InProcess {
                         why_not.insert(o.id.clone(), why);
                     }
                 }
+                choices.insert(o.id.clone(), c);
                 Some(o)
             })
             .collect();
+        for (id, c) in &choices {
+            // Another actuator means other targets: start the VM afresh.
+            if let Some(was) = self.choices.get(id)
+                && was.actuator != c.actuator
+            {
+                tracing::info!(vm = %id, from = ?was.actuator, to = ?c.actuator, detail = %c.detail, "actuator changed");
+                self.controller.forgive(id);
+            }
+        }
+        self.choices = choices;
         for o in obs.iter().filter(|o| o.balloon_ok) {
             // Not actuable before, drivable now: manage it from here on.
             if let Some(was) = self.not_actuable.remove(&o.id)
@@ -245,22 +406,181 @@ impl InProcess {
             {
                 d.detail = format!("{why}; {}", d.detail);
             }
+            if d.reason() == DecisionReason::Uncooperative
+                && let Some(Drive::Resize { dram, slow, .. }) = handles.get(&d.vm_id)
+            {
+                d.detail = format!("{}; {}", not_following(dram, slow.as_ref()), d.detail);
+            }
             if d.outcome() == DecisionOutcome::Applied {
-                match handles.get(&d.vm_id) {
-                    Some(h) => match self.actuation.as_ref() {
-                        Some(a) if tokio::runtime::Handle::try_current().is_ok() => {
-                            tokio::spawn(apply(h.clone(), d, a.sink.clone()));
+                let rt = tokio::runtime::Handle::try_current().is_ok();
+                match (handles.get(&d.vm_id), self.actuation.as_ref()) {
+                    (Some(Drive::Balloon(h)), Some(a)) if rt => {
+                        tokio::spawn(apply(h.clone(), d, a.sink.clone()));
+                        continue;
+                    }
+                    (Some(Drive::Resize { h, dram, slow }), Some(a)) if rt => {
+                        if let Some(wait) = self.held(&d.vm_id) {
+                            d.outcome = DecisionOutcome::Skipped as i32;
+                            d.detail = format!(
+                                "not sent: resizes of this VM held {:.1} s more after the VMM refused one; {}",
+                                wait.as_secs_f64(),
+                                d.detail
+                            );
+                        } else {
+                            let resize = Resize {
+                                h: h.clone(),
+                                dram: dram.clone(),
+                                slow: slow.clone(),
+                                holds: self.holds.clone(),
+                                interval: self.interval,
+                            };
+                            tokio::spawn(resize.apply(d, a.sink.clone()));
                             continue;
                         }
-                        _ => fail(&mut d, "no async runtime to call the VMM from"),
-                    },
-                    None => fail(&mut d, NO_ACTUATOR),
+                    }
+                    (Some(_), _) => fail(&mut d, "no async runtime to call the VMM from"),
+                    (None, _) => fail(&mut d, NO_ACTUATOR),
                 }
             }
             now.push(d);
         }
         self.not_actuable.extend(why_not);
         now
+    }
+}
+
+impl InProcess {
+    /// How much longer the VM's resizes are held, if they are.
+    fn held(&self, vm_id: &str) -> Option<Duration> {
+        let holds = self.holds.lock().ok()?;
+        let h = holds.get(vm_id)?;
+        h.until.checked_duration_since(Instant::now())
+    }
+}
+
+/// Target against plugged, for a VM whose zone does not follow.
+fn not_following(dram: &ResizableZone, slow: Option<&ResizableZone>) -> String {
+    let one = |z: &ResizableZone| match z.plugged {
+        Some(p) => format!(
+            "zone {:?} requested {} hot-plugged, guest plugged {}",
+            z.id,
+            human_bytes(z.requested),
+            human_bytes(p)
+        ),
+        None => format!(
+            "zone {:?} requested {} hot-plugged, plugged not reported by this VMM",
+            z.id,
+            human_bytes(z.requested)
+        ),
+    };
+    let mut s = one(dram);
+    if let Some(z) = slow {
+        s.push_str("; ");
+        s.push_str(&one(z));
+    }
+    s
+}
+
+/// One decision's zone resizes and what they need.
+struct Resize {
+    h: Arc<ChHandle>,
+    dram: ResizableZone,
+    slow: Option<ResizableZone>,
+    holds: Holds,
+    interval: Duration,
+}
+
+impl Resize {
+    /// Sends each changed tier's `vm.resize-zone` (targets mapped to
+    /// `desired_ram`, the change's new target set to what was sent) and
+    /// publishes the decision with the outcome. A move smaller than a
+    /// block is not sent (SKIPPED); a refusal holds the VM's resizes for
+    /// 2, 4, ... up to 64 intervals.
+    async fn apply(self, mut d: Decision, sink: DecisionSink) {
+        let mut sent = Vec::new();
+        let mut small = Vec::new();
+        let mut error = None;
+        for c in &mut d.changes {
+            let z = match (&self.slow, c.tier == self.dram.id) {
+                (_, true) => &self.dram,
+                (Some(s), false) if s.id == c.tier => s,
+                _ => {
+                    error = Some(format!(
+                        "tier {:?} has no virtio-mem zone to resize",
+                        c.tier
+                    ));
+                    break;
+                }
+            };
+            let desired = z.desired_ram(c.new_target_bytes);
+            if desired == z.requested_ram() {
+                small.push(format!(
+                    "{:?} less than a block ({}) from the size requested now",
+                    z.id,
+                    human_bytes(z.block)
+                ));
+                c.new_target_bytes = c.old_target_bytes;
+                continue;
+            }
+            if let Err(e) = self.h.resize_zone(&z.id, desired).await {
+                error = Some(e.to_string());
+                break;
+            }
+            c.new_target_bytes = z.target_of(desired);
+            sent.push(format!(
+                "vm.resize-zone {:?} desired_ram={desired} ({} boot + {} hot-plugged)",
+                z.id,
+                human_bytes(z.boot),
+                human_bytes(desired - z.boot)
+            ));
+        }
+        if let Some(e) = error {
+            let wait = self.refused(&d.vm_id);
+            let mut why = e;
+            if !sent.is_empty() {
+                why = format!("{why} (after {})", sent.join("; "));
+            }
+            fail(
+                &mut d,
+                format!(
+                    "{why}; resizes of this VM held for {:.1} s",
+                    wait.as_secs_f64()
+                ),
+            );
+        } else {
+            if let Ok(mut holds) = self.holds.lock() {
+                holds.remove(&d.vm_id);
+            }
+            if sent.is_empty() {
+                d.outcome = DecisionOutcome::Skipped as i32;
+                d.detail = format!("not sent: {}; {}", small.join("; "), d.detail);
+            } else {
+                sent.extend(small.into_iter().map(|s| format!("not sent: {s}")));
+                d.detail = format!("{}; {}", sent.join("; "), d.detail);
+            }
+        }
+        sink(d);
+    }
+
+    /// Records a refusal; how long the VM's resizes are held now.
+    fn refused(&self, vm_id: &str) -> Duration {
+        let Ok(mut holds) = self.holds.lock() else {
+            return Duration::ZERO;
+        };
+        let refusals = holds.get(vm_id).map_or(0, |h| h.refusals) + 1;
+        let intervals = 2u32
+            .checked_pow(refusals)
+            .unwrap_or(u32::MAX)
+            .min(MAX_HOLD_INTERVALS);
+        let wait = self.interval.saturating_mul(intervals);
+        holds.insert(
+            vm_id.to_string(),
+            Hold {
+                until: Instant::now() + wait,
+                refusals,
+            },
+        );
+        wait
     }
 }
 

@@ -142,9 +142,11 @@ async fn serve(s: Settings, synthetic: (u32, u32)) -> anyhow::Result<()> {
         let max_age = s.interval * 3 + s.ch.timeout * 2;
         let c = InProcess::acting_on(&shared.policy(), s.act_on.into())
             .context("the policy in force at start")?
-            .with_actuation(fleet.clone(), sink, max_age);
+            .with_actuation(fleet.clone(), sink, max_age)
+            .with_actuators(s.actuators.clone(), s.interval);
         tracing::info!(
-            "controller runs in-process; it drives the per-tier balloons of cloud-hypervisor VMs found through their API sockets"
+            actuator = s.actuators.default.name(),
+            "controller runs in-process; it drives the per-tier balloons (or virtio-mem zones, vm.resize-zone) of cloud-hypervisor VMs found through their API sockets"
         );
         Some(c)
     } else {
@@ -362,6 +364,14 @@ async fn sample_loop(l: Sampling) {
             sampler::budget_stream::close_interval(b, &mut update);
         }
         pmu.annotate(&mut update, pmu_readings.as_ref());
+        if let Some(c) = controller.as_ref() {
+            let vms = if update.vms_unchanged {
+                shared.vms()
+            } else {
+                Arc::new(update.vms.clone())
+            };
+            c.annotate(&vms, &mut update);
+        }
         for id in &update.departed_vm_ids {
             tracing::info!(vm = %id, "VM left");
         }

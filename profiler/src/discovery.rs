@@ -142,6 +142,7 @@ pub fn tiers(maps: &str, numa_maps: &str, overrides: &HashMap<String, TierKind>)
                     .collect(),
                 size_bytes: vmas.iter().map(|v| v.end - v.start).sum(),
                 derivation: format!("{why}; host ranges from /proc/PID/maps; guest-physical placement unknown (no VMM API)"),
+                hotplug: None,
                 name,
             }
         })

@@ -4,6 +4,10 @@
 
 use tier_proto::v1::Vm;
 
+/// A tier's virtio-mem part: (requested, plugged if reported) bytes;
+/// `None` for a tier without one.
+pub type TierHotplugBytes = Option<(u64, Option<u64>)>;
+
 /// One VM as the aggregator sees it. Implementations must be cheap to call
 /// once per interval.
 pub trait TrackedVm: Send + Sync {
@@ -31,6 +35,12 @@ pub trait TrackedVm: Send + Sync {
     fn balloon_bytes(&self) -> Option<Vec<(u64, u64)>> {
         None
     }
+    /// Per tier in `Vm::tiers` order: the virtio-mem part's (requested,
+    /// plugged if reported) bytes, `None` for a tier without one; `None`
+    /// for a VM without any (issue 33).
+    fn hotplug_bytes(&self) -> Option<Vec<TierHotplugBytes>> {
+        None
+    }
 }
 
 /// A VM shared with its owner (a bench or test that also drives it): the
@@ -56,6 +66,9 @@ impl<T: TrackedVm + ?Sized> TrackedVm for std::sync::Arc<T> {
     }
     fn balloon_bytes(&self) -> Option<Vec<(u64, u64)>> {
         (**self).balloon_bytes()
+    }
+    fn hotplug_bytes(&self) -> Option<Vec<TierHotplugBytes>> {
+        (**self).hotplug_bytes()
     }
 }
 

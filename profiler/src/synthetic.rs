@@ -39,6 +39,7 @@ impl SyntheticVm {
                 }],
                 size_bytes: TIER_BYTES,
                 derivation: "synthetic VM source (benchmark)".into(),
+                hotplug: None,
             })
             .collect();
         SyntheticVm {

@@ -27,6 +27,12 @@ fn sample_vm() -> Vm {
                 }],
                 size_bytes: 16 << 20,
                 derivation: "demo layout".into(),
+                hotplug: Some(TierHotplug {
+                    boot_bytes: 8 << 20,
+                    region_bytes: 8 << 20,
+                    block_bytes: 2 << 20,
+                    region_attributed: true,
+                }),
             },
             Tier {
                 name: "slow".into(),
@@ -39,6 +45,7 @@ fn sample_vm() -> Vm {
                 }],
                 size_bytes: 16 << 20,
                 derivation: "config override".into(),
+                hotplug: None,
             },
         ],
     }
@@ -127,6 +134,10 @@ fn stats_update_roundtrip_with_optional_and_departures() {
                     history_seconds: 8.0,
                     ..Default::default()
                 }),
+                fit_age: 3,
+                fit_deferred: true,
+                hotplug_requested_bytes: Some(6 << 20),
+                hotplug_plugged_bytes: Some(4 << 20),
             }],
             dram_hit_ratio: 0.75,
             dram_hit_error: 0.01,
@@ -149,6 +160,8 @@ fn stats_update_roundtrip_with_optional_and_departures() {
                 spent_pct: 0.2,
                 limited: "stride 64 (configured 1) to fit the sampler CPU budget".into(),
             }),
+            actuator: Actuator::ResizeZone as i32,
+            actuator_detail: "zone resize (vm.resize-zone)".into(),
         }],
         departed_vm_ids: vec!["ch:1".into()],
         vms_unchanged: false,

@@ -69,6 +69,17 @@ enum Task {
         /// Keep the run's sockets, serial logs and tierd log here.
         #[arg(long)]
         work_dir: Option<PathBuf>,
+        /// What the controller drives: `balloon` (the per-tier balloon) or
+        /// `resize-zone` (the dram zone's virtio-mem part, issue 33).
+        #[arg(long, default_value = "balloon")]
+        actuator: String,
+        /// A cloud-hypervisor binary to run instead of building --ch-src
+        /// (e.g. a clean upstream v53.0 build, with --upstream).
+        #[arg(long)]
+        ch_bin: Option<PathBuf>,
+        /// The binary has none of our series (upstream v53.0).
+        #[arg(long)]
+        upstream: bool,
     },
     /// Chaos soak of the closed loop (tier-soak): faults from a seeded
     /// schedule, invariants checked from outside, a table and a RESULT line.
@@ -148,7 +159,20 @@ fn dispatch(task: Task) -> anyhow::Result<()> {
             micro_http,
             ch_target_dir,
             work_dir,
-        } => e2e(ch_src, micro_http, ch_target_dir, work_dir),
+            actuator,
+            ch_bin,
+            upstream,
+        } => e2e(
+            ch_src,
+            micro_http,
+            ch_target_dir,
+            work_dir,
+            &E2eRun {
+                actuator,
+                ch_bin,
+                upstream,
+            },
+        ),
         Task::Soak(o) => soak::run(&o),
         Task::Uml { target_mib } => uml::run(target_mib),
         Task::Vmlinux => vmlinux(),
@@ -314,12 +338,73 @@ fn bench(name: &str, args: &[String]) -> anyhow::Result<()> {
     run::cargo(&cmd)
 }
 
+/// What `e2e` passes on to tier-e2e.
+#[derive(Debug, Clone, Default)]
+struct E2eRun {
+    actuator: String,
+    ch_bin: Option<PathBuf>,
+    upstream: bool,
+}
+
 fn e2e(
     ch_src: Option<PathBuf>,
     micro_http: Option<PathBuf>,
     ch_target_dir: Option<PathBuf>,
     work_dir: Option<PathBuf>,
+    opts: &E2eRun,
 ) -> anyhow::Result<()> {
+    let ch_bin = match (&opts.ch_bin, ch_src) {
+        (Some(bin), _) => {
+            if !bin.is_file() {
+                bail!("--ch-bin {}: no such file", bin.display());
+            }
+            deps::ensure(false)?;
+            bin.clone()
+        }
+        (None, src) => e2e_build_ch(src, micro_http, ch_target_dir)?,
+    };
+    run::step("e2e", "building tierd and tier-e2e (release)");
+    run::cargo(&[
+        "build",
+        "--release",
+        "-p",
+        "tier-profiler",
+        "--bin",
+        "tierd",
+        "-p",
+        "tier-e2e",
+    ])?;
+    let target = run::target_dir()?.join("release");
+    let mut cmd = std::process::Command::new(target.join("tier-e2e"));
+    cmd.arg("--ch-bin")
+        .arg(ch_bin)
+        .arg("--tierd")
+        .arg(target.join("tierd"))
+        .arg("--actuator")
+        .arg(if opts.actuator.is_empty() {
+            "balloon"
+        } else {
+            &opts.actuator
+        });
+    if opts.upstream {
+        cmd.arg("--upstream");
+    }
+    if let Some(w) = work_dir {
+        cmd.arg("--work-dir").arg(w);
+    }
+    run::step(
+        "e2e",
+        "running tier-e2e (two guests, tierd, the controller)",
+    );
+    run::status(&mut cmd)
+}
+
+/// The patched cloud-hypervisor built from `ch_src`; the path of its binary.
+fn e2e_build_ch(
+    ch_src: Option<PathBuf>,
+    micro_http: Option<PathBuf>,
+    ch_target_dir: Option<PathBuf>,
+) -> anyhow::Result<PathBuf> {
     let Some(dir) = ch_src else {
         bail!(
             "e2e needs a cloud-hypervisor v53.0 checkout (commit 9ed824d6) with our series applied \
@@ -337,31 +422,7 @@ fn e2e(
     }
     deps::ensure(false)?;
     let release = vmm_patch::build_checkout(&dir, micro_http, ch_target_dir)?;
-    run::step("e2e", "building tierd and tier-e2e (release)");
-    run::cargo(&[
-        "build",
-        "--release",
-        "-p",
-        "tier-profiler",
-        "--bin",
-        "tierd",
-        "-p",
-        "tier-e2e",
-    ])?;
-    let target = run::target_dir()?.join("release");
-    let mut cmd = std::process::Command::new(target.join("tier-e2e"));
-    cmd.arg("--ch-bin")
-        .arg(release.join("cloud-hypervisor"))
-        .arg("--tierd")
-        .arg(target.join("tierd"));
-    if let Some(w) = work_dir {
-        cmd.arg("--work-dir").arg(w);
-    }
-    run::step(
-        "e2e",
-        "running tier-e2e (two guests, tierd, the controller)",
-    );
-    run::status(&mut cmd)
+    Ok(release.join("cloud-hypervisor"))
 }
 
 fn vmlinux() -> anyhow::Result<()> {
@@ -444,6 +505,9 @@ mod tests {
                 micro_http: None,
                 ch_target_dir: None,
                 work_dir: None,
+                actuator: "balloon".into(),
+                ch_bin: None,
+                upstream: false,
             }
         );
         assert_eq!(parse(&["vmlinux"]).unwrap(), Task::Vmlinux);
@@ -576,10 +640,13 @@ mod tests {
 
     #[test]
     fn e2e_without_checkout_says_what_it_needs() {
-        let err = e2e(None, None, None, None).unwrap_err().to_string();
+        let none = E2eRun::default();
+        let err = e2e(None, None, None, None, &none).unwrap_err().to_string();
         assert!(err.contains("--ch-src") && err.contains("v53.0"), "{err}");
         let dir = std::env::temp_dir();
-        let err = e2e(Some(dir), None, None, None).unwrap_err().to_string();
+        let err = e2e(Some(dir), None, None, None, &none)
+            .unwrap_err()
+            .to_string();
         assert!(
             err.contains("does not look like a cloud-hypervisor checkout"),
             "{err}"

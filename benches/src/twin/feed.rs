@@ -42,6 +42,7 @@ pub fn two_tier_vm(id: &str, sizes: [u64; 2]) -> Vm {
             }],
             size_bytes: size,
             derivation: "twin model (benchmark)".into(),
+            hotplug: None,
         })
         .collect();
     Vm {

@@ -159,6 +159,7 @@ impl TestGuestSource {
             ],
             cmdline: plan.params.to_cmdline(),
             vhost_user: None,
+            hotplug: None,
         };
         let gerr = |e: anyhow::Error| WorkloadError::Guest(format!("{name}: {e:#}"));
         let mut vm = ChVm::boot(

@@ -25,6 +25,7 @@ const PING: &str = "GET /api/v1/vmm.ping";
 const INFO: &str = "GET /api/v1/vm.info";
 const COUNTERS: &str = "GET /api/v1/vm.counters";
 const RESIZE: &str = "PUT /api/v1/vm.resize";
+const RESIZE_ZONE: &str = "PUT /api/v1/vm.resize-zone";
 
 /// The balloon device id cloud-hypervisor uses unless `--balloon id=` was
 /// given.
@@ -58,6 +59,68 @@ pub struct VmInfo {
     pub balloon: Option<BalloonInfo>,
     #[serde(default)]
     pub memory_zones: Option<Vec<MemoryZone>>,
+    /// The VM's configuration as the VMM keeps it (upstream too): the
+    /// zones' boot and hot-plug sizes.
+    #[serde(default)]
+    pub config: Option<VmConfigInfo>,
+}
+
+/// vm.info `config`, the parts tierd reads.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Default)]
+pub struct VmConfigInfo {
+    #[serde(default)]
+    pub memory: Option<MemoryConfigInfo>,
+    /// `--balloon` as configured (any shape; only its presence is read).
+    #[serde(default)]
+    pub balloon: Option<serde_json::Value>,
+}
+
+/// vm.info `config.memory`.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Default)]
+pub struct MemoryConfigInfo {
+    /// `Acpi` or `VirtioMem` (cloud-hypervisor's `HotplugMethod`).
+    #[serde(default)]
+    pub hotplug_method: Option<String>,
+    #[serde(default)]
+    pub zones: Option<Vec<ZoneConfig>>,
+}
+
+/// vm.info `config.memory.zones[]`: `--memory-zone` as configured, with
+/// `hotplugged_size` kept up to date by `vm.resize-zone` (cloud-hypervisor
+/// stores the request whether or not the guest follows it).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct ZoneConfig {
+    pub id: String,
+    /// Boot size: `vm.resize-zone` refuses anything below it.
+    pub size: u64,
+    #[serde(default)]
+    pub host_numa_node: Option<u32>,
+    /// The most that can be hot-plugged.
+    #[serde(default)]
+    pub hotplug_size: Option<u64>,
+    /// What is requested now (last `vm.resize-zone`, minus `size`).
+    #[serde(default)]
+    pub hotplugged_size: Option<u64>,
+}
+
+impl VmInfo {
+    /// `config.memory.zones`, empty when absent.
+    pub fn zone_configs(&self) -> &[ZoneConfig] {
+        self.config
+            .as_ref()
+            .and_then(|c| c.memory.as_ref())
+            .and_then(|m| m.zones.as_deref())
+            .unwrap_or(&[])
+    }
+
+    /// Whether the zones' hot-plug goes through virtio-mem.
+    pub fn virtio_mem_hotplug(&self) -> bool {
+        self.config
+            .as_ref()
+            .and_then(|c| c.memory.as_ref())
+            .and_then(|m| m.hotplug_method.as_deref())
+            .is_some_and(|m| m.eq_ignore_ascii_case("virtiomem") || m == "virtio-mem")
+    }
 }
 
 /// vm.info `balloon`.
@@ -90,6 +153,27 @@ pub struct MemoryZone {
     pub host_numa_node: Option<u32>,
     pub guest_numa_node: Option<u32>,
     pub ranges: Vec<ZoneRange>,
+    /// The zone's virtio-mem region and sizes (vmm-patch 0009); absent
+    /// for a zone without virtio-mem and from VMMs without the patch.
+    #[serde(default)]
+    pub virtio_mem: Option<VirtioMem>,
+}
+
+/// vm.info `memory_zones[].virtio_mem` (vmm-patch 0009), bytes. The region
+/// is not in `ranges`: only its plugged blocks are guest RAM.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+pub struct VirtioMem {
+    /// Guest-physical start and size of the hot-pluggable region.
+    pub start: u64,
+    pub size: u64,
+    /// Where the VMM maps `start`.
+    pub host_address: u64,
+    /// What `vm.resize-zone` last asked for (zone total minus boot size).
+    pub requested_size: u64,
+    /// What the guest driver has plugged.
+    pub plugged_size: u64,
+    /// Plug/unplug granularity; 0 before the device exists.
+    pub block_size: u64,
 }
 
 /// A guest-physical RAM range of a zone.
@@ -129,6 +213,18 @@ pub fn resize_zones_body(targets: &[(String, u64)]) -> Result<String, ActuateErr
     }
     body.push_str("}}");
     Ok(body)
+}
+
+/// The `vm.resize-zone` body: `{"id":"dram","desired_ram":402653184}`,
+/// `desired_ram` being the zone's total (boot size + hot-plugged).
+pub fn resize_zone_body(zone: &str, desired_ram: u64) -> Result<String, ActuateError> {
+    if zone.is_empty() {
+        return Err(ActuateError::InvalidTargets("empty zone id".into()));
+    }
+    Ok(format!(
+        "{{\"id\":{},\"desired_ram\":{desired_ram}}}",
+        serde_json::Value::from(zone)
+    ))
 }
 
 /// The VMM's message from an error body: cloud-hypervisor sends a JSON array
@@ -199,6 +295,24 @@ impl ChApi {
             .call(COUNTERS, "GET", "/api/v1/vm.counters", None, Retry::Get)
             .await?;
         parse_counters(&body)
+    }
+
+    /// `PUT /api/v1/vm.resize-zone`: zone `zone`'s total RAM (boot size +
+    /// hot-plugged) becomes `desired_ram`. Absolute, so retried on
+    /// transport errors only, like `vm.resize`; cloud-hypervisor answers
+    /// 500 below the boot size, above boot + `hotplug_size`, off the block
+    /// size, or equal to the size requested now.
+    pub async fn resize_zone(&self, zone: &str, desired_ram: u64) -> Result<(), ActuateError> {
+        let body = resize_zone_body(zone, desired_ram)?;
+        self.call(
+            RESIZE_ZONE,
+            "PUT",
+            "/api/v1/vm.resize-zone",
+            Some(body.as_bytes()),
+            Retry::Put,
+        )
+        .await?;
+        Ok(())
     }
 
     /// One call with its retries; the body of a 2xx answer.

@@ -5,6 +5,8 @@
 //! over the HTTP API of the patched cloud-hypervisor (vmm-patch/SPEC.md
 //! section 5) on its unix socket; [`VhostBalloon`] over the control socket
 //! of the `tier-balloon` vhost-user backend (docs/balloon-backend.md).
+//! [`ResizableZone`] maps the same balloon-style targets onto
+//! `vm.resize-zone` of a virtio-mem zone ([`ChApi::resize_zone`], issue 33).
 //!
 //! The trait is async: tierd runs the controller on its tokio runtime, and a
 //! VMM call may take up to its timeout (seconds) per attempt plus backoff;
@@ -17,6 +19,7 @@
 mod ch;
 mod http;
 mod vhost;
+mod zone;
 
 use std::future::Future;
 use std::ops::ControlFlow;
@@ -24,13 +27,15 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 pub use ch::{
-    BALLOON_DEVICE, BalloonInfo, BalloonZone, ChApi, Counters, MemoryZone, VmInfo, VmmPing,
-    ZoneRange, parse_counters, parse_vm_info, resize_zones_body, tier_states,
+    BALLOON_DEVICE, BalloonInfo, BalloonZone, ChApi, Counters, MemoryConfigInfo, MemoryZone,
+    VirtioMem, VmConfigInfo, VmInfo, VmmPing, ZoneConfig, ZoneRange, parse_counters, parse_vm_info,
+    resize_zone_body, resize_zones_body, tier_states,
 };
 pub use vhost::{
     BackendConfig, BackendFrontend, BackendPing, BackendState, BackendStats, BackendZone,
     VhostBalloon, set_targets_line,
 };
+pub use zone::{DEFAULT_BLOCK, LINUX_MEMORY_BLOCK, ResizableZone};
 
 /// One tier's sub-balloon as the VMM reports it, in bytes.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -136,8 +136,14 @@ pub fn unplaced(vm: &VmObs, load: &Load, target: f64, cfg: &Config) -> Option<Di
     None
 }
 
+/// `raw` bytes, at least one actuator granule when any (`TierObs::granule`).
+fn whole(raw: u64, granule: u64) -> u64 {
+    if raw == 0 { 0 } else { raw.max(granule) }
+}
+
 pub fn classify(vm: &VmObs, load: &Load, ctx: &Ctx, cfg: &Config) -> Want {
     let g = vm.dram.given();
+    let granule = vm.dram.granule;
     let step = cfg.max_step;
     if let Some(w) = limit_want(g, ctx, step) {
         return w;
@@ -168,7 +174,7 @@ pub fn classify(vm: &VmObs, load: &Load, ctx: &Ctx, cfg: &Config) -> Want {
     };
     if let Some(h) = hit.filter(|h| h.above(above, on)) {
         let raw = load.shrink_for(ctx.target);
-        let bytes = raw.min(room_down);
+        let bytes = whole(raw, granule).min(room_down);
         if bytes >= cfg.min_step() {
             return Want::Release {
                 why: Why::Above,
@@ -191,7 +197,7 @@ pub fn classify(vm: &VmObs, load: &Load, ctx: &Ctx, cfg: &Config) -> Want {
     } else {
         idle_reclaim(vm.dram.held(), vm.dram.idle_bytes, cfg.idle_threshold)
     };
-    let bytes = raw.min(room_down);
+    let bytes = whole(raw, granule).min(room_down);
     if bytes >= cfg.min_step() {
         return Want::Release {
             why: Why::Idle,
@@ -206,7 +212,7 @@ pub fn classify(vm: &VmObs, load: &Load, ctx: &Ctx, cfg: &Config) -> Want {
             if !h.below(ctx.target - band(Dir::Up), on) && grow < cfg.min_step() {
                 return Want::Hold;
             }
-            let raw = grow.max(cfg.min_step());
+            let raw = grow.max(cfg.min_step()).max(granule);
             let bytes = raw.min(step).min(ctx.hi - g);
             if bytes == 0 {
                 return Want::Hold;

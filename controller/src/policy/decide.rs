@@ -6,21 +6,26 @@ use super::allocate::{Claim, water_fill};
 use super::classify::{Ctx, Want, classify, resume, unplaced};
 use super::config::{Config, Limits, PAGE};
 use super::decision;
-use super::input::VmObs;
+use super::input::{TierObs, VmObs};
 use super::model::Load;
 use super::state::{Balloons, Dir, Move, VmState, Why};
 use super::work::{Pool, Work};
 use super::{BudgetSummary, Controller, Plan, Targets, VmStatus};
 
-fn limits(cfg: &Config, vm: &VmObs, tier: &str, size: u64) -> (u64, u64) {
-    cfg.vm(&vm.id, &vm.name)
-        .and_then(|o| o.limits.get(tier))
+/// The tier's (floor, ceiling) of DRAM given: the policy's limits, both
+/// raised to what the actuator can never take (`TierObs::reach`).
+fn limits(cfg: &Config, vm: &VmObs, tier: &TierObs) -> (u64, u64) {
+    let (lo, hi) = cfg
+        .vm(&vm.id, &vm.name)
+        .and_then(|o| o.limits.get(&tier.name))
         .copied()
         .unwrap_or(Limits {
             floor: 0,
             ceiling: None,
         })
-        .resolve(size)
+        .resolve(tier.size);
+    let fixed = tier.unreachable();
+    (lo.max(fixed), hi.max(fixed))
 }
 
 fn status(cfg: &Config, vm: &VmObs, st: &mut VmState, round: u64) -> (VmStatus, bool) {
@@ -92,8 +97,8 @@ fn look(cfg: &Config, vm: &VmObs, st: &mut VmState, round: u64) -> Work {
     ) {
         st.moving = None;
     }
-    let (lo, hi) = limits(cfg, vm, &vm.dram.name, vm.dram.size);
-    let (slow_lo, slow_hi) = limits(cfg, vm, &vm.slow.name, vm.slow.size);
+    let (lo, hi) = limits(cfg, vm, &vm.dram);
+    let (slow_lo, slow_hi) = limits(cfg, vm, &vm.slow);
     let load = Load::of(vm);
     if round > st.mixed_until && status != VmStatus::Uncooperative {
         st.settled_hot = Some(load.hot_set());
@@ -358,6 +363,18 @@ pub(super) fn run(c: &mut Controller, vms: &[VmObs], now_unix_ns: u64) -> Plan {
         Want::Release { bytes, .. } => bytes,
         _ => 0,
     }));
+    // DRAM a settling VM still holds beyond its target (a balloon still
+    // inflating, a virtio-mem zone not yet unplugged): not granted to
+    // anyone until it is given back, so the host holds no more than the
+    // budget while moves are under way (issue 33). Not a reason to force
+    // releases: it is on its way out.
+    let in_flight = sum(vms.iter().zip(&works).map(|(v, w)| {
+        if w.status == VmStatus::Settling {
+            v.dram.held().saturating_sub(v.dram.given())
+        } else {
+            0
+        }
+    }));
     let pool = if before > budget {
         let still = (before - budget).saturating_sub(releasing);
         if still > 0 {
@@ -365,7 +382,9 @@ pub(super) fn run(c: &mut Controller, vms: &[VmObs], now_unix_ns: u64) -> Plan {
         }
         0
     } else {
-        (budget - before).saturating_add(releasing)
+        (budget - before)
+            .saturating_add(releasing)
+            .saturating_sub(in_flight)
     };
     let granted = grant(&mut works, pool);
     let mut released = 0;

@@ -21,6 +21,16 @@ pub struct TierObs {
     pub accessed_bytes: u64,
     /// Bytes the guest holds in this tier that were not touched.
     pub idle_bytes: u64,
+    /// The most the actuator can take from this tier, bytes; `None`: the
+    /// whole tier (a balloon). A virtio-mem zone resized with
+    /// `vm.resize-zone` can take only its hot-pluggable part (the boot
+    /// size stays), a tier without an actuator nothing (`Some(0)`). The
+    /// policy treats `size - reach` as a floor it cannot go below.
+    pub reach: Option<u64>,
+    /// The actuator's granularity, bytes (0: a page): a virtio-mem zone
+    /// moves whole blocks, so a smaller release is made one block and a
+    /// smaller need asks for one (the actuation layer rounds grants down).
+    pub granule: u64,
 }
 
 impl TierObs {
@@ -32,6 +42,11 @@ impl TierObs {
     /// Bytes the guest holds now (by the balloon's actual size).
     pub fn held(&self) -> u64 {
         self.size.saturating_sub(self.balloon_actual)
+    }
+
+    /// Bytes the actuator can never take (`size - reach`).
+    pub fn unreachable(&self) -> u64 {
+        self.reach.map_or(0, |r| self.size.saturating_sub(r))
     }
 
     /// Accesses, with NaN and negatives as 0.

@@ -152,14 +152,18 @@ pub fn scenario() -> impl Strategy<Value = Scenario> {
 
 /// A tier's (floor, ceiling) in bytes given, as the controller resolves it.
 pub fn bounds(cfg: &Config, o: &VmObs, t: &TierObs) -> (u64, u64) {
-    cfg.vm(&o.id, &o.name)
+    let (lo, hi) = cfg
+        .vm(&o.id, &o.name)
         .and_then(|v| v.limits.get(&t.name))
         .copied()
         .unwrap_or(Limits {
             floor: 0,
             ceiling: None,
         })
-        .resolve(t.size)
+        .resolve(t.size);
+    // What the actuator cannot take (a virtio-mem zone's boot part).
+    let fixed = t.reach.map_or(0, |r| t.size.saturating_sub(r));
+    (lo.max(fixed), hi.max(fixed))
 }
 
 /// DRAM held against the budget, before (`after` false) or after a plan.
@@ -251,6 +255,26 @@ impl Scenario {
             sample(&mut rng, &mut o.dram);
             sample(&mut rng, &mut o.slow);
             o.hit = evidence(&mut rng);
+        }
+        // A quarter of the VMs are driven by virtio-mem zone resize: only
+        // part of the DRAM tier can be taken, the slow tier none or part
+        // (issue 33). Own generator: the other draws stay as they were.
+        let mut rr = Rng::new(self.seed ^ 0x7e5c);
+        for o in &mut obs {
+            if chance(&mut rr, 0.25) {
+                // At least the target in force: an actuator reports what
+                // it took, so the target is always within its reach.
+                let part = |rr: &mut Rng, t: &TierObs| {
+                    let room = t.size.saturating_sub(t.balloon_target);
+                    t.balloon_target + (room as f64 * rr.unit()) as u64 / PAGE * PAGE
+                };
+                o.dram.reach = Some(part(&mut rr, &o.dram));
+                o.slow.reach = Some(if chance(&mut rr, 0.5) {
+                    o.slow.balloon_target
+                } else {
+                    part(&mut rr, &o.slow)
+                });
+            }
         }
         obs
     }

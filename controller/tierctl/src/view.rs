@@ -107,6 +107,18 @@ pub struct TierRow {
     pub ages_history_s: Option<f64>,
     /// Why no horizon is measured; None when one is or without ages.
     pub ages_not_measured: Option<String>,
+    /// What moves the VM's memory between tiers (same on every row):
+    /// `tier-balloon`, `resize-zone`, `none`; None when no controller runs.
+    pub actuator: Option<&'static str>,
+    /// Why that actuator and what it cannot do, for humans.
+    pub actuator_detail: Option<String>,
+    /// The tier's virtio-mem part: region size, requested and plugged now
+    /// (plugged None when the VMM does not report it), and whether the
+    /// region is attributed to the tier; all None without one.
+    pub hotplug_region_bytes: Option<u64>,
+    pub hotplug_requested_bytes: Option<u64>,
+    pub hotplug_plugged_bytes: Option<u64>,
+    pub hotplug_attributed: Option<bool>,
 }
 
 /// tierd's default `[sampler] ws_horizons_s`: CSV columns always present.
@@ -136,6 +148,17 @@ fn ws_fields(
         }
     }
     out
+}
+
+/// The actuator's short name, None when unspecified (no controller).
+pub fn actuator_name(a: tier_proto::v1::Actuator) -> Option<&'static str> {
+    use tier_proto::v1::Actuator;
+    match a {
+        Actuator::Unspecified => None,
+        Actuator::None => Some("none"),
+        Actuator::TierBalloon => Some("tier-balloon"),
+        Actuator::ResizeZone => Some("resize-zone"),
+    }
 }
 
 /// The DRAM-hit ratio as `top` and the table show it: `34-71 %`, `≥34 %`
@@ -280,6 +303,14 @@ pub fn rows(update: &StatsUpdate) -> Vec<TierRow> {
                 ages_not_measured: ages
                     .filter(|a| !a.not_measured.is_empty())
                     .map(|a| a.not_measured.clone()),
+                actuator: stats.and_then(|s| actuator_name(s.actuator())),
+                actuator_detail: stats
+                    .filter(|s| !s.actuator_detail.is_empty())
+                    .map(|s| s.actuator_detail.clone()),
+                hotplug_region_bytes: tier.hotplug.map(|h| h.region_bytes),
+                hotplug_requested_bytes: sample.and_then(|s| s.hotplug_requested_bytes),
+                hotplug_plugged_bytes: sample.and_then(|s| s.hotplug_plugged_bytes),
+                hotplug_attributed: tier.hotplug.map(|h| h.region_attributed),
             });
         }
     }
@@ -419,7 +450,7 @@ fn stats_of(r: &TierRow) -> Option<VmStats> {
 /// CSV with a header row; numbers unformatted.
 pub fn csv(rows: &[TierRow]) -> String {
     let mut out = String::from(
-        "vm_id,vm_name,vcpus,tier,kind,size_bytes,resident_bytes,balloon_target_bytes,balloon_actual_bytes,young_pages,sampled_pages,source,guest_accesses_per_s,dram_hit_ratio,guest_hit_ratio,accesses_per_s,dram_hit_error,dram_hit_target,rate_saturation,pmu_events_per_s,pmu_not_measured,pmu_running_ratio,not_measured,dram_hit_low,dram_hit_high,dram_hit_low_open,dram_hit_high_open,counted_dram_hit_ratio,accesses_low_per_s,accesses_high_per_s,accesses_high_open,saturated_pages,fit_misfit,sampler_coverage,sampler_passes,sampler_passes_allowed,sampler_budget_pct,sampler_spent_pct,sampler_limited,cold_bytes,cold_bytes_low,cold_bytes_high,promoted_bytes_per_s,promoted_bytes_per_s_low,promoted_bytes_per_s_high,ages_history_s,ages_not_measured",
+        "vm_id,vm_name,vcpus,tier,kind,size_bytes,resident_bytes,balloon_target_bytes,balloon_actual_bytes,young_pages,sampled_pages,source,guest_accesses_per_s,dram_hit_ratio,guest_hit_ratio,accesses_per_s,dram_hit_error,dram_hit_target,rate_saturation,pmu_events_per_s,pmu_not_measured,pmu_running_ratio,not_measured,dram_hit_low,dram_hit_high,dram_hit_low_open,dram_hit_high_open,counted_dram_hit_ratio,accesses_low_per_s,accesses_high_per_s,accesses_high_open,saturated_pages,fit_misfit,sampler_coverage,sampler_passes,sampler_passes_allowed,sampler_budget_pct,sampler_spent_pct,sampler_limited,actuator,actuator_detail,hotplug_region_bytes,hotplug_requested_bytes,hotplug_plugged_bytes,hotplug_attributed,cold_bytes,cold_bytes_low,cold_bytes_high,promoted_bytes_per_s,promoted_bytes_per_s_low,promoted_bytes_per_s_high,ages_history_s,ages_not_measured",
     );
     // One column triple per horizon, ascending: tierd's default horizons
     // always (a stream prints one header, before any VM may have ages),
@@ -439,10 +470,11 @@ pub fn csv(rows: &[TierRow]) -> String {
     }
     out.push('\n');
     let opt = |v: Option<f64>| v.map(|x| format!("{x}")).unwrap_or_default();
+    let int = |v: Option<u64>| v.map(|x| x.to_string()).unwrap_or_default();
     for r in rows {
         let _ = writeln!(
             out,
-            "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}",
+            "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}",
             csv_field(&r.vm_id),
             csv_field(&r.vm_name),
             r.vcpus,
@@ -482,6 +514,14 @@ pub fn csv(rows: &[TierRow]) -> String {
             opt(r.sampler_budget_pct),
             opt(r.sampler_spent_pct),
             csv_field(r.sampler_limited.as_deref().unwrap_or_default()),
+            r.actuator.unwrap_or_default(),
+            csv_field(r.actuator_detail.as_deref().unwrap_or_default()),
+            int(r.hotplug_region_bytes),
+            int(r.hotplug_requested_bytes),
+            int(r.hotplug_plugged_bytes),
+            r.hotplug_attributed
+                .map(|b| b.to_string())
+                .unwrap_or_default(),
         );
         // The line's newline goes after the ages.
         out.pop();
@@ -774,7 +814,7 @@ mod tests {
         let fields = |l: &str| l.split(',').count();
         let header = c.lines().next().unwrap();
         assert!(header.contains(
-            "saturated_pages,fit_misfit,sampler_coverage,sampler_passes,sampler_passes_allowed,sampler_budget_pct,sampler_spent_pct,sampler_limited,"
+            "saturated_pages,fit_misfit,sampler_coverage,sampler_passes,sampler_passes_allowed,sampler_budget_pct,sampler_spent_pct,sampler_limited,actuator,actuator_detail,hotplug_region_bytes,hotplug_requested_bytes,hotplug_plugged_bytes,hotplug_attributed"
         ));
         // Without ages: the ages' columns, the default horizons' empty.
         assert!(
@@ -787,7 +827,7 @@ mod tests {
             c.lines()
                 .nth(1)
                 .unwrap()
-                .contains(",true,,200,,true,12,1.5,,,,,,,"),
+                .contains(",true,,200,,true,12,1.5,,,,,,,,,,,,"),
             "{c}"
         );
         // The sampler budget's choice, the VM's on every row of it.
@@ -822,7 +862,38 @@ mod tests {
             c.lines()
                 .nth(1)
                 .unwrap()
-                .contains(",0.25,3,3.5,0.5,0.4,\"stride 4, to fit\","),
+                .contains(",0.25,3,3.5,0.5,0.4,\"stride 4, to fit\",,,,,,"),
+            "{c}"
+        );
+        // The actuator (the VM's) and a virtio-mem tier's sizes (issue 33).
+        u.stats[0].actuator = tier_proto::v1::Actuator::ResizeZone as i32;
+        u.stats[0].actuator_detail = "zone resize, plugged unknown".into();
+        u.vms[0].tiers[0].hotplug = Some(tier_proto::v1::TierHotplug {
+            boot_bytes: 8,
+            region_bytes: 24,
+            block_bytes: 2,
+            region_attributed: false,
+        });
+        u.stats[0].tiers[0].hotplug_requested_bytes = Some(16);
+        let r = rows(&u);
+        assert_eq!(r[0].actuator, Some("resize-zone"));
+        assert_eq!(r[1].actuator, Some("resize-zone"));
+        assert_eq!(
+            (
+                r[0].hotplug_region_bytes,
+                r[0].hotplug_requested_bytes,
+                r[0].hotplug_plugged_bytes,
+                r[0].hotplug_attributed
+            ),
+            (Some(24), Some(16), None, Some(false))
+        );
+        assert_eq!(r[1].hotplug_region_bytes, None);
+        let c = csv(&r);
+        assert!(
+            c.lines()
+                .nth(1)
+                .unwrap()
+                .contains(",resize-zone,\"zone resize, plugged unknown\",24,16,,false"),
             "{c}"
         );
     }

@@ -233,13 +233,15 @@ impl ChDiscovery {
         pid: u32,
         key: KvmFd,
         zones: &[MemoryZone],
+        info: &VmInfo,
     ) -> Result<Vm, String> {
         let dir = self.proc_root.join(pid.to_string());
         let maps = std::fs::read_to_string(dir.join("maps"))
             .map_err(|e| format!("process {pid}: maps: {e}"))?;
         let numa = std::fs::read_to_string(dir.join("numa_maps")).unwrap_or_default();
         let memtiers = MemoryTiers::read(&self.cfg.memtier_root);
-        let tiers = layout::tiers(zones, &maps, &numa, &self.overrides, &memtiers);
+        let mut tiers = layout::tiers(zones, &maps, &numa, &self.overrides, &memtiers);
+        layout::unreported_hotplug(&mut tiers, info);
         if tiers.is_empty() {
             return Err("vm.info memory_zones has no zone with RAM".into());
         }
@@ -265,9 +267,9 @@ impl ChDiscovery {
         if p.pid == std::process::id() {
             return Err("the socket is tierd's own".into());
         }
-        let Some(zones) = p.info.memory_zones.clone() else {
+        let Some(zones) = layout::zones_of(&p.info) else {
             return Err(format!(
-                "vm.info (state {}) has no memory_zones: a VM not booted, or a VMM without vmm-patch 0003",
+                "vm.info (state {}) has neither memory_zones (vmm-patch 0003) nor config.memory.zones: a VM not booted, or one without memory zones",
                 p.info.state
             ));
         };
@@ -291,7 +293,7 @@ impl ChDiscovery {
             self.retry.remove(socket);
             return Ok(());
         }
-        let vm = self.build(socket, p.pid, key, &zones)?;
+        let vm = self.build(socket, p.pid, key, &zones, &p.info)?;
         let handle = Arc::new(ChHandle::new(
             id.clone(),
             p.pid,
@@ -331,7 +333,10 @@ impl ChDiscovery {
     /// tier map rebuilt under the same id; watchers get the new VM list.
     fn rebuild_changed(&mut self, reg: &mut Registry, kvm: &[KvmFd]) {
         for h in self.fleet.all() {
-            let Some(zones) = h.snapshot().info.and_then(|i| i.memory_zones) else {
+            let Some(info) = h.snapshot().info else {
+                continue;
+            };
+            let Some(zones) = layout::zones_of(&info) else {
                 continue;
             };
             if self.built.get(h.vm_id()) == Some(&zones) {
@@ -343,7 +348,7 @@ impl ChDiscovery {
             else {
                 continue;
             };
-            match self.build(h.socket(), h.pid(), key, &zones) {
+            match self.build(h.socket(), h.pid(), key, &zones, &info) {
                 Ok(mut vm) => {
                     vm.id = h.vm_id().to_string();
                     tracing::info!(vm = %vm.id, "cloud-hypervisor memory zones changed; tier map rebuilt");

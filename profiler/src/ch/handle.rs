@@ -14,7 +14,8 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use tier_controller::actuate::{
-    ActuateError, BALLOON_DEVICE, Backoff, BalloonInfo, BalloonZone, ChApi, VmInfo, Vmm,
+    ActuateError, BALLOON_DEVICE, Backoff, BalloonInfo, BalloonZone, ChApi, ResizableZone, VmInfo,
+    Vmm,
 };
 
 /// What tierd last learnt from one VMM.
@@ -43,10 +44,9 @@ impl Snapshot {
             .find(|z| z.id == tier)
     }
 
-    /// The per-tier balloon, if it can be driven for `tiers` now: read
-    /// within `max_age`, offered, every tier a zone of it, and negotiated
-    /// by the guest driver. Otherwise why not, for humans.
-    pub fn drivable(&self, max_age: Duration, tiers: &[&str]) -> Result<&BalloonInfo, String> {
+    /// The last `vm.info`, if it answered and was read within `max_age`;
+    /// otherwise why not, for humans.
+    pub fn fresh(&self, max_age: Duration) -> Result<&VmInfo, String> {
         if let Some(e) = &self.error {
             return Err(format!("its VMM API does not answer: {e}"));
         }
@@ -59,6 +59,20 @@ impl Snapshot {
                 at.elapsed().as_secs_f64()
             ));
         }
+        Ok(info)
+    }
+
+    /// Zone `tier`'s hot-pluggable virtio-mem part, if it has one (from
+    /// the last `vm.info`, however old).
+    pub fn resizable(&self, tier: &str) -> Option<ResizableZone> {
+        ResizableZone::of(self.info.as_ref()?, tier)
+    }
+
+    /// The per-tier balloon, if it can be driven for `tiers` now: read
+    /// within `max_age`, offered, every tier a zone of it, and negotiated
+    /// by the guest driver. Otherwise why not, for humans.
+    pub fn drivable(&self, max_age: Duration, tiers: &[&str]) -> Result<&BalloonInfo, String> {
+        let info = self.fresh(max_age)?;
         let Some(b) = info.balloon.as_ref().filter(|b| b.tiers_offered) else {
             return Err(
                 "cloud-hypervisor runs it without a per-tier balloon (--balloon tiers=on)".into(),
@@ -209,6 +223,25 @@ impl ChHandle {
     pub async fn set_targets(&self, targets: &[(String, u64)]) -> Result<(), CallError> {
         let _one_at_a_time = self.writes.lock().await;
         let r = tokio::time::timeout(self.deadline, self.api.set_tier_targets(targets)).await;
+        let r = match r {
+            Ok(r) => r.map_err(CallError::from),
+            Err(_) => Err(CallError::Deadline {
+                socket: self.socket.clone(),
+                deadline: self.deadline,
+            }),
+        };
+        let _ = self.refresh().await;
+        r
+    }
+}
+
+impl ChHandle {
+    /// Resizes zone `zone` to `desired_ram` bytes in all (boot +
+    /// hot-plugged; `vm.resize-zone`), one change at a time per VM like
+    /// balloon targets, then reads `vm.info` back.
+    pub async fn resize_zone(&self, zone: &str, desired_ram: u64) -> Result<(), CallError> {
+        let _one_at_a_time = self.writes.lock().await;
+        let r = tokio::time::timeout(self.deadline, self.api.resize_zone(zone, desired_ram)).await;
         let r = match r {
             Ok(r) => r.map_err(CallError::from),
             Err(_) => Err(CallError::Deadline {

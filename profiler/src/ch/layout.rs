@@ -20,8 +20,8 @@
 use std::collections::{BTreeSet, HashMap};
 use std::fmt::Write as _;
 
-use tier_controller::actuate::MemoryZone;
-use tier_proto::v1::{GpaRange, Tier, TierKind};
+use tier_controller::actuate::{MemoryZone, VirtioMem, VmInfo, ZoneRange};
+use tier_proto::v1::{GpaRange, Tier, TierHotplug, TierKind};
 
 use crate::memtier::MemoryTiers;
 
@@ -231,6 +231,113 @@ fn addressable(zones: &[MemoryZone]) -> (Vec<MemoryZone>, Vec<usize>) {
         .unzip()
 }
 
+/// The zone with its virtio-mem region (vmm-patch 0009) as one more
+/// range: the region is not in `ranges`, but its plugged blocks are the
+/// zone's memory, on the zone's guest node.
+fn with_hotplug_region(z: &MemoryZone) -> MemoryZone {
+    let mut z = z.clone();
+    if let Some(v) = z.virtio_mem.filter(|v| v.size > 0) {
+        z.ranges.push(ZoneRange {
+            start: v.start,
+            size: v.size,
+            host_address: Some(v.host_address),
+        });
+    }
+    z
+}
+
+/// The zones of a `vm.info` to build a tier map from, with what changes
+/// every interval (requested and plugged sizes) left out so they compare
+/// equal while the layout is the same: `memory_zones` (vmm-patch 0003);
+/// without it (upstream cloud-hypervisor) `config.memory.zones`, placed as
+/// cloud-hypervisor v53.0 places boot memory (in order from guest-physical
+/// 0, a range crossing the 32-bit hole at 3 GiB continuing at 4 GiB) and
+/// without host addresses, which are then found by size or left unknown.
+pub fn zones_of(info: &VmInfo) -> Option<Vec<MemoryZone>> {
+    if let Some(zones) = &info.memory_zones {
+        return Some(
+            zones
+                .iter()
+                .map(|z| MemoryZone {
+                    virtio_mem: z.virtio_mem.map(|v| VirtioMem {
+                        requested_size: 0,
+                        plugged_size: 0,
+                        ..v
+                    }),
+                    ..z.clone()
+                })
+                .collect(),
+        );
+    }
+    let configs = info.zone_configs();
+    if configs.is_empty() {
+        return None;
+    }
+    const HOLE_START: u64 = 0xc000_0000;
+    const HIGH_START: u64 = 0x1_0000_0000;
+    let mut at = 0u64;
+    let mut out = Vec::new();
+    for c in configs {
+        let mut ranges = Vec::new();
+        let mut left = c.size;
+        while left > 0 {
+            if at < HOLE_START && at.saturating_add(left) > HOLE_START {
+                let low = HOLE_START - at;
+                ranges.push(ZoneRange {
+                    start: at,
+                    size: low,
+                    host_address: None,
+                });
+                left -= low;
+                at = HIGH_START;
+                continue;
+            }
+            ranges.push(ZoneRange {
+                start: at,
+                size: left,
+                host_address: None,
+            });
+            at = at.saturating_add(left);
+            left = 0;
+        }
+        out.push(MemoryZone {
+            id: c.id.clone(),
+            host_numa_node: c.host_numa_node,
+            guest_numa_node: None,
+            ranges,
+            virtio_mem: None,
+        });
+    }
+    Some(out)
+}
+
+/// What the tier map says of a zone's virtio-mem part a VMM does not
+/// report (upstream cloud-hypervisor): its size from the configuration,
+/// and plainly that plugged memory is not attributed to the tier.
+pub fn unreported_hotplug(tiers: &mut [Tier], info: &VmInfo) {
+    if info.memory_zones.is_some() || !info.virtio_mem_hotplug() {
+        return;
+    }
+    for t in tiers.iter_mut() {
+        let Some(c) = info.zone_configs().iter().find(|c| c.id == t.name) else {
+            continue;
+        };
+        let Some(h) = c.hotplug_size.filter(|&h| h > 0) else {
+            continue;
+        };
+        t.hotplug = Some(TierHotplug {
+            boot_bytes: c.size,
+            region_bytes: h,
+            block_bytes: tier_controller::actuate::DEFAULT_BLOCK,
+            region_attributed: false,
+        });
+        let _ = write!(
+            t.derivation,
+            "; guest-physical ranges placed as cloud-hypervisor v53.0 lays out boot memory (this VMM's vm.info has no memory_zones); a hot-pluggable virtio-mem part of {h} bytes (config hotplug_size) whose region this VMM does not report: plugged memory is not attributed to this tier (size_bytes is the boot part)"
+        );
+    }
+}
+
 /// The tiers of a VM from its zones and the VMM's maps and numa_maps:
 /// DRAM first, then zone order. Zones without (addressable) ranges are
 /// left out.
@@ -242,7 +349,8 @@ pub fn tiers(
     memtiers: &MemoryTiers,
 ) -> Vec<Tier> {
     let vmas = parse_maps(maps);
-    let (zones, dropped) = addressable(zones);
+    let zones: Vec<MemoryZone> = zones.iter().map(with_hotplug_region).collect();
+    let (zones, dropped) = addressable(&zones);
     let hvas = host_addresses(&zones, &vmas);
     let mut out: Vec<Tier> = zones
         .iter()
@@ -280,6 +388,13 @@ pub fn tiers(
                     let _ = write!(d, "; host address unknown: {why}");
                 }
             }
+            if let Some(v) = z.virtio_mem {
+                let _ = write!(
+                    d,
+                    "; its virtio-mem region {:#x}+{:#x} (vm.info virtio_mem, vmm-patch 0009) is the last range: plugged memory counts for this tier",
+                    v.start, v.size
+                );
+            }
             if let Some(n) = z.host_numa_node {
                 let _ = write!(d, "; bound to host node {n}");
             }
@@ -315,6 +430,16 @@ pub fn tiers(
                 // Saturating: ranges the VMM reports may add up past 2^64.
                 size_bytes: z.ranges.iter().fold(0u64, |n, r| n.saturating_add(r.size)),
                 derivation: d,
+                hotplug: z.virtio_mem.map(|v| TierHotplug {
+                    boot_bytes: z
+                        .ranges
+                        .iter()
+                        .fold(0u64, |n, r| n.saturating_add(r.size))
+                        .saturating_sub(v.size),
+                    region_bytes: v.size,
+                    block_bytes: v.block_size,
+                    region_attributed: true,
+                }),
             }
         })
         .collect();
@@ -325,7 +450,6 @@ pub fn tiers(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tier_controller::actuate::ZoneRange;
 
     const M: u64 = 1 << 20;
 
@@ -342,6 +466,7 @@ mod tests {
                     host_address,
                 })
                 .collect(),
+            virtio_mem: None,
         }
     }
 

@@ -10,7 +10,7 @@ use tier_proto::v1::Vm;
 
 use super::handle::ChHandle;
 use crate::discovery::{self, KvmFd};
-use crate::registry::TrackedVm;
+use crate::registry::{TierHotplugBytes, TrackedVm};
 
 #[derive(Debug)]
 pub struct ChVm {
@@ -73,6 +73,19 @@ impl TrackedVm for ChVm {
                 snap.guest_accesses.get(&i).copied()
             })
             .collect()
+    }
+
+    /// Requested and plugged size of each tier's virtio-mem part (plugged
+    /// only from a VMM with vmm-patch 0009).
+    fn hotplug_bytes(&self) -> Option<Vec<TierHotplugBytes>> {
+        let snap = self.handle.snapshot();
+        let zones: Vec<_> = self
+            .vm
+            .tiers
+            .iter()
+            .map(|t| snap.resizable(&t.name).map(|z| (z.requested, z.plugged)))
+            .collect();
+        zones.iter().any(Option::is_some).then_some(zones)
     }
 
     /// Target and driver-reported actual of each tier's zone; tiers

@@ -45,6 +45,7 @@ impl DemoTracked {
                     }],
                     size_bytes: r.size,
                     derivation,
+                    hotplug: None,
                 }
             })
             .collect();

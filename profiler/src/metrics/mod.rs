@@ -3,12 +3,14 @@
 //! aggregate hosts with Prometheus, not with a collector of ours. The
 //! estimate's intervals are in `bounds`, the sampler budget's in `budget`,
 //! the controller's in `control`, the working-set ages' in `ages`,
+//! virtio-mem zones and the actuator in `hotplug`,
 //! the process series in `process`.
 
 mod ages;
 mod bounds;
 mod budget;
 mod control;
+mod hotplug;
 mod process;
 mod text;
 
@@ -71,6 +73,7 @@ pub struct Metrics {
     budget: budget::Budget,
     ages: ages::Ages,
     control: control::Control,
+    hotplug: hotplug::Hotplug,
     measured: Family<VmLabels, Gauge>,
     active: Family<BackendLabels, Gauge>,
     scan_seconds: Family<BackendLabels, Counter<f64, AtomicU64>>,
@@ -82,6 +85,8 @@ pub struct Metrics {
     vms: Gauge,
     updates: Counter,
     live: HashMap<String, (VmLabels, Vec<TierLabels>)>,
+    /// Each live VM's tiers' virtio-mem parts, in tier order.
+    hotplug_of: HashMap<String, Vec<Option<tier_proto::v1::TierHotplug>>>,
 }
 
 /// Label sets of a VM and its tiers, in tier order.
@@ -134,6 +139,7 @@ impl Metrics {
             budget: budget::Budget::default(),
             ages: ages::Ages::default(),
             control: control::Control::default(),
+            hotplug: hotplug::Hotplug::default(),
             measured: Family::default(),
             active: Family::default(),
             scan_seconds: Family::default(),
@@ -144,6 +150,7 @@ impl Metrics {
             vms: Gauge::default(),
             updates: Counter::default(),
             live: HashMap::new(),
+            hotplug_of: HashMap::new(),
             registry: Registry::default(),
         };
         let r = registry.sub_registry_with_prefix("tierd");
@@ -222,6 +229,7 @@ impl Metrics {
         m.budget.register(r);
         m.ages.register(r);
         m.control.register(r);
+        m.hotplug.register(r);
         r.register(
             "vm_measured",
             "1 if the host sampler read the VM in the last interval, 0 if it cannot (the reason is the stream's VmStats.not_measured and `tierctl top`); hit-ratio series are absent meanwhile",
@@ -290,6 +298,8 @@ impl Metrics {
             }
             for vm in &u.vms {
                 self.live.entry(vm.id.clone()).or_insert_with(|| labels(vm));
+                self.hotplug_of
+                    .insert(vm.id.clone(), vm.tiers.iter().map(|t| t.hotplug).collect());
             }
         }
         let secs = (u.interval_ns as f64 / 1e9).max(1e-9);
@@ -297,7 +307,8 @@ impl Metrics {
             let Some((vl, tiers)) = self.live.get(&stats.vm_id) else {
                 continue;
             };
-            for (tl, s) in tiers.iter().zip(&stats.tiers) {
+            let hotplug = self.hotplug_of.get(&stats.vm_id);
+            for (i, (tl, s)) in tiers.iter().zip(&stats.tiers).enumerate() {
                 self.young.get_or_create(tl).set(clamp(s.young_pages));
                 self.sampled.get_or_create(tl).set(clamp(s.sampled_pages));
                 self.access_rate
@@ -321,6 +332,8 @@ impl Metrics {
                 self.pmu(tl, s, secs);
                 self.bounds.tier(tl, s, secs);
                 self.ages.tier(tl, s);
+                let hp = hotplug.and_then(|h| h.get(i).copied().flatten());
+                self.hotplug.tier(tl, hp, s);
             }
             let measured = stats.not_measured.is_empty();
             self.measured.get_or_create(vl).set(i64::from(measured));
@@ -334,6 +347,7 @@ impl Metrics {
             }
             self.bounds.vm(vl, stats, stats.has_accesses && measured);
             self.budget.vm(vl, stats, secs);
+            self.hotplug.vm(vl, stats);
         }
         for h in &u.health {
             let b = BackendLabels {
@@ -411,9 +425,12 @@ impl Metrics {
         self.bounds.forget_vm(&vm);
         self.budget.forget_vm(&vm);
         self.control.forget_vm(&vm);
+        self.hotplug.forget_vm(&vm);
+        self.hotplug_of.remove(id);
         for t in tiers {
             self.bounds.forget_tier(&t);
             self.ages.forget_tier(&t);
+            self.hotplug.forget_tier(&t);
             for f in [
                 &self.young,
                 &self.sampled,

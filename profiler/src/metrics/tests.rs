@@ -205,7 +205,16 @@ fn everything() -> StatsUpdate {
         t.fit_misfit = Some(0.1);
         t.ages = Some(ages());
     }
+    u.vms[0].tiers[0].hotplug = Some(tier_proto::v1::TierHotplug {
+        boot_bytes: 64 << 20,
+        region_bytes: 256 << 20,
+        block_bytes: 2 << 20,
+        region_attributed: true,
+    });
+    u.stats[0].tiers[0].hotplug_requested_bytes = Some(128 << 20);
+    u.stats[0].tiers[0].hotplug_plugged_bytes = Some(126 << 20);
     let st = &mut u.stats[0];
+    st.actuator = tier_proto::v1::Actuator::ResizeZone as i32;
     st.has_accesses = true;
     st.dram_hit_low = Some(0.2);
     st.dram_hit_high = Some(0.6);
@@ -228,6 +237,65 @@ fn everything() -> StatsUpdate {
         ..Default::default()
     }];
     u
+}
+
+/// A virtio-mem tier's region, requested and plugged sizes; the actuator
+/// as one series at 1; plugged absent when not reported; nothing for a
+/// tier without a virtio-mem part (issue 33).
+#[test]
+fn hotplug_and_actuator_series() {
+    let mut m = Metrics::new();
+    let mut u = everything();
+    m.update(&u);
+    let body = m.encode();
+    let dram = "{vm=\"v\",tier=\"dram\",kind=\"dram\"} ";
+    let slow = "{vm=\"v\",tier=\"slow\",kind=\"cxl\"} ";
+    let v = |b: &str, k: &str| value(b, k);
+    assert_eq!(
+        v(&body, &format!("tierd_tier_hotplug_region_bytes{dram}")),
+        Some(268435456.0)
+    );
+    assert_eq!(
+        v(&body, &format!("tierd_tier_hotplug_requested_bytes{dram}")),
+        Some(134217728.0)
+    );
+    assert_eq!(
+        v(&body, &format!("tierd_tier_hotplug_plugged_bytes{dram}")),
+        Some(132120576.0)
+    );
+    assert_eq!(
+        v(&body, &format!("tierd_tier_hotplug_attributed{dram}")),
+        Some(1.0)
+    );
+    assert_eq!(
+        v(&body, &format!("tierd_tier_hotplug_region_bytes{slow}")),
+        None
+    );
+    assert_eq!(
+        v(
+            &body,
+            "tierd_vm_actuator_info{vm=\"v\",name=\"v\",actuator=\"resize_zone\"} "
+        ),
+        Some(1.0)
+    );
+    // Upstream: plugged unknown, so absent; another actuator replaces it.
+    u.stats[0].tiers[0].hotplug_plugged_bytes = None;
+    u.stats[0].actuator = tier_proto::v1::Actuator::None as i32;
+    u.vms_unchanged = true;
+    m.update(&u);
+    let body = m.encode();
+    assert_eq!(
+        v(&body, &format!("tierd_tier_hotplug_plugged_bytes{dram}")),
+        None
+    );
+    assert!(!body.contains("actuator=\"resize_zone\""), "{body}");
+    assert_eq!(
+        v(
+            &body,
+            "tierd_vm_actuator_info{vm=\"v\",name=\"v\",actuator=\"none\"} "
+        ),
+        Some(1.0)
+    );
 }
 
 /// The budget's choice and spend per VM and per backend, in cores and

@@ -14,7 +14,7 @@ use tier_proto::v1::{
 use tokio_stream::StreamExt;
 
 use tier_e2e::tierd::Tierd;
-use tier_e2e::vmm::{ChVm, VmSpec};
+use tier_e2e::vmm::{ChVm, Hotplug, VmSpec};
 
 const MIB: u64 = 1 << 20;
 
@@ -50,6 +50,40 @@ pub struct Plan {
     /// pass would find most of a working set idle (docs/e2e.md).
     pub passes: u32,
     pub backend: String,
+    /// What the controller drives: the per-tier balloon, or the dram
+    /// zone's virtio-mem part through `vm.resize-zone` (issue 33).
+    pub actuator: Actuator,
+    /// Of the dram zone, with `Actuator::ResizeZone`: its boot size (never
+    /// moves) and hot-pluggable part (a multiple of 128 MiB in
+    /// cloud-hypervisor v53.0, docs/virtio-mem.md). The zone starts at
+    /// `dram_mib - initial_dram_balloon_mib` in all, the DRAM a guest holds
+    /// in the balloon run.
+    pub boot_mib: u64,
+    pub hotplug_mib: u64,
+    /// The VMM has none of our series (upstream v53.0): no plugged size or
+    /// region in vm.info, so tierd cannot attribute plugged memory.
+    pub upstream: bool,
+    /// Guest "b"'s virtio-mem driver misbehaves: `mute` (never answers) or
+    /// `error` (only requests the device refuses). The run then checks that
+    /// the controller stays stable and keeps serving "a".
+    pub stall: Option<String>,
+}
+
+/// `--actuator`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum Actuator {
+    #[default]
+    Balloon,
+    ResizeZone,
+}
+
+impl Actuator {
+    pub fn name(self) -> &'static str {
+        match self {
+            Actuator::Balloon => "balloon",
+            Actuator::ResizeZone => "resize-zone",
+        }
+    }
 }
 
 impl Default for Plan {
@@ -68,6 +102,11 @@ impl Default for Plan {
             interval_ms: 1000,
             passes: 1,
             backend: "hostpte".into(),
+            actuator: Actuator::Balloon,
+            boot_mib: 8,
+            hotplug_mib: 128,
+            upstream: false,
+            stall: None,
         }
     }
 }
@@ -75,23 +114,50 @@ impl Default for Plan {
 impl Plan {
     /// VM "a" needs DRAM in phase 0 and little in phase 1; "b" the reverse.
     pub fn specs(&self) -> [VmSpec; 2] {
+        let resize = self.actuator == Actuator::ResizeZone;
+        let vmem = |name: &str| match (&self.stall, name) {
+            (Some(mode), "b") => format!(" virtio_mem={mode}"),
+            _ => " virtio_mem=on".into(),
+        };
         let spec = |name: &str, first: u32, second: u32| VmSpec {
             name: name.into(),
             zones: vec![
-                ("dram".into(), self.dram_mib),
+                (
+                    "dram".into(),
+                    if resize { self.boot_mib } else { self.dram_mib },
+                ),
                 ("slow".into(), self.slow_mib),
             ],
             cmdline: format!(
-                "hot={hot},300 phases=95/5@{secs}s:{first}/300,95/5@0:{second}/300 report=1s",
+                "hot={hot},300 phases=95/5@{secs}s:{first}/300,95/5@0:{second}/300 report=1s{vmem}",
                 hot = self.hot_pages,
                 secs = self.phase_secs,
+                vmem = if resize { vmem(name) } else { String::new() },
             ),
             vhost_user: None,
+            // Plugged at boot as much as the run starts with.
+            hotplug: resize.then_some(Hotplug {
+                size_mib: self.hotplug_mib,
+                plugged_mib: (self.dram_mib - self.initial_dram_balloon_mib)
+                    .saturating_sub(self.boot_mib),
+            }),
         };
         [
             spec("a", self.hot_pages, self.small_pages),
             spec("b", self.small_pages, self.hot_pages),
         ]
+    }
+
+    /// The dram tier's balloon-style target at the start, bytes: the
+    /// balloon's, or the zone's total minus what it holds.
+    pub fn initial_dram_target(&self) -> u64 {
+        match self.actuator {
+            Actuator::Balloon => self.initial_dram_balloon_mib * MIB,
+            Actuator::ResizeZone => {
+                (self.boot_mib + self.hotplug_mib + self.initial_dram_balloon_mib - self.dram_mib)
+                    * MIB
+            }
+        }
     }
 
     fn policy(&self) -> Policy {
@@ -130,6 +196,11 @@ pub struct VmRow {
     pub tierd_dram: Option<(u64, u64)>,
     /// Decisions APPLIED for this VM since the previous row.
     pub applied: u32,
+    /// Zone resize: the plugged size came from the guest's serial line
+    /// (the VMM does not report it).
+    pub plugged_from_serial: bool,
+    /// tierd's actuator for the VM and its detail (`VmStats.actuator*`).
+    pub actuator: Option<(i32, String)>,
 }
 
 /// One interval of the run.
@@ -149,6 +220,10 @@ pub struct Outcome {
     pub decisions: Vec<Decision>,
     pub initial_rss: [BTreeMap<String, u64>; 2],
     pub plan: Plan,
+    /// tierd's tier map of each VM's dram tier: `Tier.hotplug`.
+    pub dram_hotplug: [Option<tier_proto::v1::TierHotplug>; 2],
+    /// Each VM's id in tierd's stream.
+    pub vm_ids: [Option<String>; 2],
 }
 
 /// Boots the guests, balloons them to the starting point, runs tierd and
@@ -179,9 +254,24 @@ pub async fn run(plan: &Plan, paths: &Paths) -> anyhow::Result<Outcome> {
     let initial = plan.initial_dram_balloon_mib * MIB;
     let mut initial_rss = [BTreeMap::new(), BTreeMap::new()];
     for (i, vm) in vms.iter().enumerate() {
-        let took = vm
-            .balloon_to(&[("dram".into(), initial)], Duration::from_secs(60))
-            .await?;
+        let took = match plan.actuator {
+            Actuator::Balloon => {
+                vm.balloon_to(&[("dram".into(), initial)], Duration::from_secs(60))
+                    .await?
+            }
+            // The same DRAM held: the zone's total minus what a balloon
+            // would take.
+            // A stalled guest never plugs: not waited for.
+            Actuator::ResizeZone if plan.stall.is_some() && i == 1 => Duration::ZERO,
+            Actuator::ResizeZone => {
+                vm.resize_to(
+                    "dram",
+                    (plan.dram_mib - plan.initial_dram_balloon_mib) * MIB,
+                    Duration::from_secs(90),
+                )
+                .await?
+            }
+        };
         initial_rss[i] = vm.zone_rss().await?;
         println!(
             "{}: dram balloon at {} MiB in {took:.1?}; zone rss {:?} MiB",
@@ -201,7 +291,7 @@ pub async fn run(plan: &Plan, paths: &Paths) -> anyhow::Result<Outcome> {
         &plan.backend,
         plan.interval_ms,
         plan.passes,
-        "",
+        &format!("actuator = {:?}", plan.actuator.name()),
     )?;
     let mut client = tierd.client(Duration::from_secs(30)).await?;
     println!("tierd: pid {}, log {}", tierd.pid(), tierd.log.display());
@@ -228,6 +318,7 @@ pub async fn run(plan: &Plan, paths: &Paths) -> anyhow::Result<Outcome> {
     let mut rows = Vec::new();
     let mut decisions = Vec::new();
     let mut phase_change = [None, None];
+    let mut dram_hotplug = [None, None];
     let mut applied = [0u32; 2];
     let start = Instant::now();
     let deadline = Duration::from_secs(plan.phase_secs * 2 + plan.after_secs + 120);
@@ -248,6 +339,11 @@ pub async fn run(plan: &Plan, paths: &Paths) -> anyhow::Result<Outcome> {
         for v in &update.vms {
             if let Some(i) = pids.iter().position(|p| *p == v.vmm_pid) {
                 ids[i] = Some(v.id.clone());
+                dram_hotplug[i] = v
+                    .tiers
+                    .iter()
+                    .find(|t| t.name == "dram")
+                    .and_then(|t| t.hotplug);
             }
         }
         let mut row = Row {
@@ -271,11 +367,19 @@ pub async fn run(plan: &Plan, paths: &Paths) -> anyhow::Result<Outcome> {
             }
             if let Some(id) = &ids[i]
                 && let Some(s) = update.stats.iter().find(|s| &s.vm_id == id)
+            {
+                r.actuator = Some((s.actuator, s.actuator_detail.clone()));
+            }
+            if let Some(id) = &ids[i]
+                && let Some(s) = update.stats.iter().find(|s| &s.vm_id == id)
                 && let Some(t) = s.tiers.iter().find(|t| t.tier == "dram")
             {
                 r.tierd_dram = Some((t.balloon_target_bytes, t.balloon_actual_bytes));
             }
-            let acc = vm.guest_accesses().await.unwrap_or_default();
+            let acc = match plan.actuator {
+                Actuator::Balloon => vm.guest_accesses().await.unwrap_or_default(),
+                Actuator::ResizeZone => vm.serial_accesses(),
+            };
             if acc.len() >= 2 && last_acc[i].len() == acc.len() {
                 let d: Vec<u64> = acc
                     .iter()
@@ -288,8 +392,24 @@ pub async fn run(plan: &Plan, paths: &Paths) -> anyhow::Result<Outcome> {
                 }
             }
             last_acc[i] = acc;
-            for z in vm.zones().await.unwrap_or_default() {
-                r.balloon.insert(z.id.clone(), (z.target, z.host_ballooned));
+            match plan.actuator {
+                Actuator::Balloon => {
+                    for z in vm.zones().await.unwrap_or_default() {
+                        r.balloon.insert(z.id.clone(), (z.target, z.host_ballooned));
+                    }
+                }
+                // Balloon-style, so the checks read both paths alike:
+                // target = not requested, actual = not plugged (the guest's
+                // own serial report where vm.info does not say).
+                Actuator::ResizeZone => {
+                    if let Ok(z) = vm.zone_sizes("dram").await {
+                        let unplugged =
+                            z.plugged.map_or(u64::MAX, |p| z.hotplug - p.min(z.hotplug));
+                        r.balloon
+                            .insert("dram".into(), (z.hotplug - z.requested, unplugged));
+                        r.plugged_from_serial = z.from_serial;
+                    }
+                }
             }
             r.rss = vm.zone_rss().await.unwrap_or_default();
             if let Some(id) = &ids[i] {
@@ -328,6 +448,8 @@ pub async fn run(plan: &Plan, paths: &Paths) -> anyhow::Result<Outcome> {
         decisions,
         initial_rss,
         plan: plan.clone(),
+        dram_hotplug,
+        vm_ids: ids,
     })
 }
 

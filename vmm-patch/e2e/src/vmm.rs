@@ -7,7 +7,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
-use tier_controller::actuate::{BalloonZone, ChApi, Vmm};
+use tier_controller::actuate::{BalloonZone, ChApi, ResizableZone, Vmm, ZoneRange};
 use tier_test_support::ChildGuard;
 use tier_testguest::serial::{Line, parse_log};
 
@@ -22,6 +22,28 @@ pub struct VmSpec {
     /// Serve the balloon from a vhost-user backend (`tier-balloon`) on
     /// these sockets instead of the VMM's own device.
     pub vhost_user: Option<VhostUser>,
+    /// The first zone has a virtio-mem part and the VM no balloon (issue
+    /// 33): `--memory size=0,hotplug_method=virtio-mem`.
+    pub hotplug: Option<Hotplug>,
+}
+
+/// A zone's virtio-mem part, MiB: `hotplug_size`, `hotplugged_size`.
+#[derive(Debug, Clone, Copy)]
+pub struct Hotplug {
+    pub size_mib: u64,
+    pub plugged_mib: u64,
+}
+
+/// A virtio-mem zone's sizes, bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ZoneSizes {
+    pub boot: u64,
+    pub hotplug: u64,
+    pub requested: u64,
+    /// `None` when neither vm.info (vmm-patch 0009) nor the guest said.
+    pub plugged: Option<u64>,
+    /// Where it came from: `vm.info` or the guest's serial line.
+    pub from_serial: bool,
 }
 
 /// The sockets of a vhost-user balloon backend.
@@ -89,15 +111,27 @@ impl ChVm {
             .arg("--kernel")
             .arg(guest)
             .args(["--cmdline", &spec.cmdline])
-            .args(["--cpus", "boot=1", "--memory", "size=0"]);
+            .args(["--cpus", "boot=1", "--memory"]);
+        cmd.arg(if spec.hotplug.is_some() {
+            "size=0,hotplug_method=virtio-mem"
+        } else {
+            "size=0"
+        });
         for (i, (id, mib)) in spec.zones.iter().enumerate() {
-            cmd.args([
-                "--memory-zone",
-                &format!("id={id},size={mib}M,shared=on,prefault=on"),
-            ]);
+            let mut zone = format!("id={id},size={mib}M,shared=on,prefault=on");
+            if let (0, Some(h)) = (i, spec.hotplug) {
+                zone.push_str(&format!(
+                    ",hotplug_size={}M,hotplugged_size={}M",
+                    h.size_mib, h.plugged_mib
+                ));
+            }
+            cmd.args(["--memory-zone", &zone]);
             cmd.args(["--numa", &format!("guest_numa_id={i},memory_zones={id}")]);
         }
         match &spec.vhost_user {
+            // Zone resize: no balloon at all (an upstream VMM has no
+            // per-tier one); the guest's truth comes from its serial ticks.
+            None if spec.hotplug.is_some() => &mut cmd,
             None => cmd.args(["--balloon", "size=0,tiers=on,stats=on"]),
             Some(v) => cmd.args([
                 "--balloon",
@@ -184,6 +218,76 @@ impl ChVm {
         Ok(out)
     }
 
+    /// The guest's cumulative accesses per tier from its last `tg tick`
+    /// line (when the VM has no stats queue).
+    pub fn serial_accesses(&self) -> Vec<u64> {
+        self.lines()
+            .iter()
+            .rev()
+            .find_map(|l| l.tick())
+            .map(|t| t.acc)
+            .unwrap_or_default()
+    }
+
+    /// Zone `zone`'s virtio-mem sizes: requested from `vm.info` (0009's
+    /// `virtio_mem`, else upstream's `config.memory.zones[].hotplugged_size`),
+    /// plugged from 0009, else from the guest's last `tg vmem ...
+    /// plugged=N` serial line.
+    pub async fn zone_sizes(&self, zone: &str) -> anyhow::Result<ZoneSizes> {
+        let info = self.api.vm_info().await.context("vm.info")?;
+        let z = ResizableZone::of(&info, zone)
+            .with_context(|| format!("{}: zone {zone} has no virtio-mem part", self.name))?;
+        let (plugged, from_serial) = match z.plugged {
+            Some(p) => (Some(p), false),
+            None => (
+                self.lines()
+                    .iter()
+                    .rev()
+                    .filter(|l| l.kind == "vmem")
+                    .find_map(|l| l.u64("plugged")),
+                true,
+            ),
+        };
+        Ok(ZoneSizes {
+            boot: z.boot,
+            hotplug: z.hotplug,
+            requested: z.requested,
+            plugged,
+            from_serial,
+        })
+    }
+
+    /// Resizes zone `zone` to `desired_ram` in all and waits until the
+    /// guest has plugged exactly the hot-plugged part.
+    pub async fn resize_to(
+        &self,
+        zone: &str,
+        desired_ram: u64,
+        timeout: Duration,
+    ) -> anyhow::Result<Duration> {
+        let now = self.zone_sizes(zone).await?;
+        if now.boot + now.requested != desired_ram {
+            self.api
+                .resize_zone(zone, desired_ram)
+                .await
+                .context("vm.resize-zone")?;
+        }
+        let start = Instant::now();
+        loop {
+            let z = self.zone_sizes(zone).await?;
+            if z.boot + z.requested == desired_ram && z.plugged == Some(z.requested) {
+                return Ok(start.elapsed());
+            }
+            if start.elapsed() > timeout {
+                bail!(
+                    "{}: zone {zone} did not reach {desired_ram} bytes in {timeout:?}: {z:?}",
+                    self.name
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
     /// Sets DRAM/slow balloon targets and waits until the device counted
     /// exactly that many pages (`host_ballooned`).
     pub async fn balloon_to(
@@ -226,7 +330,13 @@ impl ChVm {
         let mut out = BTreeMap::new();
         for z in info.memory_zones.unwrap_or_default() {
             let mut rss = 0;
-            for r in &z.ranges {
+            // The virtio-mem region (0009) is the zone's memory too.
+            let region = z.virtio_mem.map(|v| ZoneRange {
+                start: v.start,
+                size: v.size,
+                host_address: Some(v.host_address),
+            });
+            for r in z.ranges.iter().chain(region.iter()) {
                 let Some(start) = r.host_address else {
                     bail!(
                         "{}: vm.info gives no host address for zone {} (needs vmm-patch 0005)",

@@ -102,6 +102,11 @@ fn header_lines(app: &App, v: &VmView, width: usize) -> Vec<Line<'static>> {
             Style::new().fg(Color::DarkGray),
         ));
     }
+    if let Some(s) = &v.stats {
+        for l in actuator_lines(&v.vm, s, width) {
+            out.push(Line::raw(l));
+        }
+    }
     match &v.last_decision {
         None => out.push(Line::raw(
             "last action: - (no controller decision for this VM yet)",
@@ -398,9 +403,92 @@ pub fn budget_line(b: &tier_proto::v1::SamplerBudget) -> String {
     )
 }
 
+/// What moves the VM's memory (issue 33): `actuator resize-zone: why`,
+/// then one line per tier with a virtio-mem part: requested against
+/// plugged, and whether plugged memory is attributed to the tier.
+pub fn actuator_lines(
+    vm: &tier_proto::v1::Vm,
+    s: &tier_proto::v1::VmStats,
+    width: usize,
+) -> Vec<String> {
+    let Some(name) = crate::view::actuator_name(s.actuator()) else {
+        return Vec::new();
+    };
+    let mut out = wrap(&format!("actuator {name}: "), &s.actuator_detail, width, 3);
+    if out.is_empty() {
+        out.push(format!("actuator {name}"));
+    }
+    for t in &vm.tiers {
+        let Some(h) = t.hotplug else {
+            continue;
+        };
+        let sample = s.tiers.iter().find(|x| x.tier == t.name);
+        let req = sample
+            .and_then(|x| x.hotplug_requested_bytes)
+            .map_or("-".into(), human_bytes);
+        let plugged = sample
+            .and_then(|x| x.hotplug_plugged_bytes)
+            .map_or("unknown".into(), human_bytes);
+        out.push(format!(
+            "  {} hot-plug: requested {req}, plugged {plugged} of {} (boot {}; {})",
+            t.name,
+            human_bytes(h.region_bytes),
+            human_bytes(h.boot_bytes),
+            if h.region_attributed {
+                "plugged memory counted in this tier"
+            } else {
+                "region not reported by the VMM: plugged memory not attributed to a tier"
+            }
+        ));
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
-    use super::{budget_line, wrap};
+    use super::{actuator_lines, budget_line, wrap};
+
+    #[test]
+    fn the_actuator_lines_say_requested_against_plugged_and_the_gap() {
+        use tier_proto::v1::{Actuator, Tier, TierHotplug, TierSample, Vm, VmStats};
+        let vm = Vm {
+            tiers: vec![
+                Tier {
+                    name: "dram".into(),
+                    hotplug: Some(TierHotplug {
+                        boot_bytes: 64 << 20,
+                        region_bytes: 256 << 20,
+                        block_bytes: 2 << 20,
+                        region_attributed: false,
+                    }),
+                    ..Default::default()
+                },
+                Tier {
+                    name: "slow".into(),
+                    ..Default::default()
+                },
+            ],
+            ..Default::default()
+        };
+        let s = VmStats {
+            actuator: Actuator::ResizeZone as i32,
+            actuator_detail: "zone resize (vm.resize-zone)".into(),
+            tiers: vec![TierSample {
+                tier: "dram".into(),
+                hotplug_requested_bytes: Some(128 << 20),
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        let l = actuator_lines(&vm, &s, 200);
+        assert_eq!(l[0], "actuator resize-zone: zone resize (vm.resize-zone)");
+        assert_eq!(
+            l[1],
+            "  dram hot-plug: requested 128.0M, plugged unknown of 256.0M (boot 64.0M; region not reported by the VMM: plugged memory not attributed to a tier)"
+        );
+        assert_eq!(l.len(), 2);
+        assert!(actuator_lines(&vm, &VmStats::default(), 200).is_empty());
+    }
 
     #[test]
     fn the_budget_line_says_coverage_passes_and_cpu() {

@@ -78,6 +78,7 @@ impl Plan {
                 socket: dir.join("b-vu.sock"),
                 control: dir.join("b-ctl.sock"),
             }),
+            hotplug: None,
         }
     }
 }
