@@ -27,6 +27,8 @@ fn config(act_on: ActOn) -> Config {
             act_on,
             ..Tuning::default()
         },
+        mode: Default::default(),
+        working_set: Default::default(),
     }
 }
 
@@ -41,6 +43,7 @@ fn vm(id: &str, dram_acc: f64, slow_acc: f64, hit: HitEvidence) -> VmObs {
         accesses: acc,
         accessed_bytes: 512 * M,
         idle_bytes: given - 512 * M,
+        ages: None,
     };
     VmObs {
         id: id.into(),
