@@ -167,9 +167,10 @@ proptest! {
 
     /// Two VMs sharing a budget that is all handed out: "a" holds less DRAM
     /// than its hot set, "b" more than its hot and warm set. DRAM flows from
-    /// b to a, never the other way, until a's hot set fits (within the
-    /// sampling) or b has nothing beyond its own hot set left; b keeps its
-    /// hot set.
+    /// b to a (a gives back at most what a rise sized on a sampled point
+    /// overshot: 2 % of its hot set and a minimum step), until a's hot set
+    /// fits (within the sampling) or b has nothing beyond its own hot set
+    /// left; b keeps its hot set.
     #[test]
     fn dram_flows_to_the_deficit_vm(
         a_hot_mib in 600u64..1800,
@@ -199,9 +200,21 @@ proptest! {
         // Long enough for the step (a donor in cooldown gives every few
         // intervals until its cold pages show, after the longest horizon).
         let steps = sim.run(30 + 4 * (a_hot_mib - a_given_mib).div_ceil(step_mib));
-        prop_assert!(directions(&steps, 0, 0, steps.len()).iter().all(|&d| d == 1));
         prop_assert!(directions(&steps, 1, 0, steps.len()).iter().all(|&d| d == -1));
         let last = &steps[steps.len() - 1];
+        // a may give back what a rise sized on a sampled point overshot
+        // (cold DRAM beyond its hot set), nothing more.
+        let (mut up, mut down) = (0u64, 0u64);
+        for w in steps.windows(2) {
+            let (t0, t1) = (w[0].vms[0].dram_target, w[1].vms[0].dram_target);
+            up += t0.saturating_sub(t1);
+            down += t1.saturating_sub(t0);
+        }
+        let a_hot = last.vms[0].hot.unwrap();
+        prop_assert!(
+            down <= a_hot / 50 + step_mib * M / 64,
+            "a gave back {} of {} received (hot set {})", down, up, a_hot
+        );
         let (ga, gb) = (last.vms[0].dram_held, last.vms[1].dram_held);
         let a_need = last.vms[0].hot.unwrap();
         let b_need = last.vms[1].hot.unwrap();

@@ -69,6 +69,10 @@ enum Task {
         /// Keep the run's sockets, serial logs and tierd log here.
         #[arg(long)]
         work_dir: Option<PathBuf>,
+        /// Controller mode of the run: `ratio` (default) or `working-set`
+        /// (needs tierd to fill the per-tier ages; docs/e2e.md).
+        #[arg(long)]
+        mode: Option<String>,
     },
     /// Chaos soak of the closed loop (tier-soak): faults from a seeded
     /// schedule, invariants checked from outside, a table and a RESULT line.
@@ -148,7 +152,8 @@ fn dispatch(task: Task) -> anyhow::Result<()> {
             micro_http,
             ch_target_dir,
             work_dir,
-        } => e2e(ch_src, micro_http, ch_target_dir, work_dir),
+            mode,
+        } => e2e(ch_src, micro_http, ch_target_dir, work_dir, mode),
         Task::Soak(o) => soak::run(&o),
         Task::Uml { target_mib } => uml::run(target_mib),
         Task::Vmlinux => vmlinux(),
@@ -319,6 +324,7 @@ fn e2e(
     micro_http: Option<PathBuf>,
     ch_target_dir: Option<PathBuf>,
     work_dir: Option<PathBuf>,
+    mode: Option<String>,
 ) -> anyhow::Result<()> {
     let Some(dir) = ch_src else {
         bail!(
@@ -356,6 +362,9 @@ fn e2e(
         .arg(target.join("tierd"));
     if let Some(w) = work_dir {
         cmd.arg("--work-dir").arg(w);
+    }
+    if let Some(m) = mode {
+        cmd.arg("--mode").arg(m);
     }
     run::step(
         "e2e",
@@ -444,6 +453,17 @@ mod tests {
                 micro_http: None,
                 ch_target_dir: None,
                 work_dir: None,
+                mode: None,
+            }
+        );
+        assert_eq!(
+            parse(&["e2e", "--ch-src", "/src/ch", "--mode", "working-set"]).unwrap(),
+            Task::E2e {
+                ch_src: Some("/src/ch".into()),
+                micro_http: None,
+                ch_target_dir: None,
+                work_dir: None,
+                mode: Some("working-set".into()),
             }
         );
         assert_eq!(parse(&["vmlinux"]).unwrap(), Task::Vmlinux);
@@ -576,10 +596,10 @@ mod tests {
 
     #[test]
     fn e2e_without_checkout_says_what_it_needs() {
-        let err = e2e(None, None, None, None).unwrap_err().to_string();
+        let err = e2e(None, None, None, None, None).unwrap_err().to_string();
         assert!(err.contains("--ch-src") && err.contains("v53.0"), "{err}");
         let dir = std::env::temp_dir();
-        let err = e2e(Some(dir), None, None, None).unwrap_err().to_string();
+        let err = e2e(Some(dir), None, None, None, None).unwrap_err().to_string();
         assert!(
             err.contains("does not look like a cloud-hypervisor checkout"),
             "{err}"

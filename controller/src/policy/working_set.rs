@@ -178,9 +178,13 @@ pub fn classify(vm: &VmObs, v: &View, ctx: &Ctx, cfg: &Config) -> (Want, u64) {
         return (w, 0);
     }
     let min = cfg.min_step();
+    // Decided on the low end (known short), sized on the point (as ratio
+    // mode's act_on = interval sizes on the point): sizing on the low end
+    // would leave the VM short by the interval's half-width for good, since
+    // the interval then straddles the DRAM given.
     let deficit = v.hot.low - g as f64;
     if deficit >= min as f64 {
-        let raw = pages_up(deficit);
+        let raw = pages_up(v.hot.point - g as f64);
         let bytes = raw.min(step).min(ctx.hi - g);
         if bytes == 0 || flips_back(ctx, Dir::Up) {
             return (Want::Hold, 0);
@@ -202,7 +206,11 @@ pub fn classify(vm: &VmObs, v: &View, ctx: &Ctx, cfg: &Config) -> (Want, u64) {
     }
     let room = (g - ctx.lo).min(step);
     let extra = surplus(g, v).min(g - ctx.lo);
-    if !reclaim_ok(p) || extra < min || flips_back(ctx, Dir::Down) {
+    // A give sized on the point may overshoot the truth by up to the
+    // point's error, which leaves a surplus beyond the high end smaller
+    // than the interval's width: not taken back (a reversal on noise).
+    let width = pages_up(v.hot.high - v.hot.low);
+    if !reclaim_ok(p) || extra < min.max(width) || flips_back(ctx, Dir::Down) {
         return (Want::Hold, 0);
     }
     let cold = v.dram_cold.map_or(0, |c| pages_down(c.low)).min(extra);
@@ -232,7 +240,12 @@ pub fn resume(vm: &VmObs, v: Option<&View>, ctx: &Ctx, cfg: &Config, mv: &Move) 
     }
     let v = v?;
     let (done, room) = match (mv.dir, mv.why) {
-        (Dir::Up, Why::HotSet) => (v.hot.low <= g as f64, ctx.hi - g),
+        // No further than the latest point: the planning sample's error
+        // is not carried to the end of a long move.
+        (Dir::Up, Why::HotSet) => (
+            v.hot.low <= g as f64,
+            (ctx.hi - g).min(pages_up(v.hot.point - g as f64)),
+        ),
         (Dir::Down, Why::Cold) => (
             !reclaim_ok(pressure(v, cfg.working_set.promotion_slo)),
             (g - ctx.lo).min(surplus(g, v)),
@@ -313,13 +326,14 @@ pub fn why_text(cfg: &Config, vm: &VmObs, v: &View, want: Want, granted: u64) ->
             bytes,
         } => write!(
             s,
-            "{} > dram given {}: deficit (low end) {} - {} = {} (min step {}) cap {} -> granted {}",
+            "{} > dram given {}: low end short by {} (min step {}); need {} - {} = {} cap {} -> granted {}",
             quote(v),
             hb(g),
-            hb(v.hot.low as u64),
+            hb((v.hot.low - g as f64) as u64),
+            hb(cfg.min_step()),
+            hb(v.hot.point as u64),
             hb(g),
             hb(raw),
-            hb(cfg.min_step()),
             hb(bytes),
             hb(granted)
         ),
@@ -474,8 +488,9 @@ mod tests {
     }
 
     #[test]
-    fn deficit_is_given_by_the_low_end() {
-        // 200M hot in DRAM + 100M in slow, given 200M: low end 285M, need 85M.
+    fn deficit_is_decided_by_the_low_end_and_sized_on_the_point() {
+        // 200M hot in DRAM + 100M in slow, given 200M: low end 285M, short:
+        // need 300M - 200M.
         let v = vm(
             200 * M,
             ages((200 * M) as f64, (200 * M) as f64, 0.0, None),
@@ -490,8 +505,7 @@ mod tests {
         else {
             panic!("{w:?}");
         };
-        let hot_low = 0.95 * (300 * M) as f64;
-        assert_eq!(raw, pages_up(hot_low - (200 * M) as f64));
+        assert_eq!(raw, 100 * M);
         assert_eq!((bytes, spare), (raw.min(64 * M), 0));
     }
 

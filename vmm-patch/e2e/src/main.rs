@@ -41,6 +41,10 @@ struct Args {
     /// tierd sampler backend.
     #[arg(long, default_value = "hostpte")]
     backend: String,
+    /// What the controller keeps the guests at: the DRAM-hit ratio, or the
+    /// hot working set in DRAM (docs/e2e.md, "working_set mode").
+    #[arg(long, value_enum, default_value = "ratio")]
+    mode: scenario::Mode,
 }
 
 fn main() -> ExitCode {
@@ -67,6 +71,7 @@ fn run() -> anyhow::Result<bool> {
         phase_secs: args.phase_secs,
         after_secs: args.after_secs,
         backend: args.backend.clone(),
+        mode: args.mode,
         ..scenario::Plan::default()
     };
     for s in plan.specs() {
@@ -89,11 +94,15 @@ fn run() -> anyhow::Result<bool> {
     let later = outcome.phase_change.iter().copied().flatten().max();
     let conv = later.and_then(|l| checks::converge(&outcome, l, outcome.rows.len()));
     println!(
-        "RESULT e2e={} converge_intervals={} intervals={} decisions={}",
+        "RESULT e2e={} converge_intervals={} intervals={} decisions={} mode={}",
         if pass { "pass" } else { "fail" },
         conv.map_or_else(|| "none".into(), |k| k.to_string()),
         outcome.rows.len(),
-        outcome.decisions.len()
+        outcome.decisions.len(),
+        match args.mode {
+            scenario::Mode::Ratio => "ratio",
+            scenario::Mode::WorkingSet => "working_set",
+        }
     );
     Ok(pass)
 }
