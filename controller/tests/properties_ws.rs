@@ -7,6 +7,7 @@
 //! on a steady simulated workload with sampled ages, and DRAM flowing to
 //! the VM whose hot set outgrew its DRAM.
 
+#[allow(dead_code)] // shared with properties.rs, which uses all of it
 mod scenario;
 
 use proptest::prelude::*;

@@ -599,7 +599,9 @@ mod tests {
         let err = e2e(None, None, None, None, None).unwrap_err().to_string();
         assert!(err.contains("--ch-src") && err.contains("v53.0"), "{err}");
         let dir = std::env::temp_dir();
-        let err = e2e(Some(dir), None, None, None, None).unwrap_err().to_string();
+        let err = e2e(Some(dir), None, None, None, None)
+            .unwrap_err()
+            .to_string();
         assert!(
             err.contains("does not look like a cloud-hypervisor checkout"),
             "{err}"

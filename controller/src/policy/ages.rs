@@ -35,7 +35,7 @@ impl Est {
 
     /// Sum of two estimates: the ends add (each is a ~95 % end; the sum's
     /// interval is wider than 95 %, which errs on the side of not moving).
-    pub fn add(self, o: Est) -> Est {
+    pub fn plus(self, o: Est) -> Est {
         Est {
             point: self.point + o.point,
             low: self.low + o.low,

@@ -387,10 +387,8 @@ pub(super) fn record(
             w.want,
             Want::Release { why, .. } | Want::Need { why, .. } if why.is_working_set()
         );
-    if let Some(v) = &w.ws {
-        if !read_ws {
-            let _ = write!(detail, "; {}", working_set::quote(v));
-        }
+    if let Some(v) = w.ws.as_ref().filter(|_| !read_ws) {
+        let _ = write!(detail, "; {}", working_set::quote(v));
     }
     let read_ratio = w.ws.is_some()
         || w.resumed.is_some()

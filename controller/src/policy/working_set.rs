@@ -102,14 +102,14 @@ pub fn view(vm: &VmObs, cfg: &Config) -> Result<View, String> {
         Some(sa) => long_of(&vm.dram, da).zip(long_of(&vm.slow, sa)),
         None => long_of(&vm.dram, da).map(|d| (d, Est::exact(0.0))),
     }
-    .map(|(d, s)| d.add(s));
+    .map(|(d, s)| d.plus(s));
     let promoted_per_min = match sa {
         Some(sa) => sa.promoted_per_s.map(|p| p.scale(60.0)),
         None => Some(Est::exact(0.0)),
     };
     Ok(View {
         horizon,
-        hot: hot_dram.add(hot_slow),
+        hot: hot_dram.plus(hot_slow),
         hot_dram,
         hot_slow,
         long_horizon: long_h,

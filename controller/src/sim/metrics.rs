@@ -14,8 +14,14 @@ pub fn cooperative(vms: &[SimVm]) -> Vec<bool> {
 /// steer); in working_set mode the DRAM it holds covers its true hot set
 /// but for a share `eps` of it.
 pub fn within(s: &super::VmStep, eps: f64) -> bool {
+    within_slack(s, eps, 0)
+}
+
+/// `within`, a working_set VM also when it is short by at most `slack`
+/// bytes (the controller's minimum step: it moves nothing smaller).
+pub fn within_slack(s: &super::VmStep, eps: f64, slack: u64) -> bool {
     match s.hot {
-        Some(hot) => s.dram_held as f64 >= hot as f64 * (1.0 - eps),
+        Some(hot) => s.dram_held.saturating_add(slack) as f64 >= hot as f64 * (1.0 - eps),
         None => s.ratio.is_none_or(|r| (r - s.target).abs() <= eps + 1e-9),
     }
 }
@@ -85,13 +91,25 @@ pub fn converge(
     eps: f64,
     counted: &[bool],
 ) -> Option<usize> {
+    converge_slack(steps, from, to, eps, 0, counted)
+}
+
+/// `converge` with `within_slack`.
+pub fn converge_slack(
+    steps: &[Step],
+    from: usize,
+    to: usize,
+    eps: f64,
+    slack: u64,
+    counted: &[bool],
+) -> Option<usize> {
     let to = to.min(steps.len());
     let ok = |k: usize| {
         steps[k]
             .vms
             .iter()
             .zip(counted)
-            .all(|(s, &c)| !c || within(s, eps))
+            .all(|(s, &c)| !c || within_slack(s, eps, slack))
     };
     let mut first = None;
     for k in (from..to).rev() {

@@ -36,7 +36,9 @@ fn fits(o: &Outcome, row: &Row, vm: usize) -> bool {
     let size = o.plan.dram_mib * MIB;
     let min_step = (o.plan.max_step_mib * MIB / 64).max(4096) as f64;
     let given = size.saturating_sub(dram(row, vm).0) as f64;
-    row.vms[vm].hot.is_some_and(|(low, _)| given + min_step >= low)
+    row.vms[vm]
+        .hot
+        .is_some_and(|(low, _)| given + min_step >= low)
 }
 
 /// Whether a VM is at its target in the plan's mode.
@@ -256,8 +258,14 @@ mod tests {
         // b's 6 MiB (low 5) fits in 16 or 8.
         let short = || row(16, 24.0, 6.0);
         let fit = || row(24, 24.0, 6.0);
-        assert_eq!(converge(&outcome(vec![short(), fit(), fit()]), 0, 3), Some(1));
-        assert_eq!(converge(&outcome(vec![fit(), short(), fit()]), 0, 3), Some(2));
+        assert_eq!(
+            converge(&outcome(vec![short(), fit(), fit()]), 0, 3),
+            Some(1)
+        );
+        assert_eq!(
+            converge(&outcome(vec![fit(), short(), fit()]), 0, 3),
+            Some(2)
+        );
         assert_eq!(converge(&outcome(vec![fit(), fit(), short()]), 0, 3), None);
         // Within the minimum step (8 MiB / 64 = 128 KiB) of the low end.
         let near = row(24, 25.1, 6.0);
@@ -278,7 +286,10 @@ mod tests {
             names.contains(&"hot_sets_fit_after_phase_change"),
             "{names:?}"
         );
-        assert!(!names.contains(&"ratios_return_within_epsilon"), "{names:?}");
+        assert!(
+            !names.contains(&"ratios_return_within_epsilon"),
+            "{names:?}"
+        );
         for name in ["ages_flow", "hot_sets_fit_after_phase_change"] {
             let c = v.iter().find(|v| v.name == name).unwrap();
             assert!(c.pass, "{name}: {}", c.detail);

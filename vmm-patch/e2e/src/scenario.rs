@@ -141,7 +141,10 @@ pub fn hot_set(s: &VmStats) -> Option<(f64, f64)> {
     let mut sum = (0.0, 0.0);
     for t in &s.tiers {
         let a = t.ages.as_ref().filter(|a| a.not_measured.is_empty())?;
-        let w = a.working_set.first().filter(|w| w.not_measured.is_empty())?;
+        let w = a
+            .working_set
+            .first()
+            .filter(|w| w.not_measured.is_empty())?;
         sum = (sum.0 + w.bytes_low, sum.1 + w.bytes_high);
     }
     (!s.tiers.is_empty()).then_some(sum)
