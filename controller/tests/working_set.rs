@@ -217,6 +217,63 @@ fn vms_without_ages_or_with_a_pmu_count_stay_in_ratio_mode() {
     );
 }
 
+#[test]
+fn a_horizon_measured_one_interval_in_a_few_does_not_flap_modes() {
+    // hostpte measures short horizons only in its long pass: the interval
+    // after, the hot horizon says not measured. The last view (within the
+    // hysteresis window) decides, marked stale; after the window, ratio.
+    let short = || {
+        vm(
+            "a",
+            512 * M,
+            ages([400 * M, 768 * M, 768 * M], 0.02, 0),
+            ages([0, 0, 0], 0.02, 1536 * M),
+        )
+    };
+    let mut cfg = config(4 * G);
+    cfg.cooldown_intervals = 0;
+    cfg.working_set.hot_horizon = 10.0;
+    let mut c = Controller::new(cfg);
+    let p = c.decide(&[short()], 1);
+    assert_eq!(p.decisions[0].reason(), DecisionReason::HotSetDeficit);
+    let mut blind = short();
+    blind.dram.balloon_target = p.targets[0].dram;
+    blind.dram.balloon_actual = p.targets[0].dram;
+    blind.slow.balloon_target = p.targets[0].slow;
+    blind.slow.balloon_actual = p.targets[0].slow;
+    if let Some(a) = blind.dram.ages.as_mut() {
+        a.horizons[1].bytes = None;
+        a.horizons[1].why = "hostpte measures 10s in its long pass; not this one".into();
+    }
+    blind.slow.accesses = 1000.0;
+    let p = c.decide(&[blind.clone()], 2);
+    for d in &p.decisions {
+        assert!(!d.detail.contains("decided in ratio mode"), "{}", d.detail);
+        assert!(
+            d.detail
+                .contains("[measured in round 1; not measured since]"),
+            "{}",
+            d.detail
+        );
+    }
+    // Past the hysteresis window (10 intervals after round 1): ratio mode,
+    // saying why. (`decide`'s second argument is a timestamp; rounds count
+    // calls.)
+    for round in 3..=11 {
+        let p = c.decide(&[blind.clone()], round);
+        assert!(p.decisions.is_empty(), "round {round}: {:?}", p.decisions);
+    }
+    let p = c.decide(&[blind], 12);
+    assert!(!p.decisions.is_empty());
+    assert!(
+        p.decisions[0]
+            .detail
+            .contains("decided in ratio mode: tier dram, horizon 10 s: hostpte measures"),
+        "{}",
+        p.decisions[0].detail
+    );
+}
+
 fn sim_vm(id: &str, given: u64, phases: Vec<Phase>) -> SimVm {
     let b = |x| Balloon {
         target: x,

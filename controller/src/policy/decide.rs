@@ -79,7 +79,43 @@ fn new_load(cfg: &Config, before: Option<u64>, settled: bool, load: &Load) -> bo
     now.abs_diff(before) as f64 > cfg.tuning.new_load.max(0.0) * before as f64
 }
 
-fn look(cfg: &Config, vm: &VmObs, st: &mut VmState, round: u64) -> Work {
+/// The VM's working-set view: this interval's, or, where this interval
+/// does not measure the hot horizon (hostpte measures short horizons only
+/// in its long pass, one interval in a few), the last one within the
+/// hysteresis window, marked stale, rather than flapping between modes.
+/// `Err`: why the VM is decided in ratio mode.
+fn ws_view(
+    cfg: &Config,
+    vm: &VmObs,
+    last: &mut Option<(u64, working_set::View)>,
+    round: u64,
+) -> Result<working_set::View, String> {
+    match working_set::view(vm, cfg) {
+        Ok(v) => {
+            *last = Some((round, v.clone()));
+            Ok(v)
+        }
+        Err(e) => {
+            let window = u64::from(cfg.tuning.hysteresis_window);
+            let counted = matches!(vm.hit, super::interval::HitEvidence::Counted(_));
+            match last.as_ref() {
+                Some((r, v)) if !counted && round - r <= window => Ok(working_set::View {
+                    stale: Some(*r),
+                    ..v.clone()
+                }),
+                _ => Err(e),
+            }
+        }
+    }
+}
+
+fn look(
+    cfg: &Config,
+    vm: &VmObs,
+    st: &mut VmState,
+    last_view: &mut Option<(u64, working_set::View)>,
+    round: u64,
+) -> Work {
     let target = cfg
         .vm(&vm.id, &vm.name)
         .and_then(|o| o.target)
@@ -88,7 +124,7 @@ fn look(cfg: &Config, vm: &VmObs, st: &mut VmState, round: u64) -> Work {
     // the decision says why).
     let (ws, fallback) = match cfg.mode_of(&vm.id, &vm.name) {
         Mode::Ratio => (None, None),
-        Mode::WorkingSet => match working_set::view(vm, cfg) {
+        Mode::WorkingSet => match ws_view(cfg, vm, last_view, round) {
             Ok(v) => (Some(v), None),
             Err(e) => (None, Some(e)),
         },
@@ -404,9 +440,12 @@ pub(super) fn run(c: &mut Controller, vms: &[VmObs], now_unix_ns: u64) -> Plan {
         let mut scratch = VmState::default();
         let st = c.state.get_mut(vm.id.as_str()).unwrap_or(&mut scratch);
         st.seen = round;
-        works.push(look(cfg, vm, st, round));
+        let last_view = c.views.entry(vm.id.clone()).or_default();
+        works.push(look(cfg, vm, st, last_view, round));
     }
     c.state.retain(|_, s| s.seen == round);
+    let state = &c.state;
+    c.views.retain(|id, _| state.contains_key(id));
 
     let budget = cfg
         .budget

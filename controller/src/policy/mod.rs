@@ -84,6 +84,9 @@ pub struct Plan {
 pub struct Controller {
     config: Config,
     state: HashMap<String, VmState>,
+    /// working_set mode: each VM's last view and its round
+    /// (`decide::ws_view`).
+    views: HashMap<String, Option<(u64, working_set::View)>>,
     round: u64,
     sequence: u64,
 }
@@ -93,6 +96,7 @@ impl Controller {
         Controller {
             config,
             state: HashMap::new(),
+            views: HashMap::new(),
             round: 0,
             sequence: 0,
         }

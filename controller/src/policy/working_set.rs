@@ -46,6 +46,9 @@ pub struct View {
     pub dram_cold: Option<Est>,
     /// Slow-tier promotion, bytes per minute.
     pub promoted_per_min: Option<Est>,
+    /// `Some(round)`: this interval did not measure the hot horizon; the
+    /// view is the one of that round (`decide::ws_view`).
+    pub stale: Option<u64>,
 }
 
 fn ages(t: &TierObs) -> Result<&TierAges, String> {
@@ -116,6 +119,7 @@ pub fn view(vm: &VmObs, cfg: &Config) -> Result<View, String> {
         long,
         dram_cold: da.cold,
         promoted_per_min,
+        stale: None,
     })
 }
 
@@ -286,8 +290,11 @@ fn pct(v: f64) -> String {
 
 /// The view in one phrase, for every decision in this mode.
 pub fn quote(v: &View) -> String {
+    let stale = v.stale.map_or_else(String::new, |r| {
+        format!(" [measured in round {r}; not measured since]")
+    });
     format!(
-        "working set ({} s) {} = dram {} + slow {}",
+        "working set ({} s) {} = dram {} + slow {}{stale}",
         v.horizon,
         est(v.hot),
         hb(v.hot_dram.point as u64),

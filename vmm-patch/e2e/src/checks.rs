@@ -32,20 +32,21 @@ fn within(row: &Row, vm: usize, target: f64, eps: f64) -> bool {
 /// working_set mode: the DRAM given (zone size - balloon target) covers the
 /// low end of the hot set tierd reports but for the controller's minimum
 /// step (max(4 KiB, step / 64): it gives nothing smaller).
-fn fits(o: &Outcome, row: &Row, vm: usize) -> bool {
+/// The hot set is the latest one measured at or before row `k` (hostpte
+/// measures the shortest horizon one interval in a few).
+fn fits(o: &Outcome, k: usize, vm: usize) -> bool {
     let size = o.plan.dram_mib * MIB;
     let min_step = (o.plan.max_step_mib * MIB / 64).max(4096) as f64;
-    let given = size.saturating_sub(dram(row, vm).0) as f64;
-    row.vms[vm]
-        .hot
-        .is_some_and(|(low, _)| given + min_step >= low)
+    let given = size.saturating_sub(dram(&o.rows[k], vm).0) as f64;
+    let hot = o.rows[..=k].iter().rev().find_map(|r| r.vms[vm].hot);
+    hot.is_some_and(|(low, _)| given + min_step >= low)
 }
 
-/// Whether a VM is at its target in the plan's mode.
-fn at_target(o: &Outcome, row: &Row, vm: usize) -> bool {
+/// Whether a VM is at its target in the plan's mode at row `k`.
+fn at_target(o: &Outcome, k: usize, vm: usize) -> bool {
     match o.plan.mode {
-        Mode::Ratio => within(row, vm, o.plan.target, o.plan.epsilon),
-        Mode::WorkingSet => fits(o, row, vm),
+        Mode::Ratio => within(&o.rows[k], vm, o.plan.target, o.plan.epsilon),
+        Mode::WorkingSet => fits(o, k, vm),
     }
 }
 
@@ -55,7 +56,7 @@ fn at_target(o: &Outcome, row: &Row, vm: usize) -> bool {
 pub fn converge(o: &Outcome, from: usize, to: usize) -> Option<usize> {
     let mut first = None;
     for k in (from..to.min(o.rows.len())).rev() {
-        if !(at_target(o, &o.rows[k], 0) && at_target(o, &o.rows[k], 1)) {
+        if !(at_target(o, k, 0) && at_target(o, k, 1)) {
             break;
         }
         first = Some(k - from);
@@ -270,10 +271,12 @@ mod tests {
         // Within the minimum step (8 MiB / 64 = 128 KiB) of the low end.
         let near = row(24, 25.1, 6.0);
         assert_eq!(converge(&outcome(vec![near]), 0, 1), Some(0));
-        // No ages: never at target.
+        // No ages yet: not at target; an interval without them keeps the
+        // last one measured.
         let mut none = fit();
         none.vms[1].hot = None;
-        assert_eq!(converge(&outcome(vec![none]), 0, 1), None);
+        assert_eq!(converge(&outcome(vec![none.clone()]), 0, 1), None);
+        assert_eq!(converge(&outcome(vec![fit(), none]), 0, 2), Some(0));
     }
 
     #[test]
