@@ -198,6 +198,12 @@ pub trait WorkloadSource: Send + Sync {
     fn overhead_pages(&self) -> [u32; 2];
     /// Err once the guest has stopped.
     fn check(&self) -> Result<(), WorkloadError>;
+    /// Exact distinct pages [dram, slow] the guest touched in
+    /// `[at - horizon, at]`, its own pages included (the working-set truth,
+    /// docs/working-set.md); None where the source cannot tell.
+    fn touched_within(&self, _at: Instant, _horizon: Duration) -> Option<[u64; 2]> {
+        None
+    }
 }
 
 #[cfg(test)]

@@ -274,7 +274,12 @@ impl Aggregator {
             self.last_guest.remove(id);
             self.windows.remove(id);
         }
-        self.pass_over(registry, sampler, &departed, now);
+        let mut sampler = sampler;
+        if let Some(s) = sampler.as_deref_mut() {
+            s.interval_ends();
+        }
+        let reborrow = sampler.as_mut().map(|s| &mut **s as &mut dyn Sampler);
+        self.pass_over(registry, reborrow, &departed, now);
         let health: Vec<SamplerHealth> = self.health.take().into_iter().collect();
         let mut passes = std::mem::take(&mut self.passes);
         // Departed VMs' reasons leave with them.
@@ -297,6 +302,13 @@ impl Aggregator {
                 delta(&now, before.as_deref())
             });
             // A VM without passes this interval starts its windows over.
+            // Working-set ages: from the backend's own per-VM record.
+            let mut ages = match sampler.as_mut() {
+                Some(s) if reading.is_some() && !tracked.is_synthetic() => s.ages(vm),
+                _ => None,
+            }
+            .unwrap_or_default()
+            .into_iter();
             let fitted = match reading.as_deref() {
                 Some(r) => {
                     let pages: Vec<u64> = vm
@@ -323,6 +335,7 @@ impl Aggregator {
                         resident_bytes: resident.get(i).copied().unwrap_or(0),
                         balloon_target_bytes: balloon.get(i).map_or(0, |b| b.0),
                         balloon_actual_bytes: balloon.get(i).map_or(0, |b| b.1),
+                        ages: ages.next(),
                         ..Default::default()
                     };
                     if let Some(r) = r.filter(|r| r.passes > 0) {

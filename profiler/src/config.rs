@@ -51,6 +51,10 @@ pub struct Config {
 pub struct SamplerKeys {
     /// CPU the sampler backends may use, % of one core; 0 = no budget.
     pub cpu_budget_pct: f64,
+    /// Working-set horizons, seconds, ascending (docs/working-set.md).
+    pub ws_horizons_s: Vec<f64>,
+    /// hostpte: one interval in this many is a long pass; 0 = never.
+    pub ws_long_pass_every: u32,
 }
 
 /// Default sampler budget: 5 % of one core. At 1 % tierd's own demo VM
@@ -63,6 +67,8 @@ impl Default for SamplerKeys {
     fn default() -> SamplerKeys {
         SamplerKeys {
             cpu_budget_pct: DEFAULT_CPU_BUDGET_PCT,
+            ws_horizons_s: crate::ages::DEFAULT_HORIZONS_S.to_vec(),
+            ws_long_pass_every: crate::ages::DEFAULT_LONG_PASS_EVERY,
         }
     }
 }
@@ -82,6 +88,22 @@ impl SamplerKeys {
             ));
         }
         Ok(pct)
+    }
+
+    /// The working-set ages' settings.
+    fn ages(&self) -> Result<crate::ages::AgesConfig, ConfigError> {
+        crate::ages::check_horizons(&self.ws_horizons_s)
+            .map_err(|e| invalid("sampler.ws_horizons_s", e))?;
+        if self.ws_long_pass_every > 1000 {
+            return Err(invalid(
+                "sampler.ws_long_pass_every",
+                format!("{} is not in [0, 1000]", self.ws_long_pass_every),
+            ));
+        }
+        Ok(crate::ages::AgesConfig {
+            horizons: self.ws_horizons_s.clone(),
+            long_pass_every: self.ws_long_pass_every,
+        })
     }
 }
 
@@ -247,6 +269,8 @@ pub struct Settings {
     pub damon_sample: Duration,
     /// Sampler CPU budget, % of one core; 0 = none.
     pub cpu_budget_pct: f64,
+    /// Working-set horizons and hostpte's long passes.
+    pub ages: crate::ages::AgesConfig,
     /// Whether the pmu source runs next to the backend.
     pub pmu: PmuMode,
     /// User event tables, each checked to parse.
@@ -375,6 +399,7 @@ impl Config {
         }
         let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
         let cpu_budget_pct = self.sampler.validate(cpus)?;
+        let ages = self.sampler.ages()?;
         if !BACKENDS.contains(&self.backend.as_str()) {
             return Err(invalid(
                 "backend",
@@ -482,6 +507,7 @@ impl Config {
             ept_sample_stride: self.ept_sample_stride,
             damon_sample: Duration::from_millis(self.damon_sample_ms),
             cpu_budget_pct,
+            ages,
             pmu,
             pmu_events: self.pmu_events.clone(),
             discover: self.discover,
@@ -720,6 +746,43 @@ mod tests {
     }
 
     #[test]
+    fn working_set_keys() {
+        let s = Config::parse("", "t.toml").unwrap().validate().unwrap();
+        assert_eq!(s.ages.horizons, vec![1.0, 10.0, 60.0, 600.0]);
+        assert_eq!(s.ages.long_pass_every, 5);
+        let s = Config::parse(
+            "[sampler]\nws_horizons_s = [0.5, 2, 120]\nws_long_pass_every = 0",
+            "t.toml",
+        )
+        .unwrap()
+        .validate()
+        .unwrap();
+        assert_eq!(s.ages.horizons, vec![0.5, 2.0, 120.0]);
+        assert_eq!(s.ages.long_pass_every, 0);
+        for bad in [
+            "ws_horizons_s = []",
+            "ws_horizons_s = [10, 1]",
+            "ws_horizons_s = [1, 1]",
+            "ws_horizons_s = [0, 1]",
+            "ws_horizons_s = [-1]",
+            "ws_horizons_s = [1, 2, 3, 4, 5, 6, 7, 8, 9]",
+        ] {
+            let e = Config::parse(&format!("[sampler]\n{bad}"), "t.toml")
+                .unwrap()
+                .validate()
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("sampler.ws_horizons_s"), "{bad}: {e}");
+        }
+        let e = Config::parse("[sampler]\nws_long_pass_every = 5000", "t.toml")
+            .unwrap()
+            .validate()
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("sampler.ws_long_pass_every"), "{e}");
+    }
+
+    #[test]
     fn sampler_budget_key() {
         let s = Config::parse("", "t.toml").unwrap().validate().unwrap();
         assert_eq!(s.cpu_budget_pct, DEFAULT_CPU_BUDGET_PCT);
@@ -736,6 +799,7 @@ mod tests {
         // Above every CPU of the host: the error says the bound and why.
         let keys = SamplerKeys {
             cpu_budget_pct: 450.0,
+            ..SamplerKeys::default()
         };
         let e = keys.validate(4).unwrap_err().to_string();
         assert!(e.contains("sampler.cpu_budget_pct"), "{e}");
@@ -743,6 +807,7 @@ mod tests {
         assert_eq!(keys.validate(8).unwrap(), 450.0);
         let e = SamplerKeys {
             cpu_budget_pct: -0.5,
+            ..SamplerKeys::default()
         }
         .validate(2)
         .unwrap_err()

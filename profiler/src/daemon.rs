@@ -73,6 +73,10 @@ async fn serve(s: Settings, synthetic: (u32, u32)) -> anyhow::Result<()> {
         s.damon_sample,
         budget,
     )?;
+    let mut backend = backend;
+    if let Some(b) = backend.as_mut() {
+        b.set_ages(&s.ages);
+    }
     let no_sampler = match &backend {
         Some(b) => {
             tracing::info!(backend = b.backend().short_name(), "sampler selected");

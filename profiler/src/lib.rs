@@ -5,6 +5,7 @@
 //! (one `StatsUpdate` per interval) -> `server` (gRPC fan-out to watchers).
 //! `probe` decides which sampler backends this host supports.
 
+pub mod ages;
 pub mod aggregate;
 pub mod bpf;
 pub mod ch;

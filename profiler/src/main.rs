@@ -66,6 +66,9 @@ pub struct RunArgs {
     /// CPU the sampler may use, % of one core; 0 = no budget [sampler.cpu_budget_pct].
     #[arg(long)]
     pub cpu_budget_pct: Option<f64>,
+    /// Working-set horizons, seconds, comma-separated, ascending [sampler.ws_horizons_s].
+    #[arg(long, value_delimiter = ',')]
+    pub ws_horizons_s: Option<Vec<f64>>,
     /// Do not look for VMs in other processes [discover = false].
     #[arg(long)]
     pub no_discover: bool,
@@ -129,6 +132,9 @@ impl RunArgs {
         }
         if let Some(v) = self.cpu_budget_pct {
             c.sampler.cpu_budget_pct = v;
+        }
+        if let Some(v) = &self.ws_horizons_s {
+            c.sampler.ws_horizons_s = v.clone();
         }
         c.discover &= !self.no_discover;
         c.tier_kinds.extend(self.tier_kinds.iter().cloned());

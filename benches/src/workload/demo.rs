@@ -199,6 +199,12 @@ impl WorkloadSource for DemoSource {
         [2, 0]
     }
 
+    /// The demo VM's own log of when each phase took effect: every page
+    /// of a phase is touched every round (~0.7 ms).
+    fn touched_within(&self, at: Instant, horizon: std::time::Duration) -> Option<[u64; 2]> {
+        self.demo().touched_within(at, horizon)
+    }
+
     fn check(&self) -> Result<(), WorkloadError> {
         if self.demo().is_running() {
             return Ok(());

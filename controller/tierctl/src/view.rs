@@ -87,6 +87,55 @@ pub struct TierRow {
     pub sampler_budget_pct: Option<f64>,
     pub sampler_spent_pct: Option<f64>,
     pub sampler_limited: Option<String>,
+    /// Working set per horizon (docs/working-set.md), keys
+    /// `ws_<h>s_bytes`, `ws_<h>s_bytes_low`, `ws_<h>s_bytes_high`; null
+    /// where the horizon is not measured this interval.
+    #[serde(flatten)]
+    pub ws: std::collections::BTreeMap<String, Option<f64>>,
+    /// The horizons of `ws`, ascending (the CSV's column order).
+    #[serde(skip)]
+    pub ws_horizons: Vec<f64>,
+    /// Bytes not touched within the longest horizon, with the interval.
+    pub cold_bytes: Option<f64>,
+    pub cold_bytes_low: Option<f64>,
+    pub cold_bytes_high: Option<f64>,
+    /// Promotion pressure, bytes per second, with the interval.
+    pub promoted_bytes_per_s: Option<f64>,
+    pub promoted_bytes_per_s_low: Option<f64>,
+    pub promoted_bytes_per_s_high: Option<f64>,
+    /// Seconds of history the ages rest on; None without ages.
+    pub ages_history_s: Option<f64>,
+    /// Why no horizon is measured; None when one is or without ages.
+    pub ages_not_measured: Option<String>,
+}
+
+/// tierd's default `[sampler] ws_horizons_s`: CSV columns always present.
+pub const DEFAULT_WS_HORIZONS: [f64; 4] = [1.0, 10.0, 60.0, 600.0];
+
+/// The `ws_*` keys of a horizon.
+pub fn ws_keys(h: f64) -> [String; 3] {
+    [
+        format!("ws_{h}s_bytes"),
+        format!("ws_{h}s_bytes_low"),
+        format!("ws_{h}s_bytes_high"),
+    ]
+}
+
+fn ws_fields(
+    a: Option<&tier_proto::v1::TierAges>,
+) -> std::collections::BTreeMap<String, Option<f64>> {
+    let mut out = std::collections::BTreeMap::new();
+    for w in a.map(|a| a.working_set.as_slice()).unwrap_or_default() {
+        let m = w.not_measured.is_empty();
+        for (k, v) in
+            ws_keys(w.horizon_seconds)
+                .into_iter()
+                .zip([w.bytes, w.bytes_low, w.bytes_high])
+        {
+            out.insert(k, m.then_some(v));
+        }
+    }
+    out
 }
 
 /// The DRAM-hit ratio as `top` and the table show it: `34-71 %`, `≥34 %`
@@ -151,6 +200,7 @@ pub fn rows(update: &StatsUpdate) -> Vec<TierRow> {
         for (i, tier) in vm.tiers.iter().enumerate() {
             let sample = stats.and_then(|s| s.tiers.iter().find(|t| t.tier == tier.name));
             let pmu = sample.and_then(pmu_source);
+            let ages = sample.and_then(|s| s.ages.as_ref());
             let guest = stats
                 .and_then(|s| s.guest_reported_accesses.get(i))
                 .filter(|_| secs > 0.0)
@@ -216,6 +266,20 @@ pub fn rows(update: &StatsUpdate) -> Vec<TierRow> {
                 sampler_limited: budget
                     .filter(|b| !b.limited.is_empty())
                     .map(|b| b.limited.clone()),
+                ws: ws_fields(ages),
+                ws_horizons: ages.map_or_else(Vec::new, |a| {
+                    a.working_set.iter().map(|w| w.horizon_seconds).collect()
+                }),
+                cold_bytes: ages.and_then(|a| a.cold_bytes),
+                cold_bytes_low: ages.and_then(|a| a.cold_bytes_low),
+                cold_bytes_high: ages.and_then(|a| a.cold_bytes_high),
+                promoted_bytes_per_s: ages.and_then(|a| a.promoted_bytes_per_s),
+                promoted_bytes_per_s_low: ages.and_then(|a| a.promoted_bytes_per_s_low),
+                promoted_bytes_per_s_high: ages.and_then(|a| a.promoted_bytes_per_s_high),
+                ages_history_s: ages.map(|a| a.history_seconds),
+                ages_not_measured: ages
+                    .filter(|a| !a.not_measured.is_empty())
+                    .map(|a| a.not_measured.clone()),
             });
         }
     }
@@ -355,8 +419,25 @@ fn stats_of(r: &TierRow) -> Option<VmStats> {
 /// CSV with a header row; numbers unformatted.
 pub fn csv(rows: &[TierRow]) -> String {
     let mut out = String::from(
-        "vm_id,vm_name,vcpus,tier,kind,size_bytes,resident_bytes,balloon_target_bytes,balloon_actual_bytes,young_pages,sampled_pages,source,guest_accesses_per_s,dram_hit_ratio,guest_hit_ratio,accesses_per_s,dram_hit_error,dram_hit_target,rate_saturation,pmu_events_per_s,pmu_not_measured,pmu_running_ratio,not_measured,dram_hit_low,dram_hit_high,dram_hit_low_open,dram_hit_high_open,counted_dram_hit_ratio,accesses_low_per_s,accesses_high_per_s,accesses_high_open,saturated_pages,fit_misfit,sampler_coverage,sampler_passes,sampler_passes_allowed,sampler_budget_pct,sampler_spent_pct,sampler_limited\n",
+        "vm_id,vm_name,vcpus,tier,kind,size_bytes,resident_bytes,balloon_target_bytes,balloon_actual_bytes,young_pages,sampled_pages,source,guest_accesses_per_s,dram_hit_ratio,guest_hit_ratio,accesses_per_s,dram_hit_error,dram_hit_target,rate_saturation,pmu_events_per_s,pmu_not_measured,pmu_running_ratio,not_measured,dram_hit_low,dram_hit_high,dram_hit_low_open,dram_hit_high_open,counted_dram_hit_ratio,accesses_low_per_s,accesses_high_per_s,accesses_high_open,saturated_pages,fit_misfit,sampler_coverage,sampler_passes,sampler_passes_allowed,sampler_budget_pct,sampler_spent_pct,sampler_limited,cold_bytes,cold_bytes_low,cold_bytes_high,promoted_bytes_per_s,promoted_bytes_per_s_low,promoted_bytes_per_s_high,ages_history_s,ages_not_measured",
     );
+    // One column triple per horizon, ascending: tierd's default horizons
+    // always (a stream prints one header, before any VM may have ages),
+    // and any other a row has.
+    let mut horizons: Vec<f64> = DEFAULT_WS_HORIZONS
+        .iter()
+        .copied()
+        .chain(rows.iter().flat_map(|r| r.ws_horizons.iter().copied()))
+        .collect();
+    horizons.sort_by(f64::total_cmp);
+    horizons.dedup();
+    for h in &horizons {
+        for k in ws_keys(*h) {
+            out.push(',');
+            out.push_str(&k);
+        }
+    }
+    out.push('\n');
     let opt = |v: Option<f64>| v.map(|x| format!("{x}")).unwrap_or_default();
     for r in rows {
         let _ = writeln!(
@@ -402,6 +483,26 @@ pub fn csv(rows: &[TierRow]) -> String {
             opt(r.sampler_spent_pct),
             csv_field(r.sampler_limited.as_deref().unwrap_or_default()),
         );
+        // The line's newline goes after the ages.
+        out.pop();
+        let _ = write!(
+            out,
+            ",{},{},{},{},{},{},{},{}",
+            opt(r.cold_bytes),
+            opt(r.cold_bytes_low),
+            opt(r.cold_bytes_high),
+            opt(r.promoted_bytes_per_s),
+            opt(r.promoted_bytes_per_s_low),
+            opt(r.promoted_bytes_per_s_high),
+            opt(r.ages_history_s),
+            csv_field(r.ages_not_measured.as_deref().unwrap_or_default()),
+        );
+        for h in &horizons {
+            for k in ws_keys(*h) {
+                let _ = write!(out, ",{}", opt(r.ws.get(&k).copied().flatten()));
+            }
+        }
+        out.push('\n');
     }
     out
 }
@@ -593,6 +694,51 @@ mod tests {
     }
 
     #[test]
+    fn ws_fields_per_horizon_in_json_and_csv() {
+        let mut u = update();
+        let ws = |h: f64, b: f64, why: &str| tier_proto::v1::WorkingSet {
+            horizon_seconds: h,
+            bytes: b,
+            bytes_low: b - 1.0,
+            bytes_high: b + 1.0,
+            not_measured: why.into(),
+        };
+        u.stats[0].tiers[0].ages = Some(tier_proto::v1::TierAges {
+            working_set: vec![ws(1.0, 4096.0, ""), ws(10.0, 0.0, "watched for 3 s of 10s")],
+            cold_bytes: None,
+            history_seconds: 3.0,
+            ..Default::default()
+        });
+        let r = rows(&u);
+        assert_eq!(r[0].ws.get("ws_1s_bytes_low"), Some(&Some(4095.0)));
+        assert_eq!(r[0].ws.get("ws_10s_bytes"), Some(&None));
+        assert!(r[1].ws.is_empty());
+        let j = serde_json::to_value(&r[0]).unwrap();
+        assert_eq!(j["ws_1s_bytes_high"], 4097.0);
+        assert!(j["ws_10s_bytes"].is_null());
+        assert_eq!(j["ages_history_s"], 3.0);
+        let c = csv(&r);
+        let header: Vec<&str> = c.lines().next().unwrap().split(',').collect();
+        let at = header.iter().position(|h| *h == "ws_1s_bytes").unwrap();
+        assert_eq!(header.len() - at, 12, "{header:?}");
+        assert_eq!(
+            &header[at..at + 6],
+            [
+                "ws_1s_bytes",
+                "ws_1s_bytes_low",
+                "ws_1s_bytes_high",
+                "ws_10s_bytes",
+                "ws_10s_bytes_low",
+                "ws_10s_bytes_high"
+            ]
+        );
+        let first: Vec<&str> = c.lines().nth(1).unwrap().split(',').collect();
+        // The VM name's quoted comma splits once more.
+        assert_eq!(first.len(), header.len() + 1);
+        assert_eq!(&first[at + 1..at + 7], ["4096", "4095", "4097", "", "", ""]);
+    }
+
+    #[test]
     fn rows_carry_the_intervals() {
         let mut u = update();
         let st = &mut u.stats[0];
@@ -627,16 +773,21 @@ mod tests {
         let c = csv(&r);
         let fields = |l: &str| l.split(',').count();
         let header = c.lines().next().unwrap();
-        assert!(header.ends_with(
-            "saturated_pages,fit_misfit,sampler_coverage,sampler_passes,sampler_passes_allowed,sampler_budget_pct,sampler_spent_pct,sampler_limited"
+        assert!(header.contains(
+            "saturated_pages,fit_misfit,sampler_coverage,sampler_passes,sampler_passes_allowed,sampler_budget_pct,sampler_spent_pct,sampler_limited,"
         ));
+        // Without ages: the ages' columns, the default horizons' empty.
+        assert!(
+            header.ends_with("ages_not_measured,ws_1s_bytes,ws_1s_bytes_low,ws_1s_bytes_high,ws_10s_bytes,ws_10s_bytes_low,ws_10s_bytes_high,ws_60s_bytes,ws_60s_bytes_low,ws_60s_bytes_high,ws_600s_bytes,ws_600s_bytes_low,ws_600s_bytes_high"),
+            "{header}"
+        );
         // Row 1 has a quoted comma in the VM name: one more split.
         assert_eq!(fields(c.lines().nth(2).unwrap()), fields(header) + 1);
         assert!(
             c.lines()
                 .nth(1)
                 .unwrap()
-                .ends_with(",true,,200,,true,12,1.5,,,,,,"),
+                .contains(",true,,200,,true,12,1.5,,,,,,,"),
             "{c}"
         );
         // The sampler budget's choice, the VM's on every row of it.
@@ -671,7 +822,7 @@ mod tests {
             c.lines()
                 .nth(1)
                 .unwrap()
-                .ends_with(",0.25,3,3.5,0.5,0.4,\"stride 4, to fit\""),
+                .contains(",0.25,3,3.5,0.5,0.4,\"stride 4, to fit\","),
             "{c}"
         );
     }

@@ -11,6 +11,7 @@ mod counters;
 mod error;
 mod guest;
 mod mem;
+mod phase_log;
 #[cfg(test)]
 mod tests;
 pub mod tracked;
@@ -295,6 +296,17 @@ impl DemoVm {
     /// round in the current phase; dram includes the code and param pages.
     pub fn touched_pages(&self) -> [u64; 2] {
         touched_pages(self.phase())
+    }
+
+    /// Exact distinct pages [dram, slow] the guest touched in
+    /// `[at - horizon, at]` (dram with the code and param pages), from the
+    /// instants its phases took effect; None before the VM ran that long.
+    pub fn touched_within(
+        &self,
+        at: std::time::Instant,
+        horizon: std::time::Duration,
+    ) -> Option<[u64; 2]> {
+        lock(&self.shared.phases).touched_within(at, horizon)
     }
 
     /// Reads the guest dword at `gpa` through the host mapping (None if

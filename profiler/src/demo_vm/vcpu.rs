@@ -4,6 +4,7 @@ use super::Phase;
 use super::counters::{Published, Snapshot};
 use super::guest::{PARAM_GPA, ROUND_PORT, param_words};
 use super::mem::HostMapping;
+use super::phase_log::PhaseLog;
 use kvm_ioctls::{VcpuExit, VcpuFd};
 use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
@@ -14,6 +15,8 @@ use std::thread::JoinHandle;
 pub(crate) struct Shared {
     pub published: Published,
     pub pending: Mutex<Option<Phase>>,
+    /// When each phase took effect (working-set truth).
+    pub phases: Mutex<PhaseLog>,
     pub stop: AtomicBool,
     pub running: AtomicBool,
     pub error: Mutex<Option<String>>,
@@ -33,6 +36,7 @@ impl Shared {
                 ..Snapshot::default()
             }),
             pending: Mutex::new(None),
+            phases: Mutex::new(PhaseLog::new(phase)),
             stop: AtomicBool::new(false),
             running: AtomicBool::new(true),
             error: Mutex::new(None),
@@ -179,6 +183,7 @@ impl VcpuThread {
                 let _ = self.dram.write_u32(PARAM_GPA + 4 * i as u64, w);
             }
             snap.phase = next;
+            lock(&self.shared.phases).record(std::time::Instant::now(), next);
         }
     }
 

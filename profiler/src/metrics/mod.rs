@@ -2,9 +2,10 @@
 //! hit ratio, balloon target/actual, sampler health and scan cost. Fleets
 //! aggregate hosts with Prometheus, not with a collector of ours. The
 //! estimate's intervals are in `bounds`, the sampler budget's in `budget`,
-//! the controller's in `control`,
+//! the controller's in `control`, the working-set ages' in `ages`,
 //! the process series in `process`.
 
+mod ages;
 mod bounds;
 mod budget;
 mod control;
@@ -68,6 +69,7 @@ pub struct Metrics {
     hit_error: FGauge<VmLabels>,
     bounds: bounds::Bounds,
     budget: budget::Budget,
+    ages: ages::Ages,
     control: control::Control,
     measured: Family<VmLabels, Gauge>,
     active: Family<BackendLabels, Gauge>,
@@ -130,6 +132,7 @@ impl Metrics {
             hit_error: Family::default(),
             bounds: bounds::Bounds::default(),
             budget: budget::Budget::default(),
+            ages: ages::Ages::default(),
             control: control::Control::default(),
             measured: Family::default(),
             active: Family::default(),
@@ -217,6 +220,7 @@ impl Metrics {
         );
         m.bounds.register(r);
         m.budget.register(r);
+        m.ages.register(r);
         m.control.register(r);
         r.register(
             "vm_measured",
@@ -316,6 +320,7 @@ impl Metrics {
                     .set(clamp(s.balloon_actual_bytes));
                 self.pmu(tl, s, secs);
                 self.bounds.tier(tl, s, secs);
+                self.ages.tier(tl, s);
             }
             let measured = stats.not_measured.is_empty();
             self.measured.get_or_create(vl).set(i64::from(measured));
@@ -408,6 +413,7 @@ impl Metrics {
         self.control.forget_vm(&vm);
         for t in tiers {
             self.bounds.forget_tier(&t);
+            self.ages.forget_tier(&t);
             for f in [
                 &self.young,
                 &self.sampled,

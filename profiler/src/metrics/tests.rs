@@ -123,6 +123,73 @@ fn an_unmeasured_vm_says_so_and_keeps_no_stale_ratio() {
 
 /// An update with every optional series present: PMU counts, intervals,
 /// saturation, sampler health.
+fn ages() -> tier_proto::v1::TierAges {
+    use tier_proto::v1::WorkingSet;
+    tier_proto::v1::TierAges {
+        working_set: vec![
+            WorkingSet {
+                horizon_seconds: 1.0,
+                bytes: 4096.0,
+                bytes_low: 2048.0,
+                bytes_high: 8192.0,
+                not_measured: String::new(),
+            },
+            WorkingSet {
+                horizon_seconds: 600.0,
+                bytes: 0.0,
+                bytes_low: 0.0,
+                bytes_high: 0.0,
+                not_measured: "watched for 3 s of 600s".into(),
+            },
+        ],
+        cold_bytes: Some(1e6),
+        cold_bytes_low: Some(0.9e6),
+        cold_bytes_high: Some(1.1e6),
+        promoted_bytes_per_s: Some(100.0),
+        promoted_bytes_per_s_low: Some(50.0),
+        promoted_bytes_per_s_high: Some(150.0),
+        history_seconds: 3.0,
+        not_measured: String::new(),
+    }
+}
+
+/// A measured horizon has its three series; one not measured has none;
+/// the ages leave with the tier.
+#[test]
+fn working_set_series_per_horizon() {
+    let mut m = Metrics::new();
+    let mut u = everything();
+    m.update(&u);
+    let body = m.encode();
+    let tier = &u.stats[0].tiers[0].tier;
+    let key = |name: &str, h: &str| {
+        format!("{name}{{vm=\"{}\",tier=\"{tier}\",kind=", u.stats[0].vm_id)
+            + &format!("\"dram\",horizon=\"{h}\"}}")
+    };
+    let line = |k: &str| body.lines().find(|l| l.starts_with(k)).map(str::to_string);
+    assert!(
+        line(&key("tierd_tier_working_set_bytes_low", "1s"))
+            .is_some_and(|l| l.ends_with(" 2048.0")),
+        "{body}"
+    );
+    assert!(
+        line(&key("tierd_tier_working_set_bytes", "600s")).is_none(),
+        "{body}"
+    );
+    assert!(
+        body.contains("tierd_tier_promoted_bytes_per_second_high{"),
+        "{body}"
+    );
+    assert!(body.contains("tierd_tier_ages_history_seconds{"), "{body}");
+    for t in &mut u.stats[0].tiers {
+        t.ages = None;
+    }
+    m.update(&u);
+    let body = m.encode();
+    assert!(!body.contains("tierd_tier_working_set_bytes{"), "{body}");
+    assert!(!body.contains("tierd_tier_cold_bytes{"), "{body}");
+}
+
 fn everything() -> StatsUpdate {
     let pmu = SourceCount {
         source: Backend::Pmu as i32,
@@ -136,6 +203,7 @@ fn everything() -> StatsUpdate {
         t.accesses_high = Some(2.0);
         t.saturation = Some(0.5);
         t.fit_misfit = Some(0.1);
+        t.ages = Some(ages());
     }
     let st = &mut u.stats[0];
     st.has_accesses = true;

@@ -20,6 +20,7 @@ use super::budget::{self, Budget, UnitSpec};
 use super::canary::{Canary, CanaryPass};
 use super::damon::{DamonDriver, per_round};
 use super::ept::{EptOptions, EptPrograms, GfnRange, HostMode, MAX_VMS};
+use super::ept_recency::EptRecency;
 use super::folio::PageFlags;
 use super::page_idle::{self, Bitmap, RangeError};
 use super::{SampleError, Sampler, Signals, TierReading};
@@ -59,6 +60,9 @@ pub struct EptAgeing {
     /// Per VM: the stride of its last ageing, when it was, and whether
     /// budget-skipped slots came since.
     aged: HashMap<String, Aged>,
+    /// Per VM and tier, when each sampled folio was last young (page_idle
+    /// only: DAMON reports per region, not per folio).
+    recency: EptRecency,
 }
 
 /// A VM's last ageing pass.
@@ -118,6 +122,7 @@ impl EptAgeing {
             slots: HashMap::new(),
             canaries: HashMap::new(),
             budget: Budget::unlimited(stride),
+            recency: EptRecency::default(),
             aged: HashMap::new(),
         })
     }
@@ -177,10 +182,17 @@ impl EptAgeing {
                     },
                 })?;
                 n += s.pages;
+                p.weights.extend(
+                    s.extents
+                        .iter()
+                        .map(|&(a, b)| u32::try_from((b - a) / PAGE).unwrap_or(u32::MAX)),
+                );
                 p.heads.extend(s.heads);
                 p.extents.extend(s.extents);
             }
             p.pages.push(n);
+            p.tier_heads
+                .push(p.heads.len() - p.tier_heads.iter().sum::<usize>());
         }
         p.extents.sort_unstable();
         Ok(p)
@@ -243,6 +255,14 @@ impl EptAgeing {
             let p = self.pick(vm, stride)?;
             let _owner = self.progs.scan_as(slot).map_err(|e| err("bpf", e))?;
             if let Driver::PageIdle(bitmap) = &self.driver {
+                // Which sampled folios were young: read before re-marking
+                // (the read ages them as the write would; counted alike).
+                let idle = bitmap
+                    .idle(&p.heads)
+                    .map_err(|e| err(page_idle::BITMAP, e))?;
+                let start = before.map_or_else(Instant::now, |b| b.at);
+                self.recency
+                    .observe(vm, &p.tier_heads, &p.heads, &p.weights, &idle, start);
                 bitmap
                     .mark_idle(&page_idle::words(p.heads))
                     .map_err(|e| err(page_idle::BITMAP, e))?;
@@ -341,6 +361,9 @@ struct Picked {
     /// Pages per tier.
     pages: Vec<u64>,
     heads: Vec<u64>,
+    /// Pages of each head's folio inside the range, and heads per tier.
+    weights: Vec<u32>,
+    tier_heads: Vec<usize>,
     /// Sorted `[start, end)` host virtual addresses of the folios.
     extents: Vec<(u64, u64)>,
 }
@@ -406,7 +429,23 @@ impl Sampler for EptAgeing {
         std::mem::take(&mut self.signals)
     }
 
+    fn set_ages(&mut self, config: &crate::ages::AgesConfig) {
+        self.recency.set_config(config);
+    }
+
+    fn ages(&mut self, vm: &Vm) -> Option<Vec<tier_proto::v1::TierAges>> {
+        let why = match &self.driver {
+            Driver::PageIdle(_) => None,
+            Driver::Damon(_) => Some(
+                "the DAMON ageing driver reports young pages per region and tier (not per folio): no ages",
+            ),
+        };
+        let stride = self.aged.get(&vm.id).map_or(1, |a| a.stride);
+        Some(self.recency.ages(vm, stride, why))
+    }
+
     fn forget(&mut self, vm_id: &str) {
+        self.recency.forget(vm_id);
         self.canaries.remove(vm_id);
         self.aged.remove(vm_id);
         if let Driver::Damon(d) = &mut self.driver

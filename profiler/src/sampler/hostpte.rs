@@ -30,6 +30,7 @@ use std::time::{Duration, Instant};
 use tier_proto::v1::{Backend, Vm};
 
 use super::budget::{self, Budget, UnitSpec};
+use super::hostpte_ages::HostPteAges;
 use super::{SampleError, Sampler, TierReading};
 
 const PAGE: u64 = 4096;
@@ -42,6 +43,8 @@ pub struct HostPte {
     rearmed: HashMap<u32, Instant>,
     /// A pass walks a whole process: the budget can only skip passes.
     budget: Budget,
+    /// Working-set ages and the long passes they need.
+    ages: HostPteAges,
 }
 
 impl Default for HostPte {
@@ -63,6 +66,7 @@ impl HostPte {
             armed: HashSet::new(),
             rearmed: HashMap::new(),
             budget,
+            ages: HostPteAges::default(),
         }
     }
 }
@@ -224,19 +228,27 @@ fn read_timed(path: &std::path::Path) -> std::io::Result<TimedText> {
 }
 
 /// One process's smaps walk: the VMAs with their `Referenced:` bytes and
-/// when each was walked, and when the re-arm after it returned.
+/// when each was walked, and when the re-arm after it returned (inside a
+/// long pass: the re-arm that began it).
 struct Walk {
     vmas: Vec<Vma>,
     smaps: TimedText,
     rearmed: Instant,
 }
 
-/// smaps of `pid`, read before the re-arm that starts the next pass.
-fn read_and_rearm(pid: u32) -> Result<Walk, SampleError> {
+/// smaps of `pid`, read before the re-arm that starts the next pass; with
+/// `keep` (inside a long pass) not re-armed: the next pass goes on from
+/// that earlier re-arm.
+fn read_and_rearm(pid: u32, keep: Option<Instant>) -> Result<Walk, SampleError> {
     let path = PathBuf::from(format!("/proc/{pid}/smaps"));
     let smaps = read_timed(&path).map_err(|e| io(&path, e, pid))?;
-    rearm(pid)?;
-    let rearmed = Instant::now();
+    let rearmed = match keep {
+        Some(at) => at,
+        None => {
+            rearm(pid)?;
+            Instant::now()
+        }
+    };
     Ok(Walk {
         vmas: parse_smaps_field(&smaps.text, "Referenced:"),
         smaps,
@@ -325,10 +337,19 @@ impl Sampler for HostPte {
                 skipped.insert(*pid);
                 continue;
             }
+            // Inside a long pass (docs/working-set.md) the process is read
+            // but not re-armed: each reading counts from the long pass's
+            // start, a pass of its own for the estimate.
+            let keep = self
+                .ages
+                .inside_long(*pid)
+                .then(|| self.rearmed.get(pid).copied())
+                .flatten();
             let cpu = budget::thread_cpu();
-            walks.insert(*pid, read_and_rearm(*pid));
+            walks.insert(*pid, read_and_rearm(*pid, keep));
             self.budget
                 .spent(&spec.key, budget::thread_cpu().saturating_sub(cpu), 0);
+            self.ages.walked(*pid);
         }
         let results = vms
             .iter()
@@ -340,7 +361,13 @@ impl Sampler for HostPte {
                     return Ok(vec![TierReading::default(); vm.tiers.len()]);
                 }
                 match walks.get(&vm.vmm_pid) {
-                    Some(Ok(walk)) => self.readings(vm, walk, since),
+                    Some(Ok(walk)) => {
+                        let r = self.readings(vm, walk, since);
+                        if let Ok(r) = &r {
+                            self.ages.record(vm, r);
+                        }
+                        r
+                    }
                     Some(Err(e)) => Err(e.clone()),
                     None => Err(SampleError::ProcessGone { pid: vm.vmm_pid }),
                 }
@@ -355,11 +382,25 @@ impl Sampler for HostPte {
                 .into_iter()
                 .filter_map(|(pid, w)| Some((pid, w.ok()?.rearmed))),
         );
+        self.ages.pass_done();
         results
     }
 
     fn forget(&mut self, vm_id: &str) {
         self.armed.remove(vm_id);
+        self.ages.forget(vm_id);
+    }
+
+    fn set_ages(&mut self, config: &crate::ages::AgesConfig) {
+        self.ages.set_config(config);
+    }
+
+    fn interval_ends(&mut self) {
+        self.ages.interval_ends();
+    }
+
+    fn ages(&mut self, vm: &Vm) -> Option<Vec<tier_proto::v1::TierAges>> {
+        Some(self.ages.ages(vm))
     }
 
     fn budget(&mut self) -> Option<&mut Budget> {

@@ -7,8 +7,10 @@ pub mod canary;
 pub mod damon;
 pub mod ept;
 pub mod ept_ageing;
+pub mod ept_recency;
 pub mod folio;
 pub mod hostpte;
+pub mod hostpte_ages;
 pub mod page_idle;
 pub mod pmu;
 
@@ -45,6 +47,16 @@ pub trait Sampler: Send {
     /// the daemon takes its report each interval and gives it each VM's
     /// need. `None`: the backend keeps none.
     fn budget(&mut self) -> Option<&mut budget::Budget> {
+        None
+    }
+    /// The horizons and pass schedule of the working-set ages
+    /// (docs/working-set.md); backends without ages ignore it.
+    fn set_ages(&mut self, _config: &crate::ages::AgesConfig) {}
+    /// The next `sample` call is the interval's last pass (the tick).
+    fn interval_ends(&mut self) {}
+    /// Per-tier ages of `vm` after the interval's last pass, in `vm.tiers`
+    /// order; `None`: this backend gives no ages.
+    fn ages(&mut self, _vm: &Vm) -> Option<Vec<tier_proto::v1::TierAges>> {
         None
     }
 }

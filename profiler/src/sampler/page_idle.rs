@@ -176,6 +176,30 @@ impl Bitmap {
         Ok(runs.len())
     }
 
+    /// Whether each of `heads` is still idle (not accessed since it was
+    /// marked): one read per run of nearby words. Reading makes the kernel
+    /// test (and clear) the young bits of folios still marked idle, through
+    /// the MMU notifier: call it while the ager is the scan owner.
+    pub fn idle(&self, heads: &[u64]) -> std::io::Result<Vec<bool>> {
+        let mut read: BTreeMap<u64, u64> = BTreeMap::new();
+        for (first, buf) in runs(&words(heads.iter().copied())) {
+            let mut got = vec![0u8; buf.len()];
+            self.0.read_exact_at(&mut got, first * 8)?;
+            for (i, w) in got.chunks_exact(8).enumerate() {
+                let mut b = [0u8; 8];
+                b.copy_from_slice(w);
+                read.insert(first + i as u64, u64::from_ne_bytes(b));
+            }
+        }
+        Ok(heads
+            .iter()
+            .map(|pfn| {
+                read.get(&(pfn / 64))
+                    .is_some_and(|w| w & (1 << (pfn % 64)) != 0)
+            })
+            .collect())
+    }
+
     /// A bitmap stand-in at `path` (a plain file), for timing the writes
     /// where the kernel has no page_idle.
     pub fn stand_in(path: &Path) -> std::io::Result<Bitmap> {
@@ -207,6 +231,18 @@ fn runs(words: &BTreeMap<u64, u64>) -> Vec<(u64, Vec<u8>)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn idle_bits_read_back_per_head_from_a_stand_in() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("bitmap");
+        std::fs::write(&path, vec![0u8; 64 * 8]).unwrap();
+        let b = Bitmap::stand_in(&path).unwrap();
+        b.mark_idle(&words([3, 64, 200, 4000])).unwrap();
+        // 5 and 201 were never marked; the rest read idle.
+        let idle = b.idle(&[3, 5, 64, 200, 201, 4000]).unwrap();
+        assert_eq!(idle, vec![true, false, true, true, false, true]);
+    }
 
     #[test]
     fn words_group_pfns_by_64() {

@@ -16,6 +16,7 @@ mod csv;
 mod matrix;
 mod report;
 mod run;
+mod ws;
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -58,6 +59,16 @@ fn main() -> anyhow::Result<()> {
     let passes = u32::try_from(arg("--passes")?.unwrap_or(u64::from(defaults.passes_per_interval)))
         .context("--passes")?;
     let interval = Duration::from_millis(interval_ms);
+    // hostpte's long pass for the working set (docs/working-set.md): one
+    // interval in N, tierd's default unless `--ws-long-pass-every N` (0 =
+    // never, to see the ratio without it).
+    let ages = tier_profiler::ages::AgesConfig {
+        long_pass_every: u32::try_from(
+            arg("--ws-long-pass-every")?.unwrap_or(u64::from(defaults.sampler.ws_long_pass_every)),
+        )
+        .context("--ws-long-pass-every")?,
+        horizons: defaults.sampler.ws_horizons_s.clone(),
+    };
     anyhow::ensure!(
         (1..=64).contains(&passes)
             && tier_profiler::estimate::shortest_pass(interval, passes) >= Duration::from_millis(5),
@@ -99,7 +110,11 @@ fn main() -> anyhow::Result<()> {
                 u64::from(defaults.ept_sample_stride),
             ),
         ) {
-            Ok(Some(s)) => backends.push((name.to_string(), s)),
+            Ok(Some(mut s)) => {
+                // As tierd runs: the default working-set horizons.
+                s.set_ages(&ages);
+                backends.push((name.to_string(), s));
+            }
             Ok(None) => unavailable.push((name.into(), "no sampler".into())),
             Err(e) => unavailable.push((name.into(), e.to_string())),
         }
@@ -159,6 +174,7 @@ fn main() -> anyhow::Result<()> {
     println!();
 
     let mut headline = None;
+    let mut ws_result: Vec<(String, String)> = Vec::new();
     let mut runs: Vec<Option<(String, Box<dyn Sampler>)>> =
         backends.into_iter().map(Some).collect();
     if runs.is_empty() {
@@ -210,8 +226,11 @@ fn main() -> anyhow::Result<()> {
         all.extend(others.iter().copied());
         files.extend([csv, summary]);
         files.extend(report::plots(&sub, &matrix, &records, &all)?);
+        let scores = ws::score(records.iter().filter(|r| !r.warmup).flat_map(|r| &r.ws));
+        let ws_pairs = ws::print(&scores);
         if name.as_deref() == Some("hostpte") {
             headline = h;
+            ws_result = ws_pairs;
         }
         println!();
     }
@@ -241,6 +260,8 @@ fn main() -> anyhow::Result<()> {
             ("skew_rows", skew_rows.to_string()),
         ],
     };
+    let mut pairs = pairs;
+    pairs.extend(ws_result.iter().map(|(k, v)| (k.as_str(), v.clone())));
     println!("{}", result_line(&pairs));
     Ok(())
 }

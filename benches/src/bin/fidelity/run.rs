@@ -14,6 +14,7 @@ use tier_proto::v1::StatsUpdate;
 
 use crate::coverage::ratio_interval;
 use crate::matrix::{CHANGE_AT, INTERVALS, Workload};
+use crate::ws::{WsPoint, points};
 
 /// What a host backend reported for one interval.
 #[derive(Debug, Clone, Default)]
@@ -73,6 +74,8 @@ pub struct Record {
     pub truth: [u64; 2],
     pub guest: Option<[u64; 2]>,
     pub host: Option<Host>,
+    /// Working set per horizon and tier against the exact pages touched.
+    pub ws: Vec<WsPoint>,
 }
 
 /// One interval of a row.
@@ -203,6 +206,10 @@ pub fn run(p: Pipeline<'_>, matrix: &[Workload]) -> anyhow::Result<Output> {
             ];
             last_truth = truth;
             let (guest, host) = readings(&update, &row.vm_id);
+            let truth_ws = |at: Instant, h: f64| {
+                source.touched_within(at, Duration::try_from_secs_f64(h).ok()?)
+            };
+            let ws = points(&update, &row.vm_id, at, &truth_ws);
             records.push(Record {
                 index: records.len(),
                 t_s: started.elapsed().as_secs_f64(),
@@ -214,6 +221,7 @@ pub fn run(p: Pipeline<'_>, matrix: &[Workload]) -> anyhow::Result<Output> {
                 truth: delta,
                 guest,
                 host,
+                ws,
             });
             progress.inc();
         }

@@ -10,6 +10,7 @@ use ratatui::widgets::{Block, Paragraph};
 use tier_proto::human_bytes;
 use tier_proto::v1::{DecisionOutcome, TierKind};
 
+use super::ages::age_line;
 use super::app::App;
 use super::estimate::{estimate_line, tier_estimate};
 use super::format::{action, ago, delta, delta_style, pct, spark};
@@ -242,6 +243,20 @@ fn tier_table(app: &App, v: &VmView, width: usize) -> Vec<Line<'static>> {
     for (i, t) in v.vm.tiers.iter().enumerate() {
         if let Some(l) = v.sample(i).and_then(|s| tier_estimate(&t.name, s, secs)) {
             out.push(Line::raw(l));
+        }
+    }
+    // Working-set ages (issue 27): a bar per tier over its resident bytes
+    // (its size when residency is unknown).
+    for (i, t) in v.vm.tiers.iter().enumerate() {
+        if let Some((s, a)) = v.sample(i).and_then(|s| Some((s, s.ages.as_ref()?))) {
+            let total = if s.resident_bytes > 0 {
+                s.resident_bytes
+            } else {
+                t.size_bytes
+            };
+            for l in wrap("", &age_line(&t.name, a, total as f64), width, 2) {
+                out.push(Line::raw(l));
+            }
         }
     }
     // What the sampler CPU budget chose and spent (issue 23).

@@ -2,11 +2,12 @@
 //! renderer ([`render`](mod@render): state -> frame; the table there, the
 //! detail pane in `detail`) that tests and benches drive with ratatui's
 //! `TestBackend`. Imports go one way: `format` (text forms), `layout`
-//! (screen geometry), `model` and `estimate` import no sibling; `app` reads
+//! (screen geometry), `model`, `estimate` and `ages` import no sibling; `app` reads
 //! `model` and `layout`; `input` and `detail` read `app`; `render` reads all
 //! of these and calls `detail`, which takes nothing from `render`. The
 //! terminal and network loop lives in the tierctl binary.
 
+mod ages;
 pub mod app;
 mod detail;
 mod estimate;

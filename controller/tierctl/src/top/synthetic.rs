@@ -41,6 +41,28 @@ pub fn vm(i: usize) -> Vm {
 }
 
 /// Update `seq` (1-based) for `n` VMs; the first carries the VM list.
+/// Working-set ages of tier `t` of VM `i`: 1 s and 10 s measured, 60 s
+/// not yet watched long enough.
+fn ages(i: usize, t: usize) -> tier_proto::v1::TierAges {
+    let base = ((16 + i % 32) << 20) as f64 * if t == 0 { 4.0 } else { 1.0 };
+    let ws = |h: f64, k: f64, why: &str| tier_proto::v1::WorkingSet {
+        horizon_seconds: h,
+        bytes: base * k,
+        bytes_low: base * k * 0.9,
+        bytes_high: base * k * 1.1,
+        not_measured: why.into(),
+    };
+    tier_proto::v1::TierAges {
+        working_set: vec![
+            ws(1.0, 1.0, ""),
+            ws(10.0, 2.5, ""),
+            ws(60.0, 0.0, "watched for 42 s of 60s"),
+        ],
+        history_seconds: 42.0,
+        ..Default::default()
+    }
+}
+
 pub fn update(n: usize, seq: u64) -> StatsUpdate {
     let vms: Vec<Vm> = (0..n).map(vm).collect();
     let stats = vms
@@ -86,6 +108,8 @@ pub fn update(n: usize, seq: u64) -> StatsUpdate {
                         accesses_high_open: open && t == 0,
                         saturated_pages: if open && t == 0 { 120.0 } else { 0.0 },
                         fit_misfit: with.then_some(1.2),
+                        // Ages (issue 27) on every other VM.
+                        ages: i.is_multiple_of(2).then(|| ages(i, t)),
                         ..Default::default()
                     })
                     .collect(),

@@ -1,0 +1,145 @@
+//! Working set from whole-tier readings (hostpte): a pass of exposure `e`
+//! that read every page of the tier says exactly how many were touched
+//! within `e` before its read, but nothing about which. A horizon H is
+//! given by the reading whose exposure is closest to it; the gap `d =
+//! |H - e|` is bounded by a pass of exposure at least `d` (the pages a
+//! window of length d can add or remove are at most those young in a
+//! window at least as long, under a steady workload), and the point follows
+//! the growth from the next shorter reading to this one over the gap.
+
+use super::{Bounded, horizon_label};
+
+/// One whole-tier reading: pages young over `exposure` seconds.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Whole {
+    pub young: f64,
+    pub exposure: f64,
+}
+
+/// The working set within `h`, in pages of a tier of `pages` pages, from
+/// `readings` (this interval's, long pass included); the gap is bounded by
+/// one of `recent` or `readings`. Err says why not measured.
+pub fn working_set(
+    h: f64,
+    readings: &[Whole],
+    recent: &[Whole],
+    pages: f64,
+) -> Result<Bounded, String> {
+    let longest = readings.iter().map(|r| r.exposure).fold(0.0, f64::max);
+    let Some(near) = readings
+        .iter()
+        .filter(|r| r.exposure > 0.0)
+        .min_by(|a, b| (a.exposure - h).abs().total_cmp(&(b.exposure - h).abs()))
+    else {
+        return Err("no timed pass this interval".into());
+    };
+    let d = (h - near.exposure).abs();
+    if d <= 1e-9 {
+        return Ok(Bounded {
+            point: near.young,
+            low: near.young,
+            high: near.young,
+        });
+    }
+    // The shortest reading that spans the gap bounds what it holds.
+    let Some(gap) = readings
+        .iter()
+        .chain(recent)
+        .filter(|r| r.exposure >= d)
+        .min_by(|a, b| a.exposure.total_cmp(&b.exposure))
+    else {
+        return Err(format!(
+            "hostpte re-arms the whole process every pass: its longest pass was {longest:.2} s; \
+             {} is beyond it",
+            horizon_label(h)
+        ));
+    };
+    // A reading is stretched to a horizon by at most a quarter of itself.
+    if d > near.exposure / 4.0 {
+        return Err(format!(
+            "hostpte re-arms the whole process every pass: its longest pass was {longest:.2} s; \
+             {} is beyond it",
+            horizon_label(h)
+        ));
+    }
+    // At least one page of slack: the gap pass ran at another time.
+    let bound = gap.young.max(1.0);
+    // The point follows the working set's growth between the reading and
+    // the next shorter one (0 when saturated: the same pages again), within
+    // the bound.
+    let slope = readings
+        .iter()
+        .chain(recent)
+        .filter(|r| r.exposure > 0.0 && r.exposure < near.exposure)
+        .max_by(|a, b| a.exposure.total_cmp(&b.exposure))
+        .map_or(0.0, |s| {
+            ((near.young - s.young) / (near.exposure - s.exposure)).max(0.0)
+        });
+    let part = (slope * d).min(bound);
+    Ok(if near.exposure < h {
+        Bounded {
+            point: (near.young + part).min(pages),
+            low: near.young,
+            high: (near.young + bound).min(pages),
+        }
+    } else {
+        Bounded {
+            point: (near.young - part).max(0.0),
+            low: (near.young - bound).max(0.0),
+            high: near.young,
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_closest_reading_with_a_gap_bounded_by_a_short_pass() {
+        let r = [
+            Whole {
+                young: 10.0,
+                exposure: 0.025,
+            },
+            Whole {
+                young: 500.0,
+                exposure: 0.99,
+            },
+        ];
+        let b = working_set(1.0, &r, &[], 4096.0).unwrap();
+        assert_eq!(b.low, 500.0);
+        assert_eq!(b.high, 510.0);
+        // Growth 490 pages over 0.965 s, for 0.01 s.
+        let grown = 490.0 / 0.965 * 0.01;
+        assert!((b.point - (500.0 + grown)).abs() < 1e-6, "{b:?}");
+        // A horizon shorter than the long pass: the long pass is the top.
+        let b = working_set(0.98, &r, &[], 4096.0).unwrap();
+        assert_eq!((b.low, b.high), (490.0, 500.0));
+        assert!((b.point - (500.0 - grown)).abs() < 1e-6, "{b:?}");
+        // Saturated (the short pass saw as many): the point stays put.
+        let flat = [
+            Whole {
+                young: 66.0,
+                exposure: 0.025,
+            },
+            Whole {
+                young: 66.0,
+                exposure: 0.99,
+            },
+        ];
+        let b = working_set(1.0, &flat, &[], 4096.0).unwrap();
+        assert_eq!((b.low, b.point, b.high), (66.0, 66.0, 132.0));
+        // On the edge: exact.
+        let b = working_set(0.025, &r, &[], 4096.0).unwrap();
+        assert_eq!((b.low, b.point, b.high), (10.0, 10.0, 10.0));
+        // Far beyond every pass.
+        let e = working_set(10.0, &r, &[], 4096.0).unwrap_err();
+        assert!(e.contains("10s") && e.contains("0.99"), "{e}");
+        assert!(working_set(1.0, &[], &[], 1.0).is_err());
+        // Only the long pass this interval: the gap bound comes from the
+        // recent short passes.
+        let b = working_set(1.0, &r[1..], &r[..1], 4096.0).unwrap();
+        assert_eq!((b.low, b.high), (500.0, 510.0));
+    }
+}
