@@ -25,6 +25,8 @@ fn config(budget: u64) -> Config {
         idle_threshold: 0.5,
         vms: HashMap::new(),
         tuning: Tuning::default(),
+        mode: Default::default(),
+        working_set: Default::default(),
     }
 }
 
@@ -41,6 +43,7 @@ fn vm(id: &str, given: u64, hot: u64, acc: f64, slow_hot: u64, slow_acc: f64) ->
         idle_bytes: given - hot,
         reach: None,
         granule: 0,
+        ages: None,
     };
     VmObs {
         id: id.into(),

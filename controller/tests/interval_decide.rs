@@ -27,6 +27,8 @@ fn config(act_on: ActOn) -> Config {
             act_on,
             ..Tuning::default()
         },
+        mode: Default::default(),
+        working_set: Default::default(),
     }
 }
 
@@ -43,6 +45,7 @@ fn vm(id: &str, dram_acc: f64, slow_acc: f64, hit: HitEvidence) -> VmObs {
         idle_bytes: given - 512 * M,
         reach: None,
         granule: 0,
+        ages: None,
     };
     VmObs {
         id: id.into(),

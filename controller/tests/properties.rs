@@ -10,7 +10,9 @@ use std::collections::{HashMap, HashSet};
 
 use proptest::prelude::*;
 use tier_controller::policy::model::Load;
-use tier_controller::policy::{ActOn, Config, Controller, Hit, Plan, Tuning, VmObs, VmStatus};
+use tier_controller::policy::{
+    ActOn, Config, Controller, Hit, Mode, Plan, Tuning, VmObs, VmStatus,
+};
 use tier_controller::sim::fleet::{FleetSpec, fleet};
 use tier_controller::sim::metrics::{
     assessed_while_moving, directions, flip_backs, flip_backs_within,
@@ -259,6 +261,8 @@ proptest! {
             idle_threshold: 0.5,
             vms: Default::default(),
             tuning: Tuning::default(),
+            mode: Default::default(),
+            working_set: Default::default(),
         };
         let window = cfg.tuning.hysteresis_window as usize;
         let sim_cfg = SimConfig { noise, seed, ..SimConfig::default() };
@@ -297,6 +301,8 @@ proptest! {
     #[test]
     fn no_move_while_the_interval_straddles_the_band(mut s in scenario()) {
         s.config.tuning.act_on = ActOn::Interval;
+        // A ratio-mode property: working_set mode does not read the ratio.
+        s.config.mode = Mode::Ratio;
         let mut c = Controller::new(s.config.clone());
         run(&s, &mut c, |obs, plan| {
             check_round(&s, obs, plan)?;

@@ -24,6 +24,8 @@ fn policy(budget: u64) -> Config {
         idle_threshold: 0.5,
         vms: Default::default(),
         tuning: Tuning::default(),
+        mode: Default::default(),
+        working_set: Default::default(),
     }
 }
 

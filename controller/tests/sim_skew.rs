@@ -30,6 +30,8 @@ fn policy(budget: u64, act_on: ActOn) -> Config {
             act_on,
             ..Tuning::default()
         },
+        mode: Default::default(),
+        working_set: Default::default(),
     }
 }
 

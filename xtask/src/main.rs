@@ -80,6 +80,10 @@ enum Task {
         /// The binary has none of our series (upstream v53.0).
         #[arg(long)]
         upstream: bool,
+        /// Controller mode of the run: `ratio` (default) or `working-set`
+        /// (needs tierd to fill the per-tier ages; docs/e2e.md).
+        #[arg(long)]
+        mode: Option<String>,
     },
     /// Chaos soak of the closed loop (tier-soak): faults from a seeded
     /// schedule, invariants checked from outside, a table and a RESULT line.
@@ -162,6 +166,7 @@ fn dispatch(task: Task) -> anyhow::Result<()> {
             actuator,
             ch_bin,
             upstream,
+            mode,
         } => e2e(
             ch_src,
             micro_http,
@@ -171,6 +176,7 @@ fn dispatch(task: Task) -> anyhow::Result<()> {
                 actuator,
                 ch_bin,
                 upstream,
+                mode,
             },
         ),
         Task::Soak(o) => soak::run(&o),
@@ -344,6 +350,8 @@ struct E2eRun {
     actuator: String,
     ch_bin: Option<PathBuf>,
     upstream: bool,
+    /// Controller mode (`ratio`, `working-set`); None: tier-e2e's default.
+    mode: Option<String>,
 }
 
 fn e2e(
@@ -388,6 +396,9 @@ fn e2e(
         });
     if opts.upstream {
         cmd.arg("--upstream");
+    }
+    if let Some(m) = &opts.mode {
+        cmd.arg("--mode").arg(m);
     }
     if let Some(w) = work_dir {
         cmd.arg("--work-dir").arg(w);
@@ -508,6 +519,20 @@ mod tests {
                 actuator: "balloon".into(),
                 ch_bin: None,
                 upstream: false,
+                mode: None,
+            }
+        );
+        assert_eq!(
+            parse(&["e2e", "--ch-src", "/src/ch", "--mode", "working-set"]).unwrap(),
+            Task::E2e {
+                ch_src: Some("/src/ch".into()),
+                micro_http: None,
+                ch_target_dir: None,
+                work_dir: None,
+                actuator: "balloon".into(),
+                ch_bin: None,
+                upstream: false,
+                mode: Some("working-set".into()),
             }
         );
         assert_eq!(parse(&["vmlinux"]).unwrap(), Task::Vmlinux);

@@ -59,12 +59,12 @@ pub fn idle_reclaim(held: u64, idle: u64, threshold: f64) -> u64 {
 }
 
 /// Whether a move in `dir` would undo a recent reversal (hysteresis).
-fn flips_back(ctx: &Ctx, dir: Dir) -> bool {
+pub(super) fn flips_back(ctx: &Ctx, dir: Dir) -> bool {
     ctx.reversed_lately && ctx.last_dir.is_some_and(|d| d != dir)
 }
 
 /// DRAM given outside the tier limits: back toward them, whatever the ratio.
-fn limit_want(g: u64, ctx: &Ctx, step: u64) -> Option<Want> {
+pub(super) fn limit_want(g: u64, ctx: &Ctx, step: u64) -> Option<Want> {
     if g > ctx.hi {
         let raw = g - ctx.hi;
         return Some(Want::Release {
@@ -248,6 +248,8 @@ mod tests {
             idle_threshold: 0.5,
             vms: HashMap::new(),
             tuning: Tuning::default(),
+            mode: Default::default(),
+            working_set: Default::default(),
         }
     }
 

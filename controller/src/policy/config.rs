@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 
-use tier_proto::v1::Policy;
+use tier_proto::v1::{Policy, PolicyMode};
 
 use super::interval::ActOn;
 
@@ -41,6 +41,47 @@ impl Limits {
     }
 }
 
+/// What the controller keeps a VM at (`PolicyMode`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Mode {
+    /// The DRAM-hit ratio at its target.
+    #[default]
+    Ratio,
+    /// The hot working set in DRAM, slow-tier promotion under the SLO,
+    /// reclaim by cold age first (`working_set`). A VM without ages, or
+    /// with an exact PMU count, stays in ratio mode.
+    WorkingSet,
+}
+
+impl Mode {
+    fn of(field: &str, v: i32) -> Result<Mode, ConfigError> {
+        match PolicyMode::try_from(v) {
+            Ok(PolicyMode::Ratio) => Ok(Mode::Ratio),
+            Ok(PolicyMode::WorkingSet) => Ok(Mode::WorkingSet),
+            Err(_) => Err(err(field, format!("{v} is not a PolicyMode"))),
+        }
+    }
+
+    pub fn to_proto(self) -> PolicyMode {
+        match self {
+            Mode::Ratio => PolicyMode::Ratio,
+            Mode::WorkingSet => PolicyMode::WorkingSet,
+        }
+    }
+}
+
+/// The working_set mode's knobs (`Policy.hot_horizon_seconds`,
+/// `Policy.promotion_slo`).
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct WorkingSet {
+    /// Seconds; 0: each VM's shortest horizon. A horizon the VM does not
+    /// report sends it to ratio mode (said in the decision's detail).
+    pub hot_horizon: f64,
+    /// Most slow-tier promotion per minute, as a share of the working set
+    /// within the longest horizon; 0: no limit.
+    pub promotion_slo: f64,
+}
+
 /// Per-VM overrides.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct VmOverride {
@@ -48,6 +89,8 @@ pub struct VmOverride {
     /// By tier name.
     pub limits: HashMap<String, Limits>,
     pub excluded: bool,
+    /// `None`: `Config::mode`.
+    pub mode: Option<Mode>,
 }
 
 /// Knobs that `Policy` does not carry; defaults are what docs/controller.md
@@ -112,12 +155,21 @@ pub struct Config {
     /// By VM id or name.
     pub vms: HashMap<String, VmOverride>,
     pub tuning: Tuning,
+    /// The default mode; `VmOverride::mode` overrides it.
+    pub mode: Mode,
+    pub working_set: WorkingSet,
 }
 
 impl Config {
     /// The override for a VM, by id first, then by name.
     pub fn vm(&self, id: &str, name: &str) -> Option<&VmOverride> {
         self.vms.get(id).or_else(|| self.vms.get(name))
+    }
+
+    /// The mode a VM is configured for (before any fallback to ratio mode
+    /// for lack of ages).
+    pub fn mode_of(&self, id: &str, name: &str) -> Mode {
+        self.vm(id, name).and_then(|o| o.mode).unwrap_or(self.mode)
     }
 
     /// Half-width of the band within which a VM is left alone:
@@ -195,15 +247,32 @@ impl TryFrom<&Policy> for Config {
                     return Err(err(at("tier"), format!("{:?} appears twice", l.tier)));
                 }
             }
+            let mode = match vm.mode {
+                Some(m) => Some(Mode::of(&at("mode"), m)?),
+                None => None,
+            };
             let o = VmOverride {
                 target,
                 limits,
                 excluded: vm.excluded,
+                mode,
             };
             if vms.insert(vm.vm.clone(), o).is_some() {
                 return Err(err(at("vm"), format!("{:?} appears twice", vm.vm)));
             }
         }
+        let mode = Mode::of("mode", p.mode)?;
+        // Whether the horizon is one the VMs report is known only per VM
+        // and interval: a VM that does not report it is decided in ratio
+        // mode, and the decision says so.
+        let h = p.hot_horizon_seconds;
+        if !h.is_finite() || h < 0.0 {
+            return Err(err(
+                "hot_horizon_seconds",
+                format!("{h} is not a horizon in seconds (>= 0; 0: the shortest)"),
+            ));
+        }
+        let promotion_slo = ratio("promotion_slo", p.promotion_slo, 1.0)?;
         Ok(Config {
             enabled: p.enabled,
             dry_run: p.dry_run,
@@ -215,6 +284,11 @@ impl TryFrom<&Policy> for Config {
             idle_threshold,
             vms,
             tuning: Tuning::default(),
+            mode,
+            working_set: WorkingSet {
+                hot_horizon: h,
+                promotion_slo,
+            },
         })
     }
 }
@@ -271,6 +345,7 @@ mod tests {
         assert_eq!(c.min_step(), 1 << 20);
         let a = c.vm("x", "a").unwrap();
         assert_eq!(a.target, Some(0.8));
+        assert_eq!(c.mode_of("x", "a"), Mode::Ratio);
         let l = a.limits["dram"];
         assert_eq!(l.resolve(16 << 20), (1 << 20, 16 << 20));
         assert_eq!(l.resolve(4096), (4096, 4096));
@@ -315,6 +390,34 @@ mod tests {
                 p.vms.push(v);
             }),
             "vms[1].vm"
+        );
+        assert_eq!(bad(|p| p.mode = 9), "mode");
+        assert_eq!(bad(|p| p.vms[0].mode = Some(-1)), "vms[0].mode");
+        assert_eq!(bad(|p| p.hot_horizon_seconds = -1.0), "hot_horizon_seconds");
+        assert_eq!(
+            bad(|p| p.hot_horizon_seconds = f64::INFINITY),
+            "hot_horizon_seconds"
+        );
+        assert_eq!(bad(|p| p.promotion_slo = 1.5), "promotion_slo");
+        assert_eq!(bad(|p| p.promotion_slo = f64::NAN), "promotion_slo");
+    }
+
+    #[test]
+    fn working_set_mode_and_a_per_vm_override() {
+        let mut p = policy();
+        p.mode = PolicyMode::WorkingSet as i32;
+        p.hot_horizon_seconds = 10.0;
+        p.promotion_slo = 0.002;
+        p.vms[0].mode = Some(PolicyMode::Ratio as i32);
+        let c = Config::try_from(&p).unwrap();
+        assert_eq!(c.mode_of("x", "other"), Mode::WorkingSet);
+        assert_eq!(c.mode_of("x", "a"), Mode::Ratio);
+        assert_eq!(
+            c.working_set,
+            WorkingSet {
+                hot_horizon: 10.0,
+                promotion_slo: 0.002
+            }
         );
     }
 }

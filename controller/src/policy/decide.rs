@@ -4,12 +4,13 @@
 
 use super::allocate::{Claim, water_fill};
 use super::classify::{Ctx, Want, classify, resume, unplaced};
-use super::config::{Config, Limits, PAGE};
+use super::config::{Config, Limits, Mode, PAGE};
 use super::decision;
 use super::input::{TierObs, VmObs};
 use super::model::Load;
 use super::state::{Balloons, Dir, Move, VmState, Why};
 use super::work::{Pool, Work};
+use super::working_set;
 use super::{BudgetSummary, Controller, Plan, Targets, VmStatus};
 
 /// The tier's (floor, ceiling) of DRAM given: the policy's limits, both
@@ -83,13 +84,61 @@ fn new_load(cfg: &Config, before: Option<u64>, settled: bool, load: &Load) -> bo
     now.abs_diff(before) as f64 > cfg.tuning.new_load.max(0.0) * before as f64
 }
 
-fn look(cfg: &Config, vm: &VmObs, st: &mut VmState, round: u64) -> Work {
+/// The VM's working-set view: this interval's, or, where this interval
+/// does not measure the hot horizon (hostpte measures short horizons only
+/// in its long pass, one interval in a few), the last one within the
+/// hysteresis window, marked stale, rather than flapping between modes.
+/// `Err`: why the VM is decided in ratio mode.
+fn ws_view(
+    cfg: &Config,
+    vm: &VmObs,
+    last: &mut Option<(u64, working_set::View)>,
+    round: u64,
+) -> Result<working_set::View, String> {
+    match working_set::view(vm, cfg) {
+        Ok(v) => {
+            *last = Some((round, v.clone()));
+            Ok(v)
+        }
+        Err(e) => {
+            let window = u64::from(cfg.tuning.hysteresis_window);
+            let counted = matches!(vm.hit, super::interval::HitEvidence::Counted(_));
+            match last.as_ref() {
+                Some((r, v)) if !counted && round - r <= window => Ok(working_set::View {
+                    stale: Some(*r),
+                    ..v.clone()
+                }),
+                _ => Err(e),
+            }
+        }
+    }
+}
+
+fn look(
+    cfg: &Config,
+    vm: &VmObs,
+    st: &mut VmState,
+    last_view: &mut Option<(u64, working_set::View)>,
+    round: u64,
+) -> Work {
     let target = cfg
         .vm(&vm.id, &vm.name)
         .and_then(|o| o.target)
         .unwrap_or(cfg.default_target);
-    // A move planned for another target (the policy changed) is over.
-    st.moving = st.moving.filter(|m| m.target == target);
+    // Working_set mode where the VM's ages allow it, else ratio mode (and
+    // the decision says why).
+    let (ws, fallback) = match cfg.mode_of(&vm.id, &vm.name) {
+        Mode::Ratio => (None, None),
+        Mode::WorkingSet => match ws_view(cfg, vm, last_view, round) {
+            Ok(v) => (Some(v), None),
+            Err(e) => (None, Some(e)),
+        },
+    };
+    // A move planned for another target or in the other mode (the policy
+    // or the VM's ages changed) is over.
+    st.moving = st
+        .moving
+        .filter(|m| m.target == target && m.why.is_working_set() == ws.is_some());
     let (status, newly_uncooperative) = status(cfg, vm, st, round);
     if matches!(
         status,
@@ -105,6 +154,7 @@ fn look(cfg: &Config, vm: &VmObs, st: &mut VmState, round: u64) -> Work {
     }
     let mut status = status;
     let mut resumed = None;
+    let mut spare = 0;
     let want = if status == VmStatus::Managed {
         let ctx = Ctx {
             target,
@@ -118,7 +168,21 @@ fn look(cfg: &Config, vm: &VmObs, st: &mut VmState, round: u64) -> Work {
             short: st.short,
             last_reversed: st.last_reversed,
         };
-        let next = st.moving.map(|m| (m, resume(vm, &load, &ctx, cfg, &m)));
+        let mut assess = || match &ws {
+            Some(v) => {
+                let (w, s) = working_set::classify(vm, v, &ctx, cfg);
+                spare = s;
+                w
+            }
+            None => classify(vm, &load, &ctx, cfg),
+        };
+        let next = st.moving.map(|m| {
+            let w = match &ws {
+                Some(v) => working_set::resume(vm, Some(v), &ctx, cfg, &m),
+                None => resume(vm, &load, &ctx, cfg, &m),
+            };
+            (m, w)
+        });
         match next {
             Some((m, Some(w))) => {
                 resumed = Some(m);
@@ -133,16 +197,16 @@ fn look(cfg: &Config, vm: &VmObs, st: &mut VmState, round: u64) -> Work {
                     status = VmStatus::Cooldown;
                     Want::Hold
                 } else {
-                    classify(vm, &load, &ctx, cfg)
+                    assess()
                 }
             }
-            None => classify(vm, &load, &ctx, cfg),
+            None => assess(),
         }
     } else {
         Want::Hold
     };
     let held = status == VmStatus::Managed && want == Want::Hold && resumed.is_none();
-    let unplaced = if held {
+    let unplaced = if held && ws.is_none() {
         unplaced(vm, &load, target, cfg)
     } else {
         None
@@ -165,6 +229,9 @@ fn look(cfg: &Config, vm: &VmObs, st: &mut VmState, round: u64) -> Work {
         unplaced,
         was_unplaced: st.unplaced,
         resumed,
+        ws,
+        fallback,
+        spare,
     }
 }
 
@@ -179,12 +246,12 @@ fn look(cfg: &Config, vm: &VmObs, st: &mut VmState, round: u64) -> Work {
 fn follow_up(cfg: &Config, w: &Work, round: u64) -> (Option<Move>, Option<Dir>) {
     let (dir, why, raw) = match w.want {
         Want::Need {
-            why: Why::Below,
+            why: why @ (Why::Below | Why::HotSet),
             raw,
             ..
-        } => (Dir::Up, Why::Below, raw),
+        } => (Dir::Up, why, raw),
         Want::Release {
-            why: why @ (Why::Above | Why::Idle),
+            why: why @ (Why::Above | Why::Idle | Why::Cold),
             raw,
             ..
         } => (Dir::Down, why, raw),
@@ -200,9 +267,9 @@ fn follow_up(cfg: &Config, w: &Work, round: u64) -> (Option<Move>, Option<Dir>) 
     let fitted = w.load.exponent().is_some();
     let (blind, reserve, planned, total, expected) = match w.resumed {
         Some(m) => (m.left, m.reserve, m.planned, m.total, m.expected),
-        None if dir == Dir::Up && !fitted => (0, raw, round, raw, w.target),
+        None if dir == Dir::Up && !fitted && !why.measured() => (0, raw, round, raw, w.target),
         None => {
-            let share = if why == Why::Idle || !fitted {
+            let share = if why.measured() || !fitted {
                 0.0
             } else {
                 cfg.tuning.move_reserve.clamp(0.0, 1.0)
@@ -280,6 +347,33 @@ fn force_release(vms: &[VmObs], works: &mut [Work], cfg: &Config, excess: u64) {
     }
 }
 
+/// working_set mode: takes up to `short` bytes of the spare DRAM (beyond
+/// their hot sets) of VMs that hold, for VMs short of DRAM this round, in
+/// proportion to each one's spare.
+fn take_spare(works: &mut [Work], short: u64) {
+    let total = sum(works
+        .iter()
+        .filter(|w| w.want == Want::Hold)
+        .map(|w| w.spare));
+    if total == 0 {
+        return;
+    }
+    for w in works
+        .iter_mut()
+        .filter(|w| w.want == Want::Hold && w.spare > 0)
+    {
+        let share = short as f64 * w.spare as f64 / total as f64;
+        let bytes = ((share / PAGE as f64).ceil() as u64 * PAGE).min(w.spare);
+        if bytes > 0 {
+            w.want = Want::Release {
+                why: Why::Warm,
+                raw: w.spare,
+                bytes,
+            };
+        }
+    }
+}
+
 /// Splits the pool: floors first, then VMs below target weighted by
 /// deficit x access rate. Returns what was granted.
 fn grant(works: &mut [Work], pool: u64) -> u64 {
@@ -300,10 +394,10 @@ fn grant(works: &mut [Work], pool: u64) -> u64 {
                     _ => 0,
                 };
                 let deficit = w.load.ratio().map_or(0.0, |r| (w.target - r).max(0.0));
-                let weight = if floor_pass {
-                    1.0
-                } else {
-                    deficit * w.load.total()
+                let weight = match (&w.ws, floor_pass) {
+                    (_, true) => 1.0,
+                    (Some(v), false) => working_set::weight(v, cap, w.load.total()),
+                    (None, false) => deficit * w.load.total(),
                 };
                 Claim { weight, cap }
             })
@@ -351,18 +445,23 @@ pub(super) fn run(c: &mut Controller, vms: &[VmObs], now_unix_ns: u64) -> Plan {
         let mut scratch = VmState::default();
         let st = c.state.get_mut(vm.id.as_str()).unwrap_or(&mut scratch);
         st.seen = round;
-        works.push(look(cfg, vm, st, round));
+        let last_view = c.views.entry(vm.id.clone()).or_default();
+        works.push(look(cfg, vm, st, last_view, round));
     }
     c.state.retain(|_, s| s.seen == round);
+    let state = &c.state;
+    c.views.retain(|id, _| state.contains_key(id));
 
     let budget = cfg
         .budget
         .unwrap_or_else(|| sum(vms.iter().map(|v| v.dram.size)));
     let before = sum(vms.iter().zip(&works).map(|(v, w)| committed(v, w, 0)));
-    let releasing = sum(works.iter().map(|w| match w.want {
-        Want::Release { bytes, .. } => bytes,
-        _ => 0,
-    }));
+    let releasing = |works: &[Work]| {
+        sum(works.iter().map(|w| match w.want {
+            Want::Release { bytes, .. } => bytes,
+            _ => 0,
+        }))
+    };
     // DRAM a settling VM still holds beyond its target (a balloon still
     // inflating, a virtio-mem zone not yet unplugged): not granted to
     // anyone until it is given back, so the host holds no more than the
@@ -375,6 +474,19 @@ pub(super) fn run(c: &mut Controller, vms: &[VmObs], now_unix_ns: u64) -> Plan {
             0
         }
     }));
+    if before <= budget {
+        let needs = sum(works.iter().map(|w| match w.want {
+            Want::Need { bytes, .. } => bytes,
+            _ => 0,
+        }));
+        let pool = (budget - before)
+            .saturating_add(releasing(&works))
+            .saturating_sub(in_flight);
+        if needs > pool {
+            take_spare(&mut works, needs - pool);
+        }
+    }
+    let releasing = releasing(&works);
     let pool = if before > budget {
         let still = (before - budget).saturating_sub(releasing);
         if still > 0 {
@@ -437,7 +549,7 @@ pub(super) fn run(c: &mut Controller, vms: &[VmObs], now_unix_ns: u64) -> Plan {
                 st.budget_limited = matches!(
                     w.want,
                     Want::Need {
-                        why: Why::Below,
+                        why: Why::Below | Why::HotSet | Why::Promotion,
                         ..
                     }
                 ) && w.granted == 0;

@@ -13,6 +13,7 @@ use super::input::VmObs;
 use super::interval::{ActOn, Hit};
 use super::state::{Dir, Move, Why};
 use super::work::{Pool, Work};
+use super::working_set;
 
 /// The ratio as judged: its interval, and what the policy acts on when
 /// that is not the interval.
@@ -46,10 +47,33 @@ fn why_text(cfg: &Config, vm: &VmObs, w: &Work, pool: Pool) -> String {
     let q = hit_text(cfg, vm, w);
     let mut s = String::new();
     if let Some(m) = w.resumed {
-        continuing(&mut s, cfg, vm, w, pool, &m);
+        if m.why.is_working_set() {
+            let (bytes, granted) = match w.want {
+                Want::Need { bytes, .. } => (bytes, w.granted),
+                Want::Release { bytes, .. } => (bytes, 0),
+                Want::Hold => (0, 0),
+            };
+            s = working_set::continuing_text(w.ws.as_ref(), &m, bytes, granted);
+            if let Want::Need { .. } = w.want {
+                let _ = write!(s, "{}", pool_text(pool));
+            }
+        } else {
+            continuing(&mut s, cfg, vm, w, pool, &m);
+        }
         return s;
     }
+    let ws_want = match w.want {
+        Want::Need { why, .. } | Want::Release { why, .. } => why.is_working_set(),
+        Want::Hold => false,
+    };
+    if let (Some(v), true) = (&w.ws, ws_want) {
+        s = working_set::why_text(cfg, vm, v, w.want, w.granted);
+        if let Want::Need { .. } = w.want {
+            s.push_str(&pool_text(pool));
+        }
+    }
     let _ = match w.want {
+        _ if ws_want => Ok(()),
         Want::Release {
             why: Why::Ceiling,
             raw,
@@ -168,6 +192,16 @@ fn why_text(cfg: &Config, vm: &VmObs, w: &Work, pool: Pool) -> String {
     s
 }
 
+/// The pool a grant came from.
+fn pool_text(pool: Pool) -> String {
+    format!(
+        " of pool {} (budget {}, committed {})",
+        hb(pool.size),
+        hb(pool.budget),
+        hb(pool.committed)
+    )
+}
+
 /// The next step of a move under way: what was planned, what is left, and
 /// why this interval's sample only serves to stop it.
 fn continuing(s: &mut String, cfg: &Config, vm: &VmObs, w: &Work, pool: Pool, m: &Move) {
@@ -223,6 +257,20 @@ fn reason(w: &Work) -> DecisionReason {
     }
     match w.want {
         Want::Release { why: Why::Idle, .. } => DecisionReason::IdleReclaim,
+        Want::Release {
+            why: Why::Cold | Why::Warm,
+            ..
+        } => DecisionReason::ColdReclaim,
+        Want::Need {
+            why: Why::HotSet,
+            bytes,
+            ..
+        } if w.granted >= bytes => DecisionReason::HotSetDeficit,
+        Want::Need {
+            why: Why::Promotion,
+            bytes,
+            ..
+        } if w.granted >= bytes => DecisionReason::PromotionPressure,
         Want::Release {
             why: Why::Above, ..
         } => DecisionReason::AboveTarget,
@@ -298,7 +346,7 @@ pub(super) fn record(
     let newly_short = matches!(
         w.want,
         Want::Need {
-            why: Why::Below,
+            why: Why::Below | Why::HotSet | Why::Promotion,
             ..
         }
     ) && w.granted == 0
@@ -326,10 +374,24 @@ pub(super) fn record(
         Some(m) => m.expected,
         None => w.load.expected_ratio(w.delta).unwrap_or(d.observed_ratio),
     };
-    let mut detail = why_text(cfg, vm, w, pool);
-    // Limits and the slow tier's bounds do not read the ratio: quoted all
-    // the same, so every decision says what the ratio was.
-    let read_ratio = w.resumed.is_some()
+    let mut detail = String::new();
+    if let Some(f) = &w.fallback {
+        let _ = write!(detail, "working_set mode, decided in ratio mode: {f}; ");
+    }
+    detail.push_str(&why_text(cfg, vm, w, pool));
+    // Limits and the slow tier's bounds read neither the ratio nor the
+    // working set: quoted all the same, so every decision says what the
+    // VM's state was.
+    let read_ws = w.resumed.is_some()
+        || matches!(
+            w.want,
+            Want::Release { why, .. } | Want::Need { why, .. } if why.is_working_set()
+        );
+    if let Some(v) = w.ws.as_ref().filter(|_| !read_ws) {
+        let _ = write!(detail, "; {}", working_set::quote(v));
+    }
+    let read_ratio = w.ws.is_some()
+        || w.resumed.is_some()
         || w.unplaced.is_some()
         || matches!(
             w.want,

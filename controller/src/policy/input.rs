@@ -3,6 +3,7 @@
 
 use tier_proto::v1::{TierKind, Vm, VmStats};
 
+use super::ages::TierAges;
 use super::interval::HitEvidence;
 
 /// One tier of one VM over one interval.
@@ -31,6 +32,9 @@ pub struct TierObs {
     /// moves whole blocks, so a smaller release is made one block and a
     /// smaller need asks for one (the actuation layer rounds grants down).
     pub granule: u64,
+    /// Recency profile (`TierSample.ages`); `None` where the backend gives
+    /// none (PMU-only, older senders).
+    pub ages: Option<TierAges>,
 }
 
 impl TierObs {
@@ -132,6 +136,7 @@ pub fn from_proto(vm: &Vm, stats: &VmStats) -> Result<VmObs, InputError> {
             if s.passes > 0 {
                 o.idle_bytes = o.held().saturating_sub(s.estimated_accessed_bytes);
             }
+            o.ages = s.ages.as_ref().map(TierAges::from_proto);
         }
         (i, o)
     };
@@ -237,5 +242,20 @@ mod tests {
         arming.tiers[0].estimated_accesses = 0.0;
         arming.tiers[0].estimated_accessed_bytes = 0;
         assert_eq!(from_proto(&vm, &arming).unwrap().dram.idle_bytes, 0);
+        assert!(o.dram.ages.is_none());
+        // Ages come along per tier, intervals kept.
+        let mut aged = stats.clone();
+        aged.tiers[0].ages = Some(tier_proto::v1::TierAges {
+            working_set: vec![tier_proto::v1::WorkingSet {
+                horizon_seconds: 10.0,
+                bytes: 3e6,
+                bytes_low: 2e6,
+                bytes_high: 4e6,
+                not_measured: String::new(),
+            }],
+            ..Default::default()
+        });
+        let a = from_proto(&vm, &aged).unwrap().dram.ages.unwrap();
+        assert_eq!(a.at(10.0).unwrap().bytes.unwrap().low, 2e6);
     }
 }

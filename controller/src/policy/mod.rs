@@ -3,6 +3,7 @@
 //! records. Pure: no I/O, no clock; the caller applies the targets.
 //! Semantics: docs/controller.md.
 
+pub mod ages;
 pub mod allocate;
 pub mod classify;
 pub mod config;
@@ -13,12 +14,15 @@ pub mod interval;
 pub mod model;
 pub mod state;
 mod work;
+pub mod working_set;
 
 use std::collections::HashMap;
 
 use tier_proto::v1::Decision;
 
-pub use config::{Config, ConfigError, Limits, PAGE, Tuning, VmOverride, default_policy};
+pub use config::{
+    Config, ConfigError, Limits, Mode, PAGE, Tuning, VmOverride, WorkingSet, default_policy,
+};
 pub use input::{TierObs, VmObs};
 pub use interval::{ActOn, Hit, HitEvidence, HitKind};
 
@@ -80,6 +84,9 @@ pub struct Plan {
 pub struct Controller {
     config: Config,
     state: HashMap<String, VmState>,
+    /// working_set mode: each VM's last view and its round
+    /// (`decide::ws_view`).
+    views: HashMap<String, Option<(u64, working_set::View)>>,
     round: u64,
     sequence: u64,
 }
@@ -89,6 +96,7 @@ impl Controller {
         Controller {
             config,
             state: HashMap::new(),
+            views: HashMap::new(),
             round: 0,
             sequence: 0,
         }

@@ -18,6 +18,29 @@ pub enum Why {
     Above,
     /// Ratio below the band.
     Below,
+    /// working_set mode: the hot working set beyond the DRAM given.
+    HotSet,
+    /// working_set mode: slow-tier promotion above the SLO.
+    Promotion,
+    /// working_set mode: DRAM found cold (beyond the longest horizon) and
+    /// beyond the hot set.
+    Cold,
+    /// working_set mode: DRAM beyond the hot set, taken because another VM
+    /// is short of DRAM.
+    Warm,
+}
+
+impl Why {
+    /// A working_set mode rule.
+    pub fn is_working_set(self) -> bool {
+        matches!(self, Why::HotSet | Why::Promotion | Why::Cold | Why::Warm)
+    }
+
+    /// The amount was measured, not extrapolated by the ratio model: a
+    /// multi-step move carries all of it on without a reserve.
+    pub fn measured(self) -> bool {
+        matches!(self, Why::Idle | Why::HotSet | Why::Cold)
+    }
 }
 
 /// Direction of a change of a VM's DRAM.
@@ -37,7 +60,8 @@ pub struct Move {
     pub left: u64,
     /// Bytes kept back for the next assessment (`Tuning::move_reserve`).
     pub reserve: u64,
-    /// The rule that planned it: `Below`, `Above` or `Idle`.
+    /// The rule that planned it: `Below`, `Above`, `Idle`, `HotSet` or
+    /// `Cold`.
     pub why: Why,
     /// Round of the assessment.
     pub planned: u64,

@@ -5,6 +5,7 @@ use super::VmStatus;
 use super::classify::Want;
 use super::model::Load;
 use super::state::{Dir, Move};
+use super::working_set::View;
 
 /// Everything decided about one VM in this round.
 #[derive(Debug, Clone)]
@@ -32,6 +33,13 @@ pub(super) struct Work {
     pub was_unplaced: bool,
     /// The want is the next step of this move under way (before the round).
     pub resumed: Option<Move>,
+    /// Decided in working_set mode, on this view.
+    pub ws: Option<View>,
+    /// Configured for working_set mode but decided in ratio mode: why.
+    pub fallback: Option<String>,
+    /// working_set mode: DRAM beyond the hot set this VM can give a VM
+    /// short of DRAM this round (`working_set::classify`).
+    pub spare: u64,
 }
 
 /// What the pool looked like, for the decisions' detail text.

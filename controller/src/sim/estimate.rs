@@ -110,12 +110,7 @@ mod tests {
     const G: u64 = 1 << 30;
 
     fn phase(skew: f64) -> Phase {
-        Phase {
-            start: 0,
-            hot_bytes: 4 * G,
-            skew,
-            accesses: 1000.0,
-        }
+        Phase::hot(0, 4 * G, skew, 1000.0)
     }
 
     #[test]

@@ -29,6 +29,18 @@ pub struct FleetSpec {
     /// Budget = max(initial DRAM, slack x what the VMs need).
     pub budget_slack: f64,
     pub seed: u64,
+    /// Warm pages as a share of guest memory (`workload::Phase`); (0, 0):
+    /// none, and the fleet is the one drawn before warm pages existed.
+    pub warm_share: (f64, f64),
+    /// Seconds between touches of a warm page.
+    pub warm_period_s: f64,
+    /// The budget covers each VM's hottest phase's whole hot and warm set
+    /// too (what working_set mode keeps in DRAM), not only the DRAM for
+    /// the target ratio: the same fleet then suits both modes.
+    pub budget_for_hot_set: bool,
+    /// VMs that changed phase return to their first phase at this interval
+    /// (a hot set that outgrew its DRAM and shrinks back).
+    pub phase_back: Option<u64>,
 }
 
 impl Default for FleetSpec {
@@ -44,6 +56,10 @@ impl Default for FleetSpec {
             uncooperative: 0.0,
             budget_slack: 1.1,
             seed: 1,
+            warm_share: (0.0, 0.0),
+            warm_period_s: 10.0,
+            budget_for_hot_set: false,
+            phase_back: None,
         }
     }
 }
@@ -61,12 +77,20 @@ fn pages(bytes: f64) -> u64 {
 
 fn phase(rng: &mut Rng, spec: &FleetSpec, start: u64, size: u64) -> Phase {
     let hot = pages(size as f64 * rng.range(spec.hot_share.0, spec.hot_share.1)).max(PAGE);
-    Phase {
+    let mut p = Phase::hot(
         start,
-        hot_bytes: hot,
-        skew: rng.range(spec.skew.0, spec.skew.1),
-        accesses: rng.range(1e5, 1e6),
+        hot,
+        rng.range(spec.skew.0, spec.skew.1),
+        rng.range(1e5, 1e6),
+    );
+    // Drawn only when asked for, so fleets without warm pages stay the
+    // ones drawn before.
+    if spec.warm_share.1 > 0.0 {
+        let w = pages(size as f64 * rng.range(spec.warm_share.0, spec.warm_share.1));
+        p.warm_bytes = w.min(size - hot);
+        p.warm_period_s = spec.warm_period_s;
     }
+    p
 }
 
 pub fn fleet(spec: &FleetSpec) -> Fleet {
@@ -84,6 +108,13 @@ pub fn fleet(spec: &FleetSpec) -> Fleet {
             && rng.unit() < share
         {
             phases.push(phase(&mut rng, spec, at, size));
+            if let Some(back) = spec.phase_back.filter(|&b| b > at) {
+                let first = Phase {
+                    start: back,
+                    ..phases[0]
+                };
+                phases.push(first);
+            }
         }
         let first = phases[0].dram_for(spec.target) as f64;
         let off = spec.initial_offset as f64;
@@ -91,7 +122,14 @@ pub fn fleet(spec: &FleetSpec) -> Fleet {
         initial += g0;
         need += phases
             .iter()
-            .map(|p| p.dram_for(spec.target))
+            .map(|p| {
+                let hot_set = if spec.budget_for_hot_set {
+                    p.hot_bytes + p.warm_bytes
+                } else {
+                    0
+                };
+                p.dram_for(spec.target).max(hot_set)
+            })
             .max()
             .unwrap_or(0);
         let guest = if rng.unit() < spec.uncooperative {

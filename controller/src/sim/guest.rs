@@ -153,12 +153,7 @@ mod tests {
     #[test]
     fn samples_during_a_move_mix_before_and_after() {
         const G: u64 = 1 << 30;
-        let phase = Phase {
-            start: 0,
-            hot_bytes: 4 * G,
-            skew: 0.0,
-            accesses: 1000.0,
-        };
+        let phase = Phase::hot(0, 4 * G, 0.0, 1000.0);
         let mut vm = SimVm {
             id: "a".into(),
             dram_size: 4 * G,

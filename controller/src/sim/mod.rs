@@ -11,8 +11,12 @@
 //!    ratio is that of what the guest holds at the end; with
 //!    `SimConfig::hot_cap` the samples read like accessed bits do (hot
 //!    pages under-read, an interval that covers the truth: `estimate`);
+//!    with `SimConfig::ages` each tier also carries a recency profile
+//!    (`ages`: working set per horizon, cold bytes, promotion, sampled with
+//!    binomial noise), for working_set mode;
 //! 3. the controller decides; its targets become the balloons' targets.
 
+pub mod ages;
 pub mod estimate;
 pub mod fleet;
 pub mod guest;
@@ -24,7 +28,8 @@ use std::time::Instant;
 
 use tier_proto::v1::Decision;
 
-use crate::policy::{Config, Controller, TierObs, VmObs, VmStatus};
+use crate::policy::{Config, Controller, Mode, TierObs, VmObs, VmStatus};
+use ages::AgeSampling;
 use guest::SimVm;
 use rng::Rng;
 
@@ -45,6 +50,10 @@ pub struct SimConfig {
     /// estimator's interval (`estimate`). `None`: exact rates, no
     /// interval (a sender from before issue 21).
     pub hot_cap: Option<f64>,
+    /// `Some`: each tier's sample carries ages (`ages`). `None`: no ages,
+    /// as from a backend that gives none (working_set VMs fall back to
+    /// ratio mode).
+    pub ages: Option<AgeSampling>,
 }
 
 impl Default for SimConfig {
@@ -55,6 +64,7 @@ impl Default for SimConfig {
             noise: 0.0,
             seed: 1,
             hot_cap: None,
+            ages: None,
         }
     }
 }
@@ -74,6 +84,10 @@ pub struct VmStep {
     pub dram_target: u64,
     pub slow_target: u64,
     pub status: VmStatus,
+    /// working_set mode with ages: the true working set within the hot
+    /// horizon (both tiers) at the end of the interval, what the VM needs
+    /// in DRAM. `None` in ratio mode.
+    pub hot: Option<u64>,
 }
 
 /// One interval of the timeline.
@@ -167,8 +181,26 @@ impl Sim {
                 }
                 _ => Default::default(),
             };
+            let aged = match (self.config.ages, vm.phase(k)) {
+                (Some(a), Some(p)) => {
+                    let iv = self.config.interval_s;
+                    let history = (k + 1) as f64 * iv;
+                    let [td, ts] = ages::truth(p, &a, iv, dh, sh);
+                    Some([
+                        ages::tier_ages(&mut self.rng, &td, dh, &a, iv, history),
+                        ages::tier_ages(&mut self.rng, &ts, sh, &a, iv, history),
+                    ])
+                }
+                _ => None,
+            };
+            let [dram_ages, slow_ages] = match aged {
+                Some([d, s]) => [Some(d), Some(s)],
+                None => [None, None],
+            };
             let o = &mut self.obs[i];
             o.hit = hit;
+            o.dram.ages = dram_ages;
+            o.slow.ages = slow_ages;
             for (t, b, acc, hot, held) in [
                 (&mut o.dram, vm.dram, dram_acc, load.dram_hot, dh),
                 (&mut o.slow, vm.slow, slow_acc, load.slow_hot, sh),
@@ -180,14 +212,25 @@ impl Sim {
                 t.idle_bytes = held.saturating_sub(hot);
             }
             // Convergence is judged on what the guest holds at the end.
-            truth.push((vm.load(k).ratio(), dh, sh));
+            let cfg = self.controller.config();
+            let hot = match (self.config.ages, vm.phase(k)) {
+                (Some(a), Some(p)) if cfg.mode_of(&vm.id, &vm.id) == Mode::WorkingSet => {
+                    let h = match cfg.working_set.hot_horizon {
+                        h if h > 0.0 => h,
+                        _ => a.horizons[0],
+                    };
+                    Some(p.working_set(h, self.config.interval_s))
+                }
+                _ => None,
+            };
+            truth.push((vm.load(k).ratio(), dh, sh, hot));
         }
         let t0 = Instant::now();
         let plan = self.controller.decide(&self.obs, k * 1_000_000_000);
         let decide_ns = u64::try_from(t0.elapsed().as_nanos()).unwrap_or(u64::MAX);
         let cfg = self.controller.config();
         let mut vms = Vec::with_capacity(self.vms.len());
-        for ((vm, t), (ratio, dram_held, slow_held)) in
+        for ((vm, t), (ratio, dram_held, slow_held, hot)) in
             self.vms.iter_mut().zip(&plan.targets).zip(truth)
         {
             vm.dram.target = t.dram;
@@ -204,6 +247,7 @@ impl Sim {
                 dram_target: t.dram,
                 slow_target: t.slow,
                 status: t.status,
+                hot,
             });
         }
         self.interval += 1;

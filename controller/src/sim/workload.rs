@@ -21,6 +21,15 @@ pub struct Phase {
     pub skew: f64,
     /// Accesses per interval.
     pub accesses: f64,
+    /// Bytes touched now and then, each page once per `warm_period_s`
+    /// seconds (recency only: their accesses are too few to count in the
+    /// ratio); the guest keeps them in DRAM after the hot set.
+    pub warm_bytes: u64,
+    pub warm_period_s: f64,
+    /// Bytes per second of cold pages (untouched beyond every horizon)
+    /// that turn hot, as many hot ones turning cold (the hot set drifts):
+    /// promotion pressure where those cold pages sit in the slow tier.
+    pub churn: f64,
 }
 
 /// Per-tier truth of one interval.
@@ -44,6 +53,36 @@ impl Phase {
     /// A skew too small to tell from uniform is uniform (and avoids 0/0).
     fn skew(&self) -> Option<f64> {
         (self.skew.is_finite() && self.skew > 1e-6).then_some(self.skew)
+    }
+
+    /// A phase without warm pages or churn.
+    pub fn hot(start: u64, hot_bytes: u64, skew: f64, accesses: f64) -> Phase {
+        Phase {
+            start,
+            hot_bytes,
+            skew,
+            accesses,
+            warm_bytes: 0,
+            warm_period_s: 0.0,
+            churn: 0.0,
+        }
+    }
+
+    /// Bytes touched within `horizon_s` seconds: the hot set (touched every
+    /// interval of `interval_s`) and the warm pages touched in that time.
+    pub fn working_set(&self, horizon_s: f64, interval_s: f64) -> u64 {
+        if horizon_s + 1e-9 < interval_s {
+            // Shorter than an interval: the hot set's touches are spread
+            // over the interval.
+            let f = (horizon_s / interval_s).clamp(0.0, 1.0);
+            return (self.hot_bytes as f64 * f) as u64;
+        }
+        let warm = if self.warm_period_s > horizon_s {
+            (self.warm_bytes as f64 * horizon_s / self.warm_period_s) as u64
+        } else {
+            self.warm_bytes
+        };
+        self.hot_bytes + warm
     }
 
     /// Share of accesses that go to the hottest `bytes` of the hot set.
@@ -91,12 +130,7 @@ mod tests {
 
     #[test]
     fn uniform_and_skewed() {
-        let uniform = Phase {
-            start: 0,
-            hot_bytes: 4 * G,
-            skew: 0.0,
-            accesses: 1000.0,
-        };
+        let uniform = Phase::hot(0, 4 * G, 0.0, 1000.0);
         let l = uniform.load(G, 8 * G);
         assert_eq!((l.dram_accesses, l.slow_accesses), (250.0, 750.0));
         assert_eq!((l.dram_hot, l.slow_hot), (G, 3 * G));
@@ -107,6 +141,15 @@ mod tests {
             ..uniform
         };
         let r = skewed.load(G, 8 * G).ratio().unwrap();
+        // Warm pages count within the horizons that see them.
+        let w = Phase {
+            warm_bytes: 2 * G,
+            warm_period_s: 20.0,
+            ..uniform
+        };
+        assert_eq!(w.working_set(1.0, 1.0), 4 * G + G / 10);
+        assert_eq!(w.working_set(60.0, 1.0), 6 * G);
+        assert_eq!(w.working_set(0.5, 1.0), 2 * G);
         assert!((r - 1.75f64.ln() / 4.0f64.ln()).abs() < 1e-12);
         // ln(1 + 3x) / ln 4 = 0.5 at x = 1/3.
         assert!(skewed.dram_for(0.5).abs_diff(4 * G / 3) <= 1);

@@ -4,9 +4,10 @@
 use std::collections::HashMap;
 
 use proptest::prelude::*;
+use tier_controller::policy::ages::{Est, Horizon, TierAges};
 use tier_controller::policy::{
-    ActOn, Config, Controller, HitEvidence, Limits, PAGE, Plan, Targets, TierObs, Tuning, VmObs,
-    VmOverride, VmStatus,
+    ActOn, Config, Controller, HitEvidence, Limits, Mode, PAGE, Plan, Targets, TierObs, Tuning,
+    VmObs, VmOverride, VmStatus, WorkingSet,
 };
 use tier_controller::sim::rng::Rng;
 
@@ -96,6 +97,7 @@ fn vm(rng: &mut Rng) -> (VmSpec, Option<VmOverride>) {
         target,
         limits: lim,
         excluded,
+        mode: None,
     });
     (spec, o)
 }
@@ -135,6 +137,21 @@ impl Scenario {
                     new_load: rng.range(0.0, 2.0),
                     act_on: [ActOn::Interval, ActOn::Point, ActOn::Protective]
                         [rng.below(3) as usize],
+                },
+                // Either mode; hot horizons the VMs report (0, 1, 10, 60)
+                // or not (7); any SLO.
+                mode: if chance(&mut rng, 0.5) {
+                    Mode::WorkingSet
+                } else {
+                    Mode::Ratio
+                },
+                working_set: WorkingSet {
+                    hot_horizon: [0.0, 1.0, 10.0, 60.0, 7.0][rng.below(5) as usize],
+                    promotion_slo: if chance(&mut rng, 0.5) {
+                        0.0
+                    } else {
+                        rng.range(0.0, 0.05)
+                    },
                 },
             },
             vms: vms.into_iter().map(|(v, _)| v).collect(),
@@ -192,8 +209,65 @@ fn tier(name: &str, size: u64, share: f64, lag: u64) -> TierObs {
     }
 }
 
+/// An estimate around `b` with a random interval (possibly exact).
+fn est(rng: &mut Rng, b: f64) -> Est {
+    let w = if chance(rng, 0.1) {
+        0.0
+    } else {
+        rng.range(0.0, 0.5)
+    };
+    Est::new(b, b * (1.0 - w), b * (1.0 + w)).unwrap_or_default()
+}
+
+/// Random ages for a tier holding `held`: horizons 1, 10, 60 s with
+/// growing working sets, some not measured; or none at all.
+fn ages(rng: &mut Rng, held: u64) -> Option<TierAges> {
+    if chance(rng, 0.15) {
+        return None;
+    }
+    let mut ws = 0.0;
+    let mut horizons = Vec::new();
+    for h in [1.0, 10.0, 60.0] {
+        ws += (held as f64 - ws) * rng.unit();
+        let measured = !chance(rng, 0.1);
+        horizons.push(Horizon {
+            seconds: h,
+            bytes: measured.then(|| est(rng, ws)),
+            why: if measured {
+                String::new()
+            } else {
+                "watched too briefly".into()
+            },
+        });
+    }
+    let long = !chance(rng, 0.2);
+    Some(TierAges {
+        horizons,
+        cold: long.then(|| est(rng, held as f64 - ws)),
+        promoted_per_s: long.then(|| {
+            let r = rng_rate(rng);
+            est(rng, r)
+        }),
+        history_seconds: 60.0,
+        not_measured: if chance(rng, 0.05) {
+            "no ages from this backend".into()
+        } else {
+            String::new()
+        },
+    })
+}
+
+fn rng_rate(rng: &mut Rng) -> f64 {
+    if chance(rng, 0.5) {
+        0.0
+    } else {
+        rng.range(0.0, 1e7)
+    }
+}
+
 /// Random host samples for what the guest holds.
 fn sample(rng: &mut Rng, t: &mut TierObs) {
+    t.ages = ages(rng, t.held());
     let held = t.held();
     t.accesses = if rng.unit() < 0.15 {
         0.0

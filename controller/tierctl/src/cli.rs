@@ -134,6 +134,34 @@ pub struct PolicySetArgs {
     /// Share of a tier found idle above which idle memory is reclaimed first.
     #[arg(long)]
     pub idle_threshold: Option<f64>,
+    /// What the controller keeps each VM at: `ratio` (DRAM-hit ratio at
+    /// its target) or `working-set` (hot working set in DRAM).
+    #[arg(long, value_enum)]
+    pub mode: Option<ModeArg>,
+    /// working_set mode: the horizon, seconds, whose working set counts as
+    /// hot; 0: the shortest.
+    #[arg(long)]
+    pub hot_horizon: Option<f64>,
+    /// working_set mode: most slow-tier promotion per minute, as a share of
+    /// the working set within the longest horizon (e.g. 0.002); 0: no limit.
+    #[arg(long)]
+    pub promotion_slo: Option<f64>,
+}
+
+/// `--mode`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ModeArg {
+    Ratio,
+    WorkingSet,
+}
+
+impl From<ModeArg> for tier_proto::v1::PolicyMode {
+    fn from(m: ModeArg) -> Self {
+        match m {
+            ModeArg::Ratio => tier_proto::v1::PolicyMode::Ratio,
+            ModeArg::WorkingSet => tier_proto::v1::PolicyMode::WorkingSet,
+        }
+    }
 }
 
 #[derive(Debug, Subcommand)]

@@ -3,7 +3,7 @@
 //! here, with the proto's field names.
 
 use serde::{Deserialize, Serialize};
-use tier_proto::v1::{Policy, TierLimits, VmPolicy};
+use tier_proto::v1::{Policy, PolicyMode, TierLimits, VmPolicy};
 
 use crate::cli::PolicySetArgs;
 
@@ -11,6 +11,32 @@ use crate::cli::PolicySetArgs;
 pub enum PolicyFileError {
     #[error("policy JSON: {0}")]
     Parse(#[from] serde_json::Error),
+}
+
+/// `PolicyMode` in JSON: "ratio" or "working_set".
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+enum ModeJson {
+    Ratio,
+    WorkingSet,
+}
+
+impl ModeJson {
+    /// An unknown number (a newer tierd) reads as ratio, what the proto's
+    /// default means.
+    fn of(v: i32) -> ModeJson {
+        match PolicyMode::try_from(v) {
+            Ok(PolicyMode::WorkingSet) => ModeJson::WorkingSet,
+            _ => ModeJson::Ratio,
+        }
+    }
+
+    fn to_proto(self) -> i32 {
+        match self {
+            ModeJson::Ratio => PolicyMode::Ratio as i32,
+            ModeJson::WorkingSet => PolicyMode::WorkingSet as i32,
+        }
+    }
 }
 
 /// `policy set --file`: every key optional (a missing key keeps the value
@@ -26,6 +52,9 @@ struct PolicyPatch {
     max_step_bytes: Option<u64>,
     cooldown_intervals: Option<u32>,
     idle_threshold: Option<f64>,
+    mode: Option<ModeJson>,
+    hot_horizon_seconds: Option<f64>,
+    promotion_slo: Option<f64>,
     /// Replaces the whole per-VM list when present.
     vms: Option<Vec<VmPolicyJson>>,
 }
@@ -40,6 +69,9 @@ struct VmPolicyJson {
     limits: Vec<LimitsJson>,
     #[serde(default)]
     excluded: bool,
+    /// Unset: the policy's mode.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    mode: Option<ModeJson>,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -62,6 +94,9 @@ struct PolicyJson {
     max_step_bytes: u64,
     cooldown_intervals: u32,
     idle_threshold: f64,
+    mode: ModeJson,
+    hot_horizon_seconds: f64,
+    promotion_slo: f64,
     vms: Vec<VmPolicyJson>,
 }
 
@@ -76,6 +111,9 @@ pub fn to_json(p: &Policy) -> serde_json::Value {
         max_step_bytes: p.max_step_bytes,
         cooldown_intervals: p.cooldown_intervals,
         idle_threshold: p.idle_threshold,
+        mode: ModeJson::of(p.mode),
+        hot_horizon_seconds: p.hot_horizon_seconds,
+        promotion_slo: p.promotion_slo,
         vms: p
             .vms
             .iter()
@@ -92,6 +130,7 @@ pub fn to_json(p: &Policy) -> serde_json::Value {
                     })
                     .collect(),
                 excluded: v.excluded,
+                mode: v.mode.map(ModeJson::of),
             })
             .collect(),
     };
@@ -109,13 +148,16 @@ pub fn apply_file(base: &mut Policy, json: &str) -> Result<(), PolicyFileError> 
     set(&mut base.max_step_bytes, p.max_step_bytes);
     set(&mut base.cooldown_intervals, p.cooldown_intervals);
     set(&mut base.idle_threshold, p.idle_threshold);
+    set(&mut base.mode, p.mode.map(ModeJson::to_proto));
+    set(&mut base.hot_horizon_seconds, p.hot_horizon_seconds);
+    set(&mut base.promotion_slo, p.promotion_slo);
     if let Some(vms) = p.vms {
         base.vms = vms
             .into_iter()
             .map(|v| VmPolicy {
                 vm: v.vm,
                 target: v.target,
-                mode: None,
+                mode: v.mode.map(ModeJson::to_proto),
                 limits: v
                     .limits
                     .into_iter()
@@ -142,6 +184,9 @@ pub fn apply_flags(base: &mut Policy, a: &PolicySetArgs) {
     set(&mut base.max_step_bytes, a.max_step);
     set(&mut base.cooldown_intervals, a.cooldown);
     set(&mut base.idle_threshold, a.idle_threshold);
+    set(&mut base.mode, a.mode.map(|m| PolicyMode::from(m) as i32));
+    set(&mut base.hot_horizon_seconds, a.hot_horizon);
+    set(&mut base.promotion_slo, a.promotion_slo);
 }
 
 fn set<T>(field: &mut T, v: Option<T>) {
@@ -177,7 +222,11 @@ mod tests {
 
     #[test]
     fn get_then_set_round_trips() {
-        let p = policy();
+        let mut p = policy();
+        p.mode = PolicyMode::WorkingSet as i32;
+        p.hot_horizon_seconds = 10.0;
+        p.promotion_slo = 0.002;
+        p.vms[0].mode = Some(PolicyMode::Ratio as i32);
         let text = serde_json::to_string_pretty(&to_json(&p)).unwrap();
         let mut q = Policy::default();
         apply_file(&mut q, &text).unwrap();
@@ -193,6 +242,20 @@ mod tests {
         assert!(p.vms.is_empty());
         let e = apply_file(&mut p, r#"{"epsilom": 0.05}"#).unwrap_err();
         assert!(e.to_string().contains("epsilom"), "{e}");
+        apply_file(
+            &mut p,
+            r#"{"mode": "working_set", "hot_horizon_seconds": 60, "promotion_slo": 0.002,
+                "vms": [{"vm": "b", "mode": "ratio"}]}"#,
+        )
+        .unwrap();
+        assert_eq!(p.mode, PolicyMode::WorkingSet as i32);
+        assert_eq!((p.hot_horizon_seconds, p.promotion_slo), (60.0, 0.002));
+        assert_eq!(p.vms[0].mode, Some(PolicyMode::Ratio as i32));
+        let j = to_json(&p);
+        assert_eq!(j["mode"], "working_set");
+        assert_eq!(j["vms"][0]["mode"], "ratio");
+        let e = apply_file(&mut p, r#"{"mode": "hot"}"#).unwrap_err();
+        assert!(e.to_string().contains("unknown variant"), "{e}");
     }
 
     #[test]
@@ -203,9 +266,13 @@ mod tests {
             &PolicySetArgs {
                 default_target: Some(0.95),
                 dry_run: Some(true),
+                mode: Some(crate::cli::ModeArg::WorkingSet),
+                promotion_slo: Some(0.01),
                 ..Default::default()
             },
         );
         assert_eq!((p.default_target, p.dry_run, p.epsilon), (0.95, true, 0.02));
+        assert_eq!(p.mode, PolicyMode::WorkingSet as i32);
+        assert_eq!((p.promotion_slo, p.hot_horizon_seconds), (0.01, 0.0));
     }
 }

@@ -1,6 +1,6 @@
 //! What the run must show, each check a verdict with its evidence.
 
-use crate::scenario::{Outcome, Row};
+use crate::scenario::{Mode, Outcome, Row};
 
 const MIB: u64 = 1 << 20;
 /// A balloon that has not reached its target after this many intervals
@@ -108,13 +108,34 @@ fn within(row: &Row, vm: usize, target: f64, eps: f64) -> bool {
         .is_some_and(|(r, _)| (r - target).abs() <= eps + 1e-9)
 }
 
-/// Intervals from `from` until both VMs are within epsilon of the target
-/// and stay so up to `to` (the simulator's definition).
+/// working_set mode: the DRAM given (zone size - balloon target) covers the
+/// low end of the hot set tierd reports but for the controller's minimum
+/// step (max(4 KiB, step / 64): it gives nothing smaller).
+/// The hot set is the latest one measured at or before row `k` (hostpte
+/// measures the shortest horizon one interval in a few).
+fn fits(o: &Outcome, k: usize, vm: usize) -> bool {
+    let size = o.plan.dram_mib * MIB;
+    let min_step = (o.plan.max_step_mib * MIB / 64).max(4096) as f64;
+    let given = size.saturating_sub(dram(&o.rows[k], vm).0) as f64;
+    let hot = o.rows[..=k].iter().rev().find_map(|r| r.vms[vm].hot);
+    hot.is_some_and(|(low, _)| given + min_step >= low)
+}
+
+/// Whether a VM is at its target in the plan's mode at row `k`.
+fn at_target(o: &Outcome, k: usize, vm: usize) -> bool {
+    match o.plan.mode {
+        Mode::Ratio => within(&o.rows[k], vm, o.plan.target, o.plan.epsilon),
+        Mode::WorkingSet => fits(o, k, vm),
+    }
+}
+
+/// Intervals from `from` until both VMs are at their target (ratio mode:
+/// within epsilon; working_set mode: the hot set in DRAM) and stay so up
+/// to `to` (the simulator's definition).
 pub fn converge(o: &Outcome, from: usize, to: usize) -> Option<usize> {
-    let (t, e) = (o.plan.target, o.plan.epsilon);
     let mut first = None;
     for k in (from..to.min(o.rows.len())).rev() {
-        if !(within(&o.rows[k], 0, t, e) && within(&o.rows[k], 1, t, e)) {
+        if !(at_target(o, k, 0) && at_target(o, k, 1)) {
             break;
         }
         first = Some(k - from);
@@ -203,6 +224,23 @@ pub fn all(o: &Outcome) -> Vec<Verdict> {
             o.rows.len()
         ),
     ));
+
+    // working_set mode: tierd reports both VMs' hot sets.
+    if o.plan.mode == Mode::WorkingSet {
+        let aged: Vec<usize> = (0..2)
+            .map(|i| o.rows.iter().filter(|r| r.vms[i].hot.is_some()).count())
+            .collect();
+        out.push(verdict(
+            "ages_flow",
+            aged.iter().all(|&n| n >= 10),
+            format!(
+                "intervals with a hot set (shortest horizon, both tiers): a {} b {} of {}",
+                aged[0],
+                aged[1],
+                o.rows.len()
+            ),
+        ));
+    }
 
     // DRAM moves to the VM that needs it, in both phases.
     let change = o.phase_change.iter().copied().flatten().min();
@@ -314,14 +352,17 @@ pub fn all(o: &Outcome) -> Vec<Verdict> {
         )
     });
 
-    // Back within epsilon after the phase change.
+    // Back at target after the phase change.
     let conv = later.and_then(|l| converge(o, l, o.rows.len()));
     out.push(Verdict {
         // Upstream: tierd cannot see accesses to plugged memory, so the
         // ratio it steers by is not the guest's; reported, not required.
         required: !o.plan.upstream,
         ..verdict(
-            "ratios_return_within_epsilon",
+            match o.plan.mode {
+                Mode::Ratio => "ratios_return_within_epsilon",
+                Mode::WorkingSet => "hot_sets_fit_after_phase_change",
+            },
             conv.is_some(),
             format!(
                 "after the later phase change: {}; from the start (phase 0): {}",
@@ -332,4 +373,89 @@ pub fn all(o: &Outcome) -> Vec<Verdict> {
         )
     });
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::scenario::{Plan, VmRow};
+    use std::collections::BTreeMap;
+
+    /// `a` has `a_given` MiB of the 32 MiB of DRAM, `b` the rest; their hot
+    /// sets are `a_hot` and `b_hot` MiB, +-1.
+    fn row(a_given: u64, a_hot: f64, b_hot: f64) -> Row {
+        let vm = |g: u64, h: f64| VmRow {
+            phase: Some(0),
+            host: Some((0.9, 0.0)),
+            balloon: BTreeMap::from([("dram".to_string(), ((32 - g) * MIB, (32 - g) * MIB))]),
+            hot: Some(((h - 1.0) * MIB as f64, (h + 1.0) * MIB as f64)),
+            ..Default::default()
+        };
+        Row {
+            t: 0.0,
+            seq: 0,
+            vms: [vm(a_given, a_hot), vm(32 - a_given, b_hot)],
+        }
+    }
+
+    fn outcome(rows: Vec<Row>) -> Outcome {
+        Outcome {
+            rows,
+            phase_change: [Some(2), Some(2)],
+            decisions: Vec::new(),
+            initial_rss: [BTreeMap::new(), BTreeMap::new()],
+            plan: Plan {
+                mode: Mode::WorkingSet,
+                ..Plan::default()
+            },
+            dram_hotplug: [None, None],
+            vm_ids: [None, None],
+        }
+    }
+
+    #[test]
+    fn working_set_convergence_is_the_hot_set_in_dram() {
+        // a's hot set 24 MiB (low 23): short with 16 given, fits with 24;
+        // b's 6 MiB (low 5) fits in 16 or 8.
+        let short = || row(16, 24.0, 6.0);
+        let fit = || row(24, 24.0, 6.0);
+        assert_eq!(
+            converge(&outcome(vec![short(), fit(), fit()]), 0, 3),
+            Some(1)
+        );
+        assert_eq!(
+            converge(&outcome(vec![fit(), short(), fit()]), 0, 3),
+            Some(2)
+        );
+        assert_eq!(converge(&outcome(vec![fit(), fit(), short()]), 0, 3), None);
+        // Within the minimum step (8 MiB / 64 = 128 KiB) of the low end.
+        let near = row(24, 25.1, 6.0);
+        assert_eq!(converge(&outcome(vec![near]), 0, 1), Some(0));
+        // No ages yet: not at target; an interval without them keeps the
+        // last one measured.
+        let mut none = fit();
+        none.vms[1].hot = None;
+        assert_eq!(converge(&outcome(vec![none.clone()]), 0, 1), None);
+        assert_eq!(converge(&outcome(vec![fit(), none]), 0, 2), Some(0));
+    }
+
+    #[test]
+    fn working_set_checks_name_the_hot_sets() {
+        let o = outcome(vec![row(24, 24.0, 6.0); 12]);
+        let v = all(&o);
+        let names: Vec<&str> = v.iter().map(|v| v.name).collect();
+        assert!(names.contains(&"ages_flow"), "{names:?}");
+        assert!(
+            names.contains(&"hot_sets_fit_after_phase_change"),
+            "{names:?}"
+        );
+        assert!(
+            !names.contains(&"ratios_return_within_epsilon"),
+            "{names:?}"
+        );
+        for name in ["ages_flow", "hot_sets_fit_after_phase_change"] {
+            let c = v.iter().find(|v| v.name == name).unwrap();
+            assert!(c.pass, "{name}: {}", c.detail);
+        }
+    }
 }

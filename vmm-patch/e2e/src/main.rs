@@ -55,6 +55,10 @@ struct Args {
     /// (`error`); the run checks the controller stays stable and serves a.
     #[arg(long, value_parser = ["mute", "error"])]
     stall: Option<String>,
+    /// What the controller keeps the guests at: the DRAM-hit ratio, or the
+    /// hot working set in DRAM (docs/e2e.md, "working_set mode").
+    #[arg(long, value_enum, default_value = "ratio")]
+    mode: scenario::Mode,
 }
 
 fn main() -> ExitCode {
@@ -84,6 +88,7 @@ fn run() -> anyhow::Result<bool> {
         actuator: args.actuator,
         upstream: args.upstream,
         stall: args.stall.clone(),
+        mode: args.mode,
         ..scenario::Plan::default()
     };
     anyhow::ensure!(
@@ -119,11 +124,15 @@ fn run() -> anyhow::Result<bool> {
     let conv = later.and_then(|l| checks::converge(&outcome, l, outcome.rows.len()));
     let resize = args.actuator == scenario::Actuator::ResizeZone;
     println!(
-        "RESULT e2e={} converge_intervals={} intervals={} decisions={}{}",
+        "RESULT e2e={} converge_intervals={} intervals={} decisions={} mode={}{}",
         if pass { "pass" } else { "fail" },
         conv.map_or_else(|| "none".into(), |k| k.to_string()),
         outcome.rows.len(),
         outcome.decisions.len(),
+        match args.mode {
+            scenario::Mode::Ratio => "ratio",
+            scenario::Mode::WorkingSet => "working_set",
+        },
         if resize {
             format!(
                 " actuator=resize-zone vmm={} attribution={}{}",

@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use tier_proto::v1::{
-    Decision, DecisionOutcome, Policy, SetPolicyRequest, StatsUpdate, WatchDecisionsRequest,
-    WatchStatsRequest,
+    Decision, DecisionOutcome, Policy, PolicyMode, SetPolicyRequest, StatsUpdate, VmStats,
+    WatchDecisionsRequest, WatchStatsRequest,
 };
 use tokio_stream::StreamExt;
 
@@ -25,6 +25,17 @@ pub struct Paths {
     pub tierd: PathBuf,
     pub guest: PathBuf,
     pub work: PathBuf,
+}
+
+/// What the controller keeps the guests at (`--mode`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum Mode {
+    /// DRAM-hit ratio at the target (today's e2e).
+    #[default]
+    Ratio,
+    /// Hot working set in DRAM (issue 27): needs tierd to fill the
+    /// per-tier ages.
+    WorkingSet,
 }
 
 /// The scenario's knobs.
@@ -67,6 +78,7 @@ pub struct Plan {
     /// `error` (only requests the device refuses). The run then checks that
     /// the controller stays stable and keeps serving "a".
     pub stall: Option<String>,
+    pub mode: Mode,
 }
 
 /// `--actuator`.
@@ -107,6 +119,7 @@ impl Default for Plan {
             hotplug_mib: 128,
             upstream: false,
             stall: None,
+            mode: Mode::Ratio,
         }
     }
 }
@@ -174,9 +187,33 @@ impl Plan {
             // the VM whose working set shrank is the donor.
             idle_threshold: 0.3,
             vms: Vec::new(),
-            ..Policy::default()
+            // working_set: the hot set is the shortest horizon's working
+            // set (an emulated guest touches its hot pages a few times a
+            // second); no promotion SLO (the guests do not churn).
+            mode: match self.mode {
+                Mode::Ratio => PolicyMode::Ratio,
+                Mode::WorkingSet => PolicyMode::WorkingSet,
+            } as i32,
+            hot_horizon_seconds: 0.0,
+            promotion_slo: 0.0,
         }
     }
+}
+
+/// The hot set of a VM as tierd's stream has it: the shortest horizon's
+/// working set, both tiers, (low, high) bytes; `None` where a tier has no
+/// measured ages.
+pub fn hot_set(s: &VmStats) -> Option<(f64, f64)> {
+    let mut sum = (0.0, 0.0);
+    for t in &s.tiers {
+        let a = t.ages.as_ref().filter(|a| a.not_measured.is_empty())?;
+        let w = a
+            .working_set
+            .first()
+            .filter(|w| w.not_measured.is_empty())?;
+        sum = (sum.0 + w.bytes_low, sum.1 + w.bytes_high);
+    }
+    (!s.tiers.is_empty()).then_some(sum)
 }
 
 /// One VM in one interval.
@@ -201,6 +238,8 @@ pub struct VmRow {
     pub plugged_from_serial: bool,
     /// tierd's actuator for the VM and its detail (`VmStats.actuator*`).
     pub actuator: Option<(i32, String)>,
+    /// tierd's hot set of the VM (`hot_set`), bytes (low, high).
+    pub hot: Option<(f64, f64)>,
 }
 
 /// One interval of the run.
@@ -375,6 +414,11 @@ pub async fn run(plan: &Plan, paths: &Paths) -> anyhow::Result<Outcome> {
                 && let Some(t) = s.tiers.iter().find(|t| t.tier == "dram")
             {
                 r.tierd_dram = Some((t.balloon_target_bytes, t.balloon_actual_bytes));
+            }
+            if let Some(id) = &ids[i]
+                && let Some(s) = update.stats.iter().find(|s| &s.vm_id == id)
+            {
+                r.hot = hot_set(s);
             }
             let acc = match plan.actuator {
                 Actuator::Balloon => vm.guest_accesses().await.unwrap_or_default(),

@@ -10,13 +10,15 @@
 //! reversals under constant load and flip-backs; DRAM utilisation; wall
 //! time of one decision round, against a trivial proportional split of the
 //! same budget over the same observations (the baseline), and 1000 VMs
-//! against 8.
+//! against 8. Then ratio and working_set mode side by side (`modes`).
+
+mod modes;
 
 use std::time::Instant;
 
 use anyhow::Context;
 use tier_benches::{Row, Summary, print_table, result_line};
-use tier_controller::policy::{Config, Tuning, VmObs};
+use tier_controller::policy::{Config, Mode, Tuning, VmObs};
 use tier_controller::sim::fleet::{FleetSpec, fleet};
 use tier_controller::sim::metrics::{
     converge, cooperative, oracle_converge, oscillations, reversals, utilisation,
@@ -43,6 +45,8 @@ fn policy(budget: u64) -> Config {
         idle_threshold: 0.5,
         vms: Default::default(),
         tuning: Tuning::default(),
+        mode: Default::default(),
+        working_set: Default::default(),
     }
 }
 
@@ -142,6 +146,20 @@ fn measure(vms: usize) -> Sample {
     m
 }
 
+type Side = (modes::ModeSample, modes::ModeSample);
+
+/// Largest intervals-to-target of one mode over all fleet sizes.
+fn side_max(side: &[Side], f: impl Fn(&Side) -> &modes::ModeSample) -> f64 {
+    side.iter().map(|p| f(p).converge_max()).fold(0.0, f64::max)
+}
+
+/// Median of one measure of one mode at the largest fleet.
+fn last_median(side: &[Side], f: impl Fn(&Side) -> &Vec<f64>) -> f64 {
+    side.last()
+        .and_then(|p| Summary::of(f(p)))
+        .map_or(f64::NAN, |s| s.median)
+}
+
 fn main() -> anyhow::Result<()> {
     let s = |v: &[f64]| Summary::of(v).context("empty sample");
     let mut converge_max = 0.0f64;
@@ -230,6 +248,16 @@ fn main() -> anyhow::Result<()> {
         );
         println!();
     }
+    let mut side = Vec::new();
+    for vms in [8usize, 64, 1000] {
+        let (r, w) = (
+            modes::measure(vms, Mode::Ratio),
+            modes::measure(vms, Mode::WorkingSet),
+        );
+        modes::table(vms, &r, &w)?;
+        println!();
+        side.push((r, w));
+    }
     let small = medians.first().map_or(f64::NAN, |m| m.1);
     let large = medians.last().map_or(f64::NAN, |m| m.1);
     println!(
@@ -241,6 +269,30 @@ fn main() -> anyhow::Result<()> {
         result_line(&[
             ("converge_intervals_max", format!("{converge_max:.0}")),
             ("decide_ms_1000", format!("{large:.3}")),
+            (
+                "ratio_converge_max",
+                format!("{:.0}", side_max(&side, |p| &p.0))
+            ),
+            (
+                "ws_converge_max",
+                format!("{:.0}", side_max(&side, |p| &p.1))
+            ),
+            (
+                "ratio_moved_gib_1000",
+                format!("{:.1}", last_median(&side, |p| &p.0.moved_gib)),
+            ),
+            (
+                "ws_moved_gib_1000",
+                format!("{:.1}", last_median(&side, |p| &p.1.moved_gib)),
+            ),
+            (
+                "ratio_wrong_way_1000",
+                format!("{:.0}", last_median(&side, |p| &p.0.wrong_way)),
+            ),
+            (
+                "ws_wrong_way_1000",
+                format!("{:.0}", last_median(&side, |p| &p.1.wrong_way)),
+            ),
         ])
     );
     Ok(())
