@@ -332,6 +332,9 @@ impl Sampler for HostPte {
         let decisions = self.budget.begin_pass(&specs);
         let mut walks: HashMap<u32, Result<Walk, SampleError>> = HashMap::new();
         let mut skipped = HashSet::new();
+        // Read inside a long pass, not re-armed: nested in the long pass's
+        // later readings, so not a pass of their own for the estimate.
+        let mut nested = HashSet::new();
         for ((pid, spec), d) in units.iter().zip(decisions) {
             if !d.run {
                 skipped.insert(*pid);
@@ -345,6 +348,9 @@ impl Sampler for HostPte {
                 .inside_long(*pid)
                 .then(|| self.rearmed.get(pid).copied())
                 .flatten();
+            if keep.is_some() {
+                nested.insert(*pid);
+            }
             let cpu = budget::thread_cpu();
             walks.insert(*pid, read_and_rearm(*pid, keep));
             self.budget
@@ -365,6 +371,15 @@ impl Sampler for HostPte {
                         let r = self.readings(vm, walk, since);
                         if let Ok(r) = &r {
                             self.ages.record(vm, r);
+                        }
+                        // A nested reading counts the same touches again
+                        // as the long pass's last one: handed to the
+                        // estimate it would count them twice and lift
+                        // even the firm low end above the truth. Only the
+                        // ages read it; the estimate gets the long pass
+                        // once, when it closes.
+                        if nested.contains(&vm.vmm_pid) {
+                            return Ok(vec![TierReading::default(); vm.tiers.len()]);
                         }
                         r
                     }
