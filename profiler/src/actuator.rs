@@ -91,11 +91,18 @@ pub fn describe(z: &ResizableZone) -> String {
         mib(LINUX_MEMORY_BLOCK),
         mib(z.requested)
     );
-    match z.plugged {
-        Some(p) => {
+    match (z.plugged, z.plugged_total) {
+        (Some(p), _) => {
             let _ = write!(d, ", plugged {}", mib(p));
         }
-        None => d.push_str(
+        (None, Some(p)) => {
+            let _ = write!(
+                d,
+                ", plugged {} (from memory_actual_size: this VMM does not report the zone's region, no vmm-patch 0009), so plugged memory is not attributed to a tier",
+                mib(p)
+            );
+        }
+        (None, None) => d.push_str(
             ", plugged unknown: this VMM does not report it (no vmm-patch 0009), so plugged memory is not attributed to a tier and a guest that does not follow cannot be detected",
         ),
     }

@@ -279,9 +279,12 @@ impl InProcess {
                 let zone = |t: &mut TierObs, z: &ResizableZone| {
                     t.size = z.size();
                     t.balloon_target = z.target();
-                    // Unknown plugged size (upstream): taken as followed;
-                    // the actuator detail says so.
-                    t.balloon_actual = z.actual().unwrap_or(t.balloon_target);
+                    // Upstream: the plugged size from memory_actual_size
+                    // where it tells (one hot-pluggable zone, no
+                    // balloon), so memory a guest never unplugs stays in
+                    // the budget; else taken as followed, and the
+                    // actuator detail says so.
+                    t.balloon_actual = z.actual_or_total().unwrap_or(t.balloon_target);
                     t.reach = Some(z.reach());
                     t.granule = z.block;
                 };

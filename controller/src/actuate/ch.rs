@@ -81,6 +81,9 @@ pub struct MemoryConfigInfo {
     /// `Acpi` or `VirtioMem` (cloud-hypervisor's `HotplugMethod`).
     #[serde(default)]
     pub hotplug_method: Option<String>,
+    /// `--memory size=` (0 with zones).
+    #[serde(default)]
+    pub size: Option<u64>,
     #[serde(default)]
     pub zones: Option<Vec<ZoneConfig>>,
 }
@@ -111,6 +114,33 @@ impl VmInfo {
             .and_then(|c| c.memory.as_ref())
             .and_then(|m| m.zones.as_deref())
             .unwrap_or(&[])
+    }
+
+    /// Upstream's plugged size of its one hot-pluggable virtio-mem zone:
+    /// cloud-hypervisor v53.0's `memory_actual_size` is the boot sizes
+    /// (`memory.size` + every zone's `size`) minus the balloon plus every
+    /// virtio-mem device's plugged size (vmm/src/lib.rs `vm_info`), so
+    /// with no balloon and one such zone the rest is that zone's. `None`
+    /// where that does not hold.
+    pub fn upstream_plugged(&self) -> Option<u64> {
+        let c = self.config.as_ref()?;
+        if c.balloon.is_some() {
+            return None;
+        }
+        let m = c.memory.as_ref()?;
+        let zones = m.zones.as_deref().unwrap_or(&[]);
+        if zones
+            .iter()
+            .filter(|z| z.hotplug_size.unwrap_or(0) > 0)
+            .count()
+            != 1
+        {
+            return None;
+        }
+        let boot = zones
+            .iter()
+            .fold(m.size.unwrap_or(0), |n, z| n.saturating_add(z.size));
+        self.memory_actual_size?.checked_sub(boot)
     }
 
     /// Whether the zones' hot-plug goes through virtio-mem.

@@ -37,6 +37,11 @@ pub struct ResizableZone {
     /// What the guest has plugged: `None` from a VMM without vmm-patch
     /// 0009 (upstream `vm.info` does not say).
     pub plugged: Option<u64>,
+    /// Upstream: what the guest has plugged as `memory_actual_size` tells
+    /// it (boot sizes + every virtio-mem device's plugged size, so only
+    /// with one hot-pluggable zone and no balloon); `None` otherwise. For
+    /// the host DRAM budget: memory a guest never unplugs stays counted.
+    pub plugged_total: Option<u64>,
 }
 
 impl ResizableZone {
@@ -65,6 +70,7 @@ impl ResizableZone {
                 },
                 requested: vm.requested_size,
                 plugged: Some(vm.plugged_size),
+                plugged_total: None,
             });
         }
         let c = cfg?;
@@ -79,6 +85,7 @@ impl ResizableZone {
             block: DEFAULT_BLOCK,
             requested: c.hotplugged_size.unwrap_or(0).min(hotplug),
             plugged: None,
+            plugged_total: info.upstream_plugged().map(|p| p.min(hotplug)),
         })
     }
 
@@ -100,6 +107,12 @@ impl ResizableZone {
     /// Balloon-style actual: bytes not plugged (`None` when unknown).
     pub fn actual(&self) -> Option<u64> {
         self.plugged.map(|p| self.hotplug.saturating_sub(p))
+    }
+
+    /// [`ResizableZone::actual`], else from `plugged_total` (upstream).
+    pub fn actual_or_total(&self) -> Option<u64> {
+        self.actual()
+            .or_else(|| self.plugged_total.map(|p| self.hotplug.saturating_sub(p)))
     }
 
     /// `desired_ram` (the zone's total) for a target of `taken` bytes:
@@ -148,6 +161,7 @@ mod tests {
             block: 2 * M,
             requested,
             plugged: Some(requested),
+            plugged_total: None,
         }
     }
 
@@ -220,6 +234,29 @@ mod tests {
             (32 * M, None, DEFAULT_BLOCK)
         );
         assert_eq!(z.target(), 224 * M);
+        // No memory_actual_size: nothing known of the plugged size.
+        assert_eq!((z.plugged_total, z.actual_or_total()), (None, None));
+        // With it (boot 64M + 16M plugged of the 32M requested, no
+        // balloon, one hot-pluggable zone), the budget sees 16M plugged.
+        let upstream = parse_vm_info(
+            br#"{"state":"Running","memory_actual_size":83886080,"config":{"memory":{"size":0,"hotplug_method":"VirtioMem","zones":[
+            {"id":"dram","size":67108864,"hotplug_size":268435456,"hotplugged_size":33554432}]}}}"#,
+        )
+        .unwrap();
+        let z = ResizableZone::of(&upstream, "dram").unwrap();
+        assert_eq!(z.plugged, None);
+        assert_eq!(z.plugged_total, Some(16 * M));
+        assert_eq!(z.actual_or_total(), Some(240 * M));
+        // A balloon beside it makes the sum ambiguous: unknown again.
+        let ballooned = parse_vm_info(
+            br#"{"state":"Running","memory_actual_size":83886080,"config":{"balloon":{"size":0},"memory":{"size":0,"hotplug_method":"VirtioMem","zones":[
+            {"id":"dram","size":67108864,"hotplug_size":268435456,"hotplugged_size":33554432}]}}}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            ResizableZone::of(&ballooned, "dram").unwrap().plugged_total,
+            None
+        );
         // ACPI hot-plug is not virtio-mem: no zone resize tierd drives.
         let acpi = parse_vm_info(
             br#"{"state":"Running","config":{"memory":{"hotplug_method":"Acpi","zones":[
