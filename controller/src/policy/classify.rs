@@ -137,7 +137,7 @@ pub fn unplaced(vm: &VmObs, load: &Load, target: f64, cfg: &Config) -> Option<Di
 }
 
 /// `raw` bytes, at least one actuator granule when any (`TierObs::granule`).
-fn whole(raw: u64, granule: u64) -> u64 {
+pub(super) fn whole(raw: u64, granule: u64) -> u64 {
     if raw == 0 { 0 } else { raw.max(granule) }
 }
 

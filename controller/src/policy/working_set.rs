@@ -23,7 +23,7 @@ use std::fmt::Write as _;
 use tier_proto::human_bytes as hb;
 
 use super::ages::{Est, TierAges};
-use super::classify::{Ctx, Want, flips_back, limit_want};
+use super::classify::{Ctx, Want, flips_back, limit_want, whole};
 use super::config::{Config, PAGE};
 use super::input::{TierObs, VmObs};
 use super::interval::HitEvidence;
@@ -187,8 +187,11 @@ pub fn classify(vm: &VmObs, v: &View, ctx: &Ctx, cfg: &Config) -> (Want, u64) {
     // would leave the VM short by the interval's half-width for good, since
     // the interval then straddles the DRAM given.
     let deficit = v.hot.low - g as f64;
+    // A zone moves whole blocks: less than one is asked as one (as in
+    // ratio mode), or it would be skipped every interval.
+    let granule = vm.dram.granule;
     if deficit >= min as f64 {
-        let raw = pages_up(v.hot.point - g as f64);
+        let raw = whole(pages_up(v.hot.point - g as f64), granule);
         let bytes = raw.min(step).min(ctx.hi - g);
         if bytes == 0 || flips_back(ctx, Dir::Up) {
             return (Want::Hold, 0);
@@ -200,7 +203,7 @@ pub fn classify(vm: &VmObs, v: &View, ctx: &Ctx, cfg: &Config) -> (Want, u64) {
     if let Pressure::Above(excess) = p {
         // Each minute `excess` more bytes turn hot in the slow tier than
         // the SLO allows: DRAM to hold that much more.
-        let raw = pages_up(excess).max(min);
+        let raw = whole(pages_up(excess).max(min), granule);
         let bytes = raw.min(step).min(ctx.hi - g);
         if bytes == 0 || flips_back(ctx, Dir::Up) || deficit > 0.0 {
             return (Want::Hold, 0);
@@ -220,7 +223,7 @@ pub fn classify(vm: &VmObs, v: &View, ctx: &Ctx, cfg: &Config) -> (Want, u64) {
     let cold = v.dram_cold.map_or(0, |c| pages_down(c.low)).min(extra);
     if cold >= min {
         let why = Why::Cold;
-        let bytes = cold.min(room);
+        let bytes = whole(cold, granule).min(room);
         return (
             Want::Release {
                 why,
