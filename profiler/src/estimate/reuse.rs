@@ -115,7 +115,13 @@ impl VmFit {
             return (out, FitPath::Reused);
         }
         if !may_refit {
-            return (self.deferred(tiers, alpha, programs), FitPath::Deferred);
+            let out = self.deferred(tiers, alpha, programs);
+            // The passes still go into the windows (the next full fit
+            // rests on them), and the kept fit grows one interval older.
+            let passes: Vec<&[(f64, f64)]> = tiers.iter().map(|t| t.passes).collect();
+            self.windows.extend(&passes);
+            self.age = self.age.map(|a| a.saturating_add(1));
+            return (out, FitPath::Deferred);
         }
         let passes: Vec<&[(f64, f64)]> = tiers.iter().map(|t| t.passes).collect();
         let fitted = self.windows.fit_rates(&passes);
@@ -298,5 +304,9 @@ mod tests {
         let fresh = programs.bounds(&hot, 4096.0, 1.0, 0.05).unwrap();
         assert!(b.low <= fresh.low && b.low > 0.0, "{b:?} {fresh:?}");
         assert!(full[0].bounds.unwrap().high.is_some());
+        // Deferred again: the kept fit is one interval older each time.
+        assert_eq!(out[0].age, 1);
+        let (again, _) = v.fit(&[tier(&hot)], 0.05, &mut programs, false);
+        assert_eq!(again[0].age, 2);
     }
 }
