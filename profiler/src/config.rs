@@ -94,10 +94,17 @@ impl SamplerKeys {
     fn ages(&self) -> Result<crate::ages::AgesConfig, ConfigError> {
         crate::ages::check_horizons(&self.ws_horizons_s)
             .map_err(|e| invalid("sampler.ws_horizons_s", e))?;
-        if self.ws_long_pass_every > 1000 {
+        // The controller's working_set mode holds hostpte's last measured
+        // view for its hysteresis window: a rarer long pass would make a
+        // VM switch modes between them.
+        let most = tier_controller::policy::config::Tuning::default().hysteresis_window;
+        if self.ws_long_pass_every > most {
             return Err(invalid(
                 "sampler.ws_long_pass_every",
-                format!("{} is not in [0, 1000]", self.ws_long_pass_every),
+                format!(
+                    "{} is not in [0, {most}] (working_set mode holds a measured view for {most} intervals)",
+                    self.ws_long_pass_every
+                ),
             ));
         }
         Ok(crate::ages::AgesConfig {
@@ -797,7 +804,7 @@ mod tests {
                 .to_string();
             assert!(e.contains("sampler.ws_horizons_s"), "{bad}: {e}");
         }
-        let e = Config::parse("[sampler]\nws_long_pass_every = 5000", "t.toml")
+        let e = Config::parse("[sampler]\nws_long_pass_every = 11", "t.toml")
             .unwrap()
             .validate()
             .unwrap_err()
