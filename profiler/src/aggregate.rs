@@ -34,8 +34,10 @@ pub struct Aggregator {
     /// Registry generation of the last update that carried the VM list.
     sent_generation: Option<u64>,
     last_guest: HashMap<String, Vec<u64>>,
-    /// Per VM and tier, what this interval's passes found so far.
-    passes: HashMap<String, Vec<PassSum>>,
+    /// Per VM and tier, what this interval's passes found so far; kept
+    /// across intervals and reset in place, so a steady VM set allocates
+    /// no keys or vectors per interval.
+    passes: HashMap<String, VmPasses>,
     /// Per VM, the passes of earlier intervals its tiers' rates are
     /// fitted to, and its last full fit (docs/estimate.md).
     windows: HashMap<String, VmFit>,
@@ -53,6 +55,14 @@ pub struct Aggregator {
     /// When the last pass re-armed the sampler: the next pass covers the
     /// time since.
     last_pass: Option<Instant>,
+}
+
+/// One VM's passes within the current interval.
+#[derive(Debug, Default)]
+struct VmPasses {
+    /// Some pass of this interval read the VM.
+    read: bool,
+    sums: Vec<PassSum>,
 }
 
 /// One tier's passes within the current interval.
@@ -109,6 +119,16 @@ impl PassSum {
 
     fn fitted(&self) -> bool {
         self.passes > 0 && !self.untimed
+    }
+
+    /// As new, keeping the buffer of timed passes.
+    fn reset(&mut self) {
+        let mut timed = std::mem::take(&mut self.timed);
+        timed.clear();
+        *self = PassSum {
+            timed,
+            ..PassSum::default()
+        };
     }
 }
 
@@ -276,11 +296,13 @@ impl Aggregator {
             // Looked up by reference: no key copied for every pass.
             let id = &t.vm().id;
             if !self.passes.contains_key(id) {
-                self.passes.insert(id.clone(), Vec::new());
+                self.passes.insert(id.clone(), VmPasses::default());
             }
-            let Some(sums) = self.passes.get_mut(id) else {
+            let Some(vp) = self.passes.get_mut(id) else {
                 continue;
             };
+            vp.read = true;
+            let sums = &mut vp.sums;
             sums.resize(r.len(), PassSum::default());
             for (sum, reading) in sums.iter_mut().zip(r) {
                 sum.add(reading, secs);
@@ -353,14 +375,20 @@ impl Aggregator {
         let mut vms = Vec::with_capacity(if vms_unchanged { 0 } else { registry.len() });
         let mut stats = Vec::with_capacity(registry.len());
         let tracked_vms: Vec<_> = registry.iter().collect();
-        let mut readings: Vec<Option<Vec<PassSum>>> = tracked_vms
+        let readings: Vec<Option<&[PassSum]>> = tracked_vms
             .iter()
-            .map(|t| passes.remove(&t.vm().id))
+            .map(|t| {
+                passes
+                    .get(&t.vm().id)
+                    .filter(|p| p.read)
+                    .map(|p| p.sums.as_slice())
+            })
             .collect();
         let mut fits = self.fit_all(&tracked_vms, &readings);
+        let mut fast: Vec<bool> = Vec::new();
         for (i, tracked) in tracked_vms.iter().enumerate() {
             let vm = tracked.vm();
-            let reading = readings.get_mut(i).and_then(Option::take);
+            let reading = readings.get(i).copied().flatten();
             let why = not_measured.remove(&vm.id);
             let resident = tracked.resident_bytes();
             let balloon = tracked.balloon_bytes().unwrap_or_default();
@@ -383,7 +411,7 @@ impl Aggregator {
                 .iter()
                 .enumerate()
                 .map(|(i, t)| {
-                    let r = reading.as_ref().and_then(|r| r.get(i));
+                    let r = reading.and_then(|r| r.get(i));
                     let mut sample = TierSample {
                         tier: t.name.clone(),
                         resident_bytes: resident.get(i).copied().unwrap_or(0),
@@ -425,7 +453,8 @@ impl Aggregator {
                     sample
                 })
                 .collect::<Vec<_>>();
-            let fast: Vec<bool> = vm.tiers.iter().map(|t| t.kind().is_fast()).collect();
+            fast.clear();
+            fast.extend(vm.tiers.iter().map(|t| t.kind().is_fast()));
             let (ratio, has) = hit_ratio(&tiers, &fast);
             let error = hit_error(&tiers, &fast);
             let interval = has.then(|| hit_interval(&tiers, &fast, ratio)).flatten();
@@ -458,6 +487,13 @@ impl Aggregator {
                 vms.push(vm.clone());
             }
         }
+        // Kept for the next interval, emptied.
+        drop(readings);
+        for p in passes.values_mut() {
+            p.read = false;
+            p.sums.iter_mut().for_each(PassSum::reset);
+        }
+        self.passes = passes;
         self.sequence += 1;
         StatsUpdate {
             sequence: self.sequence,
@@ -480,26 +516,24 @@ impl Aggregator {
     fn fit_all(
         &mut self,
         tracked: &[&dyn crate::registry::TrackedVm],
-        readings: &[Option<Vec<PassSum>>],
+        readings: &[Option<&[PassSum]>],
     ) -> Vec<Vec<TierEstimate>> {
         let n = tracked.len();
         let mut out = vec![Vec::new(); n];
         let start = self.fit_budget.cursor % n.max(1);
         let mut first_deferred = None;
+        let mut pages: Vec<u64> = Vec::new();
         let mut clock = self.fit_budget.share.is_some().then(thread_cpu);
         for k in 0..n {
             let i = (start + k) % n;
             let vm = tracked[i].vm();
-            let Some(r) = readings[i].as_deref() else {
+            let Some(r) = readings[i] else {
                 // A VM without passes this interval starts its windows over.
                 self.windows.remove(&vm.id);
                 continue;
             };
-            let pages: Vec<u64> = vm
-                .tiers
-                .iter()
-                .map(|t| (t.size_bytes / PAGE).max(1))
-                .collect();
+            pages.clear();
+            pages.extend(vm.tiers.iter().map(|t| (t.size_bytes / PAGE).max(1)));
             if !self.windows.contains_key(&vm.id) {
                 self.windows.insert(vm.id.clone(), VmFit::default());
             }
