@@ -15,7 +15,7 @@ use tier_test_support::{Tmux, tmux_missing};
 
 const BENCH: &str = env!("CARGO_BIN_EXE_schedule");
 /// The RESULT keys of `schedule`, in order.
-const KEYS: [&str; 7] = [
+const KEYS: [&str; 8] = [
     "shapes",
     "coverage_min",
     "width_pp_default",
@@ -23,6 +23,7 @@ const KEYS: [&str; 7] = [
     "width_pp_lead5ms",
     "width_pp_seven",
     "fraction",
+    "refit_every",
 ];
 
 /// The RESULT line is the last line, with every key and a number for each.
