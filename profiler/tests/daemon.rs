@@ -483,13 +483,21 @@ async fn the_demo_vms_interval_covers_the_guests_exact_ratio() {
         info.capabilities
     );
     let mut stream = tier_test_support::watch_stats(&mut client).await;
-    let (mut scored, mut covered) = (0, 0);
+    let (mut scored, mut covered, mut long) = (0, 0, 0);
     let mut seen = Vec::new();
-    for n in 0..8 {
+    for n in 0..10 {
         let u = stream.next().await.unwrap().unwrap();
         let s = &u.stats[0];
         // The first intervals arm the sampler and fill the window.
         if n < 2 || !s.has_accesses {
+            continue;
+        }
+        // hostpte's long pass for the working set (one interval in five)
+        // is one pass for the estimate: one exposure sets no interval, and
+        // the stream says so by leaving it unset, never a made-up one.
+        if s.dram_hit_low.is_none() {
+            assert!(s.tiers.iter().all(|t| t.passes == 1), "{s:?}");
+            long += 1;
             continue;
         }
         let (low, high) = (s.dram_hit_low.unwrap(), s.dram_hit_high.unwrap());
@@ -512,7 +520,7 @@ async fn the_demo_vms_interval_covers_the_guests_exact_ratio() {
         seen.push((truth, low, s.dram_hit_ratio, high, s.dram_hit_high_open));
     }
     eprintln!("(truth, low, point, high, high open): {seen:?}");
-    assert!(scored >= 4, "{seen:?}");
+    assert!(scored >= 4 && long <= 2, "{long} long passes, {seen:?}");
     // ~95 % intervals: at most one of six may miss.
     assert!(covered + 1 >= scored, "{covered} of {scored}: {seen:?}");
     drop((stream, client));
