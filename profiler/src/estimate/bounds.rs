@@ -218,16 +218,7 @@ impl Programs {
         fraction: f64,
         alpha: f64,
     ) -> Option<Bounds> {
-        if passes.is_empty()
-            || passes
-                .iter()
-                .any(|p| p.0.is_nan() || p.0 <= 0.0 || p.0.is_infinite())
-        {
-            return None;
-        }
-        let t_min = passes.iter().map(|p| p.0).fold(f64::INFINITY, f64::min);
-        let t_max = passes.iter().map(|p| p.0).fold(0.0, f64::max);
-        if t_max / t_min < MIN_SPREAD {
+        if !resolvable(passes) {
             return None;
         }
         let pages = passes
@@ -259,18 +250,7 @@ impl Programs {
         fraction: f64,
         alpha: f64,
     ) -> Option<Bounds> {
-        if passes.is_empty()
-            || passes
-                .iter()
-                .any(|p| p.0.is_nan() || p.0 <= 0.0 || p.0.is_infinite())
-        {
-            return None;
-        }
-        // Passes of one length cannot tell rates apart (as for the fit): no
-        // interval, rather than one resting on the cap alone.
-        let t_min = passes.iter().map(|p| p.0).fold(f64::INFINITY, f64::min);
-        let t_max = passes.iter().map(|p| p.0).fold(0.0, f64::max);
-        if t_max / t_min < MIN_SPREAD {
+        if !resolvable(passes) {
             return None;
         }
         let ts: Vec<f64> = passes.iter().map(|p| p.0).collect();
@@ -389,6 +369,22 @@ fn misfit(cols: &Columns, ys: &[f64], sigma: &[f64], pages: f64, scale: f64) -> 
         Outcome::Optimal(v, _) => Some((-v).max(0.0)),
         _ => None,
     }
+}
+
+/// Whether `passes` can carry an interval: timed, finite, positive, and of
+/// lengths far enough apart (passes of one length cannot tell rates apart,
+/// as for the fit: no interval rather than one resting on the cap alone).
+fn resolvable(passes: &[(f64, f64)]) -> bool {
+    if passes.is_empty()
+        || passes
+            .iter()
+            .any(|p| p.0.is_nan() || p.0 <= 0.0 || p.0.is_infinite())
+    {
+        return false;
+    }
+    let t_min = passes.iter().map(|p| p.0).fold(f64::INFINITY, f64::min);
+    let t_max = passes.iter().map(|p| p.0).fold(0.0, f64::max);
+    t_max / t_min >= MIN_SPREAD
 }
 
 #[cfg(test)]
