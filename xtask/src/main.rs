@@ -377,9 +377,12 @@ fn e2e(
         "--release",
         "-p",
         "tier-profiler",
+        "-p",
+        "tier-e2e",
+        // `--bin` selects among all the packages named: both binaries.
         "--bin",
         "tierd",
-        "-p",
+        "--bin",
         "tier-e2e",
     ])?;
     let target = run::target_dir()?.join("release");
