@@ -43,7 +43,8 @@ static void print_state(void)
 	uint64_t v[VIRTIO_BALLOON_TIERS_MAX];
 	uint32_t res[VIRTIO_BALLOON_TIERS_MAX];
 
-	print_list("acc", wl.t.acc, nzones);
+	/* acc, res and lost per tier; bal and free per zone. */
+	print_list("acc", wl.t.acc, ntiers);
 	for (unsigned i = 0; i < nzones; i++)
 		v[i] = zones[i].ballooned;
 	print_list("bal", v, nzones);
@@ -51,10 +52,10 @@ static void print_state(void)
 		v[i] = zones[i].free;
 	print_list("free", v, nzones);
 	wl_resident(res);
-	for (unsigned i = 0; i < nzones; i++)
+	for (unsigned i = 0; i < ntiers; i++)
 		v[i] = res[i];
-	print_list("res", v, nzones);
-	print_list("lost", wl.t.lost, nzones);
+	print_list("res", v, ntiers);
+	print_list("lost", wl.t.lost, ntiers);
 	con_printf(" stats=%lu\n", balloon_stats_updates());
 }
 
@@ -82,7 +83,7 @@ static void start_phase(unsigned n)
 	con_printf("tg phase n=%u", n);
 	print_weights(ph, params.nsets);
 	con_printf(" len=%lu%s at=%lu", ph->len, ph->seconds ? "s" : "", wl.t.total);
-	print_list("acc", wl.t.acc, nzones);
+	print_list("acc", wl.t.acc, ntiers);
 	con_puts("\n");
 }
 
@@ -132,13 +133,13 @@ void tg_main(uint32_t start_info)
 	vmem_probe(params.vmem, &vr);
 	mem_init(si, &cfg, &vr, balloon_mem_need() + vmem_mem_need() + wl_mem_need(&params));
 	for (unsigned i = 0; i < nzones; i++) {
-		con_printf("tg zone i=%u start=0x%lx span=%u total=%u free=%u node=%d\n", i,
+		con_printf("tg zone i=%u start=0x%lx span=%u total=%u free=%u node=%d tier=%u\n", i,
 			   zones[i].base_pfn << PAGE_SHIFT, zones[i].span, zones[i].total,
-			   zones[i].free, (int)zones[i].node);
+			   zones[i].free, (int)zones[i].node, zones[i].tier);
 	}
 	for (unsigned j = 0; j < params.nsets; j++)
-		if (params.hot[j] && j >= nzones)
-			die("cmdline: hot set %u wants tier %u, the VM has %u tier(s)", j, j, nzones);
+		if (params.hot[j] && j >= ntiers)
+			die("cmdline: hot set %u wants tier %u, the VM has %u tier(s)", j, j, ntiers);
 	wl_init(&params);
 	if (params.rate) {
 		uint32_t khz = tsc_khz();
@@ -149,7 +150,7 @@ void tg_main(uint32_t start_info)
 	}
 	balloon_start();
 	vmem_start();
-	con_printf("tg ready tiers=%u sets=%u phases=%u truth=0x%lx\n", nzones, params.nsets,
+	con_printf("tg ready tiers=%u sets=%u phases=%u truth=0x%lx\n", ntiers, params.nsets,
 		   params.nphases, (uint64_t)&wl.t);
 
 	start_phase(0);
@@ -213,7 +214,7 @@ void tg_main(uint32_t start_info)
 			if (params.quiet)
 				continue;
 			con_printf("tg phase n=%u stays at=%lu", phase, wl.t.total);
-			print_list("acc", wl.t.acc, nzones);
+			print_list("acc", wl.t.acc, ntiers);
 			con_puts("\n");
 			continue;
 		}

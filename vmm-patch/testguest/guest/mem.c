@@ -1,6 +1,7 @@
 /* Zones and their page bitmaps; see mem.h. */
 #include "mem.h"
 
+#include "acpi.h"
 #include "arch.h"
 #include "console.h"
 #include "paging.h"
@@ -8,6 +9,7 @@
 struct zone zones[VIRTIO_BALLOON_TIERS_MAX];
 unsigned nzones;
 unsigned nzones_boot;
+unsigned ntiers;
 int vmem_zone = -1;
 
 extern char _image_end[];
@@ -68,6 +70,64 @@ static uint32_t bits_count(const uint64_t *map, uint32_t words)
 	return n;
 }
 
+/*
+ * Boot zones from the SRAT, one per NUMA node in node order, over its
+ * non-hotpluggable ranges; 0 (and nothing set) when there is no SRAT or
+ * its nodes interleave, which a zone's single span cannot describe.
+ */
+static int srat_zones(const struct hvm_start_info *si)
+{
+	struct tg_numa_range r[16];
+	unsigned n, nodes = 0;
+	uint32_t node[VIRTIO_BALLOON_TIERS_MAX];
+	uint64_t lo[VIRTIO_BALLOON_TIERS_MAX], hi[VIRTIO_BALLOON_TIERS_MAX];
+
+	if (si->version < 1)
+		return 0;
+	n = acpi_srat_memory(si->rsdp_paddr, r, 16);
+	for (unsigned i = 0; i < n; i++) {
+		unsigned k;
+
+		if (r[i].hotpluggable)
+			continue;
+		for (k = 0; k < nodes && node[k] != r[i].node; k++)
+			;
+		if (k == nodes) {
+			/* One zone is kept free for a virtio-mem region. */
+			if (nodes + 1 == VIRTIO_BALLOON_TIERS_MAX) {
+				con_printf("tg acpi srat: more than %u nodes, one zone instead\n", nodes);
+				return 0;
+			}
+			/* Insert in node order. */
+			while (k > 0 && node[k - 1] > r[i].node) {
+				node[k] = node[k - 1], lo[k] = lo[k - 1], hi[k] = hi[k - 1];
+				k--;
+			}
+			node[k] = r[i].node, lo[k] = r[i].base, hi[k] = r[i].base + r[i].size;
+			nodes++;
+			continue;
+		}
+		if (r[i].base < lo[k])
+			lo[k] = r[i].base;
+		if (r[i].base + r[i].size > hi[k])
+			hi[k] = r[i].base + r[i].size;
+	}
+	for (unsigned a = 0; a < nodes; a++)
+		for (unsigned b = 0; b < nodes; b++)
+			if (a != b && lo[a] < hi[b] && lo[b] < hi[a]) {
+				con_printf("tg acpi srat: nodes %u and %u interleave, one zone instead\n",
+					   node[a], node[b]);
+				return 0;
+			}
+	for (unsigned k = 0; k < nodes; k++) {
+		zones[k].base_pfn = lo[k] >> PAGE_SHIFT;
+		zones[k].span = (uint32_t)((hi[k] - lo[k]) >> PAGE_SHIFT);
+		zones[k].node = node[k];
+	}
+	nzones = nodes;
+	return nodes > 0;
+}
+
 void mem_init(const struct hvm_start_info *si, const struct tg_balloon_cfg *cfg,
 	      const struct tg_vmem_region *vr, uint64_t extra)
 {
@@ -82,8 +142,8 @@ void mem_init(const struct hvm_start_info *si, const struct tg_balloon_cfg *cfg,
 			zones[i].span = cfg->tier[i].span_pages;
 			zones[i].node = cfg->tier[i].guest_node;
 		}
-	} else {
-		/* No per-tier balloon: one zone over all RAM. */
+	} else if (!srat_zones(si)) {
+		/* No per-tier balloon and no NUMA layout: one zone over all RAM. */
 		uint64_t lo = ~0ULL, hi = 0;
 
 		for (e = 0; e < si->memmap_entries; e++) {
@@ -100,12 +160,25 @@ void mem_init(const struct hvm_start_info *si, const struct tg_balloon_cfg *cfg,
 		zones[0].node = VIRTIO_BALLOON_TIER_NO_NODE;
 	}
 	nzones_boot = nzones;
+	for (i = 0; i < nzones; i++)
+		zones[i].tier = i;
+	ntiers = nzones;
 	/* Not in the e820 map: the loop below leaves it all used (unplugged). */
 	if (vr->size && nzones < VIRTIO_BALLOON_TIERS_MAX) {
 		vmem_zone = (int)nzones;
 		zones[nzones].base_pfn = vr->addr >> PAGE_SHIFT;
 		zones[nzones].span = (uint32_t)(vr->size >> PAGE_SHIFT);
 		zones[nzones].node = vr->node;
+		/* Plugged memory is more of its node's tier (Linux adds it to
+		 * that node); a tier of its own when no boot zone is on it. */
+		zones[nzones].tier = nzones;
+		for (i = 0; i < nzones_boot; i++)
+			if (vr->node != VIRTIO_BALLOON_TIER_NO_NODE && zones[i].node == vr->node) {
+				zones[nzones].tier = i;
+				break;
+			}
+		if (zones[nzones].tier == nzones)
+			ntiers++;
 		nzones++;
 	}
 	for (i = 0; i < nzones; i++) {

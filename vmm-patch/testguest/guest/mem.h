@@ -1,7 +1,9 @@
 /*
  * Guest memory by tier: one zone per balloon tier (the config space's
- * gpa_start/span_pages intersected with the e820 RAM map), each with a page
- * bitmap, so that the workload and the balloon never share a page.
+ * gpa_start/span_pages) or NUMA node (SRAT), intersected with the e820 RAM
+ * map, each with a page bitmap, so that the workload and the balloon never
+ * share a page; plus a zone for a virtio-mem region, which joins the tier
+ * of its node.
  */
 #ifndef TG_MEM_H
 #define TG_MEM_H
@@ -44,13 +46,17 @@ struct zone {
 	uint32_t ballooned;
 	uint32_t hint;	    /* word to start the next free-page search at */
 	uint32_t bhint;	    /* word to start the next ballooned-page search at */
-	uint32_t node;	    /* guest NUMA node from the config space */
+	uint32_t node;	    /* guest NUMA node (balloon config space, SRAT, virtio-mem) */
+	uint32_t tier;	    /* the workload's set of this index calls it home */
 };
 
 extern struct zone zones[VIRTIO_BALLOON_TIERS_MAX];
 extern unsigned nzones;
 /* Zones of boot RAM (balloon tiers, or all RAM): zones[0, nzones_boot). */
 extern unsigned nzones_boot;
+/* Tiers (zones[].tier < ntiers): the boot zones, plus the virtio-mem
+ * zone's own when no boot zone shares its node. */
+extern unsigned ntiers;
 /* Zone of the virtio-mem region (vmem.c), -1 when there is none. */
 extern int vmem_zone;
 
@@ -62,8 +68,10 @@ struct tg_vmem_region {
 
 /*
  * Build the zones: from the balloon's tiers when `cfg->tier_count` > 0,
- * else one zone of all RAM; then one for the virtio-mem region `vr`, if any. Everything below the end of the image plus
- * `extra` bytes (handed out by bump_alloc) is reserved.
+ * else one per NUMA node of the SRAT, else one zone of all RAM; then one
+ * for the virtio-mem region `vr`, if any, in the tier of the boot zone on
+ * its node. Everything below the end of the image plus `extra` bytes
+ * (handed out by bump_alloc) is reserved.
  */
 void mem_init(const struct hvm_start_info *si, const struct tg_balloon_cfg *cfg,
 	      const struct tg_vmem_region *vr, uint64_t extra);

@@ -28,11 +28,11 @@ struct tg_tier_cfg {
  * Each field is written by the guest with one aligned 8-byte store.
  */
 struct tg_truth {
-	uint64_t acc[VIRTIO_BALLOON_TIERS_MAX]; /* accesses per zone */
+	uint64_t acc[VIRTIO_BALLOON_TIERS_MAX]; /* accesses per tier (mem.h) */
 	uint64_t total;
 	uint64_t seconds; /* RTC second changes since the workload started */
 	uint64_t phase;	  /* the phase running */
-	uint64_t lost[VIRTIO_BALLOON_TIERS_MAX]; /* canary losses per zone (TG_CANARY) */
+	uint64_t lost[VIRTIO_BALLOON_TIERS_MAX]; /* canary losses per tier (TG_CANARY) */
 };
 
 /*

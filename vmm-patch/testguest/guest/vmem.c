@@ -22,6 +22,9 @@
 #define REQS_PER_POLL 4
 /* Polls of the used ring before the device counts as dead (as balloon.c). */
 #define WAIT_SPINS 20000000ULL
+/* Workload pages moved off a block being unplugged per poll (as many as
+ * the balloon moves back per poll). */
+#define VACATE_PER_POLL 256
 /* Seconds before a refused or impossible move is tried again (Linux
  * retries on a timer, too). */
 #define RETRY_SECONDS 5
@@ -59,6 +62,7 @@ static struct {
 	uint64_t retry_at; /* guest second before which nothing is retried */
 	uint64_t requests, refused;
 	int moving; /* a resize is being followed: say when it is reached */
+	uint32_t drain; /* block being emptied for unplug, + 1; 0: none */
 } v;
 
 static uint64_t cfg_r64(uint32_t off)
@@ -275,8 +279,43 @@ static void plug(uint32_t want, uint64_t sec)
 		zone_plug((unsigned)vmem_zone, addr >> PAGE_SHIFT, n * block_pages());
 }
 
-/* Unplug the highest run of plugged blocks, up to `want`, moving the
- * workload out of it first; nothing when there is no room for its pages. */
+/*
+ * One poll's share of draining block `v.drain - 1`: move up to
+ * VACATE_PER_POLL workload pages out (its free pages were isolated when the
+ * drain began, so nothing moves in), and unplug it once it is empty. A
+ * block no longer to be unplugged by then goes back to the zone.
+ */
+static void drain_step(uint64_t sec)
+{
+	uint32_t b = v.drain - 1, pages = block_pages();
+	uint64_t addr = v.addr + (uint64_t)b * v.block, pfn = addr >> PAGE_SHIFT;
+	unsigned z = (unsigned)vmem_zone;
+	int r;
+
+	if (wl_vacate(z, pfn, pfn + pages, VACATE_PER_POLL) == VACATE_PER_POLL)
+		return; /* maybe more: the next poll goes on */
+	v.drain = 0;
+	if (v.plugged <= v.requested) {
+		zone_plug(z, pfn, pages);
+		return;
+	}
+	r = request(VIRTIO_MEM_REQ_UNPLUG, addr, 1);
+	if (r != VIRTIO_MEM_RESP_ACK) {
+		zone_plug(z, pfn, pages);
+		if (r >= 0)
+			refused("unplug", r, addr, 1, sec);
+		return;
+	}
+	set_bits(b, 1, 0);
+	v.plugged -= v.block;
+}
+
+/*
+ * Unplug the highest run of plugged blocks, up to `want`. A run holding
+ * workload pages is drained a block at a time over several polls
+ * (drain_step), as Linux migrates pages off a block in the background
+ * while the guest runs; nothing when there is no room for its pages.
+ */
 static void unplug(uint32_t want, uint64_t sec)
 {
 	uint32_t last = v.nblocks, n = 0, pages;
@@ -294,19 +333,26 @@ static void unplug(uint32_t want, uint64_t sec)
 	pages = n * block_pages();
 	if (vmem_zone >= 0) {
 		unsigned z = (unsigned)vmem_zone;
-		uint32_t busy = zone_used_in(z, pfn, pages);
-		uint64_t room = zones[z].free - (pages - busy);
 
-		for (unsigned i = 0; i < nzones; i++)
-			if (i != z)
-				room += zones[i].free;
-		if (busy > room) {
-			/* Linux: alloc_contig_range() fails, -EBUSY, retried later. */
-			refused("unplug", VIRTIO_MEM_RESP_BUSY, addr, n, sec);
+		if (zone_used_in(z, pfn, pages)) {
+			uint64_t top = (v.addr + (uint64_t)(last - 1) * v.block) >> PAGE_SHIFT;
+			uint32_t busy = zone_used_in(z, top, block_pages());
+			uint64_t room = zones[z].free - (block_pages() - busy);
+
+			for (unsigned i = 0; i < nzones; i++)
+				if (i != z)
+					room += zones[i].free;
+			if (busy > room) {
+				/* Linux: alloc_contig_range() fails, -EBUSY, retried later. */
+				refused("unplug", VIRTIO_MEM_RESP_BUSY, top << PAGE_SHIFT, 1, sec);
+				return;
+			}
+			zone_isolate(z, top, block_pages());
+			v.drain = last;
+			drain_step(sec);
 			return;
 		}
 		zone_isolate(z, pfn, pages);
-		wl_vacate(z, pfn, pfn + pages);
 	}
 	r = request(VIRTIO_MEM_REQ_UNPLUG, addr, (uint16_t)n);
 	if (r != VIRTIO_MEM_RESP_ACK) {
@@ -353,6 +399,10 @@ void vmem_poll(uint64_t sec)
 		return;
 	}
 	for (unsigned i = 0; i < REQS_PER_POLL && !v.dead && sec >= v.retry_at; i++) {
+		if (v.drain) {
+			drain_step(sec); /* one step a poll, whatever was asked since */
+			break;
+		}
 		if (v.plugged < v.requested)
 			plug((uint32_t)((v.requested - v.plugged) / v.block), sec);
 		else if (v.plugged > v.requested)

@@ -31,7 +31,7 @@ static void canary_clear(uint64_t pfn)
 static __attribute__((noinline, cold)) void canary_lost(unsigned j, uint32_t k, uint64_t got)
 {
 	uint64_t pfn = wl.pfn[j][k];
-	unsigned z = wl.where[j][k];
+	unsigned z = zones[wl.where[j][k]].tier;
 
 	wl.t.lost[z]++;
 	if (wl.lost_logged < CANARY_LOG_MAX) {
@@ -81,19 +81,33 @@ uint64_t wl_mem_need(const struct tg_params *p)
 	return need;
 }
 
-/* Zone order for a page that prefers `z` and cannot have it: slower first, then faster. */
-static int fallback(unsigned z, unsigned skip_self)
+/* The first zone of tier `t` with a free page, other than zone `skip`. */
+static int free_in_tier(unsigned t, int skip)
 {
-	for (unsigned d = skip_self ? 1 : 0; d < nzones; d++) {
-		unsigned c = z + d;
-
-		if (c < nzones && zones[c].free)
+	for (unsigned c = 0; c < nzones; c++)
+		if (zones[c].tier == t && (int)c != skip && zones[c].free)
 			return (int)c;
-	}
-	for (unsigned d = 1; d <= z; d++)
-		if (zones[z - d].free)
-			return (int)(z - d);
 	return -1;
+}
+
+/*
+ * Where a page of tier `t` goes, not into zone `skip` (-1: any): its own
+ * tier's zones (boot zone first), then slower tiers, then faster ones.
+ */
+static int place(unsigned t, int skip)
+{
+	int c = free_in_tier(t, skip);
+
+	for (unsigned d = 1; c < 0 && t + d < ntiers; d++)
+		c = free_in_tier(t + d, skip);
+	for (unsigned d = 1; c < 0 && d <= t; d++)
+		c = free_in_tier(t - d, skip);
+	return c;
+}
+
+static unsigned tier_of(unsigned z)
+{
+	return zones[z].tier;
 }
 
 void wl_init(const struct tg_params *p)
@@ -105,7 +119,7 @@ void wl_init(const struct tg_params *p)
 		wl.pfn[j] = bump_alloc((uint64_t)p->hot[j] * 4);
 		wl.where[j] = bump_alloc(p->hot[j]);
 		for (uint32_t k = 0; k < wl.n[j]; k++) {
-			int z = fallback(j, 0);
+			int z = place(j, -1);
 			uint64_t pfn;
 
 			if (z < 0 || zone_alloc((unsigned)z, &pfn))
@@ -113,7 +127,7 @@ void wl_init(const struct tg_params *p)
 			canary_set(pfn);
 			wl.pfn[j][k] = (uint32_t)pfn;
 			wl.where[j][k] = (uint8_t)z;
-			wl.away[j] += (unsigned)z != j;
+			wl.away[j] += tier_of((unsigned)z) != j;
 		}
 	}
 	for (unsigned j = 0; j < p->nsets; j++) {
@@ -202,7 +216,7 @@ void wl_run(uint64_t n)
 		/* Word 0..510 of the page (bits 23-31 of r scaled by 511/512): the
 		 * last word is the canary, never written here. */
 		*(volatile uint64_t *)(page | (((r >> 23) & 0x1ff) * 511 >> 9) << 3) += 1;
-		wl.t.acc[wl.where[j][k]]++;
+		wl.t.acc[zones[wl.where[j][k]].tier]++;
 		canary = *(volatile uint64_t *)(page + TG_CANARY_OFFSET);
 		if (__builtin_expect(canary != (TG_CANARY ^ page), 0))
 			canary_lost(j, k, canary);
@@ -223,7 +237,7 @@ static void move_page(unsigned j, uint32_t k, unsigned to)
 	/* Free pages carry no canary: the balloon may hand this one to the host. */
 	canary_clear(wl.pfn[j][k]);
 	zone_free(wl.where[j][k], wl.pfn[j][k]);
-	wl.away[j] += (to != j) - (wl.where[j][k] != j);
+	wl.away[j] += (tier_of(to) != j) - (tier_of(wl.where[j][k]) != j);
 	wl.pfn[j][k] = (uint32_t)pfn;
 	wl.where[j][k] = (uint8_t)to;
 }
@@ -235,14 +249,14 @@ uint32_t wl_evict(unsigned z, uint32_t need)
 	/* Pages of other sets that only borrowed zone z go first, then z's own. */
 	for (unsigned pass = 0; pass < 2; pass++) {
 		for (unsigned j = 0; j < wl.nsets; j++) {
-			if ((j == z) != (pass == 1))
+			if ((j == tier_of(z)) != (pass == 1))
 				continue;
 			for (uint32_t k = wl.n[j]; k-- > 0 && moved < need;) {
 				int to;
 
 				if (wl.where[j][k] != z)
 					continue;
-				to = fallback(z, 1);
+				to = place(tier_of(z), (int)z);
 				if (to < 0)
 					goto out;
 				move_page(j, k, (unsigned)to);
@@ -264,11 +278,13 @@ uint32_t wl_promote(unsigned z, uint32_t max)
 	 * Under an emulating KVM (kvm_pvm) each guest instruction costs
 	 * about 1.5 us, and the scan stalled the workload 9 us per page.
 	 */
-	if (z >= wl.nsets || !wl.away[z])
+	unsigned j = tier_of(z);
+
+	if (j >= wl.nsets || !wl.away[j])
 		return 0;
-	for (uint32_t k = 0; k < wl.n[z] && zones[z].free && moved < max; k++) {
-		if (wl.where[z][k] != z) {
-			move_page(z, k, z);
+	for (uint32_t k = 0; k < wl.n[j] && zones[z].free && moved < max; k++) {
+		if (tier_of(wl.where[j][k]) != j) {
+			move_page(j, k, z);
 			moved++;
 		}
 	}
@@ -276,18 +292,18 @@ uint32_t wl_promote(unsigned z, uint32_t max)
 	return moved;
 }
 
-uint32_t wl_vacate(unsigned z, uint64_t lo, uint64_t hi)
+uint32_t wl_vacate(unsigned z, uint64_t lo, uint64_t hi, uint32_t max)
 {
 	uint32_t moved = 0;
 
-	for (unsigned j = 0; j < wl.nsets; j++) {
-		for (uint32_t k = 0; k < wl.n[j]; k++) {
+	for (unsigned j = 0; j < wl.nsets && moved < max; j++) {
+		for (uint32_t k = 0; k < wl.n[j] && moved < max; k++) {
 			uint64_t old = wl.pfn[j][k];
 			int to;
 
 			if (wl.where[j][k] != z || old < lo || old >= hi)
 				continue;
-			to = zones[z].free ? (int)z : fallback(z, 1);
+			to = zones[z].free ? (int)z : place(tier_of(z), (int)z);
 			if (to < 0)
 				die("workload: no room to vacate pfn 0x%lx of zone %u", old, z);
 			move_page(j, k, (unsigned)to);
@@ -302,9 +318,9 @@ uint32_t wl_vacate(unsigned z, uint64_t lo, uint64_t hi)
 
 void wl_resident(uint32_t *res)
 {
-	for (unsigned i = 0; i < nzones; i++)
+	for (unsigned i = 0; i < ntiers; i++)
 		res[i] = 0;
 	for (unsigned j = 0; j < wl.nsets; j++)
 		for (uint32_t k = 0; k < wl.n[j]; k++)
-			res[wl.where[j][k]]++;
+			res[tier_of(wl.where[j][k])]++;
 }
