@@ -44,6 +44,7 @@ fn vm(id: &str, given: u64, hot: u64, acc: f64, slow_hot: u64, slow_acc: f64) ->
         reach: None,
         granule: 0,
         ages: None,
+        resident: 0,
     };
     VmObs {
         id: id.into(),
@@ -619,4 +620,90 @@ fn a_new_hot_set_lifts_the_flip_back_guard() {
     assert_eq!(run(800 * M), [1, -1]);
     // 1G: a new load.
     assert_eq!(run(G), [1, -1, 1]);
+}
+
+#[test]
+fn dram_just_given_is_not_taken_back_while_the_guest_moves_into_it() {
+    // a gets +160M as in the test above; its guest then moves pages in over
+    // several intervals (resident rising), during which its samples read
+    // the new memory as idle: nothing is reclaimed from it then.
+    let mut vms = vec![
+        vm("a", 320 * M, 320 * M, 500.0, 320 * M, 500.0),
+        vm("b", G, 640 * M, 1000.0, 0, 0.0),
+    ];
+    vms[0].dram.resident = 320 * M;
+    let mut c = Controller::new(config(320 * M + G));
+    let p = c.decide(&vms, 1);
+    assert_eq!(decision(&p, "a").reason(), DecisionReason::BelowTarget);
+    apply(&mut vms, &p);
+    // In the band, 160M read as idle (> idle_threshold 0.5 of 480M held):
+    // idle reclaim, were a not filling.
+    vms[0].dram.accesses = 750.0;
+    vms[0].slow.accesses = 250.0;
+    vms[0].dram.accessed_bytes = 160 * M;
+    vms[0].dram.idle_bytes = 320 * M;
+    // Round 2: the cooldown after the change.
+    vms[0].dram.resident = 330 * M;
+    assert_eq!(c.decide(&vms, 0).targets[0].status, VmStatus::Cooldown);
+    for resident in [360, 400, 440] {
+        vms[0].dram.resident = resident * M;
+        let p = c.decide(&vms, 0);
+        assert_eq!(p.targets[0].status, VmStatus::Managed, "at {resident}M");
+        assert!(p.decisions.iter().all(|d| d.vm_id != "a"), "at {resident}M");
+    }
+    // Resident stops rising: that sample still mixes before and after
+    // (cooldown); the next is assessed, and the idle memory goes.
+    let p = c.decide(&vms, 0);
+    assert_eq!(p.targets[0].status, VmStatus::Cooldown);
+    let p = c.decide(&vms, 0);
+    assert_eq!(decision(&p, "a").reason(), DecisionReason::IdleReclaim);
+}
+
+#[test]
+fn a_vm_filling_may_be_given_more() {
+    // Still below its band while filling: it is given more at once.
+    let mut vms = vec![vm("a", 320 * M, 320 * M, 500.0, 320 * M, 500.0)];
+    vms[0].dram.resident = 320 * M;
+    let mut c = Controller::new(config(4 * G));
+    let p = c.decide(&vms, 1);
+    assert_eq!(decision(&p, "a").reason(), DecisionReason::BelowTarget);
+    apply(&mut vms, &p);
+    vms[0].dram.resident = 360 * M;
+    assert_eq!(c.decide(&vms, 0).targets[0].status, VmStatus::Cooldown);
+    vms[0].dram.resident = 400 * M;
+    let p = c.decide(&vms, 0);
+    assert_eq!(decision(&p, "a").reason(), DecisionReason::BelowTarget);
+}
+
+#[test]
+fn a_fill_that_never_ends_is_cut_off() {
+    let mut vms = vec![vm("a", 320 * M, 320 * M, 500.0, 320 * M, 500.0)];
+    let mut cfg = config(G);
+    cfg.tuning.fill_max_intervals = 3;
+    let mut c = Controller::new(cfg);
+    let p = c.decide(&vms, 1);
+    assert_eq!(decision(&p, "a").reason(), DecisionReason::BelowTarget);
+    apply(&mut vms, &p);
+    vms[0].dram.accesses = 750.0;
+    vms[0].slow.accesses = 250.0;
+    vms[0].dram.accessed_bytes = 160 * M;
+    vms[0].dram.idle_bytes = 320 * M;
+    let mut reclaimed = None;
+    for round in 2..10 {
+        // Rising by 8M a round (more than 1/64 of what was given), never
+        // reaching it.
+        vms[0].dram.resident = round * 8 * M;
+        let p = c.decide(&vms, 0);
+        if p.decisions
+            .iter()
+            .any(|d| d.reason() == DecisionReason::IdleReclaim)
+        {
+            reclaimed = Some(round);
+            break;
+        }
+    }
+    // Given in round 1: cooldown in 2, filling (held) in 3 and 4 (at most 3
+    // intervals after the grant), the sample where it ends mixes (5):
+    // reclaimed in 6.
+    assert_eq!(reclaimed, Some(6));
 }

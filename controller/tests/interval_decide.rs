@@ -46,6 +46,7 @@ fn vm(id: &str, dram_acc: f64, slow_acc: f64, hit: HitEvidence) -> VmObs {
         reach: None,
         granule: 0,
         ages: None,
+        resident: 0,
     };
     VmObs {
         id: id.into(),

@@ -75,6 +75,7 @@ fn vm(id: &str, given: u64, dram: TierAges, slow: TierAges) -> VmObs {
         ages: Some(a),
         reach: None,
         granule: 0,
+        resident: 0,
     };
     VmObs {
         id: id.into(),

@@ -123,6 +123,9 @@ pub struct Tuning {
     /// Which part of the DRAM-hit interval decides a move (default: the
     /// whole interval must lie outside the band).
     pub act_on: ActOn,
+    /// Intervals at most that a VM given DRAM is left to move into it
+    /// while its DRAM-resident bytes keep rising (`state::Fill`).
+    pub fill_max_intervals: u32,
 }
 
 impl Default for Tuning {
@@ -136,6 +139,7 @@ impl Default for Tuning {
             hold_band: 0.75,
             new_load: 0.25,
             act_on: ActOn::Interval,
+            fill_max_intervals: 20,
         }
     }
 }

@@ -8,7 +8,7 @@ use super::config::{Config, Limits, Mode, PAGE};
 use super::decision;
 use super::input::{TierObs, VmObs};
 use super::model::Load;
-use super::state::{Balloons, Dir, Move, VmState, Why};
+use super::state::{Balloons, Dir, Fill, Move, VmState, Why};
 use super::work::{Pool, Work};
 use super::working_set;
 use super::{BudgetSummary, Controller, Plan, Targets, VmStatus};
@@ -71,6 +71,24 @@ fn status(cfg: &Config, vm: &VmObs, st: &mut VmState, round: u64) -> (VmStatus, 
         return (VmStatus::Cooldown, false);
     }
     (VmStatus::Managed, false)
+}
+
+/// Whether the guest is still moving into DRAM given by the last grow
+/// (`state::Fill`); the sample in which that stops still mixes before and
+/// after, so it is not assessed.
+fn fill(cfg: &Config, vm: &VmObs, st: &mut VmState, round: u64) -> bool {
+    let Some(f) = st.fill.as_mut() else {
+        return false;
+    };
+    if f.filling(round, vm.dram.resident, cfg.tuning.fill_max_intervals) {
+        f.held = true;
+        return true;
+    }
+    if f.held {
+        st.mixed_until = st.mixed_until.max(round);
+    }
+    st.fill = None;
+    false
 }
 
 /// Whether this sample's hot set differs by more than `Tuning::new_load`
@@ -139,6 +157,7 @@ fn look(
     st.moving = st
         .moving
         .filter(|m| m.target == target && m.why.is_working_set() == ws.is_some());
+    let filling = fill(cfg, vm, st, round);
     let (status, newly_uncooperative) = status(cfg, vm, st, round);
     if matches!(
         status,
@@ -204,6 +223,15 @@ fn look(
         }
     } else {
         Want::Hold
+    };
+    // DRAM just given is not taken back while the guest still moves into
+    // it: until then it reads as idle and the ratio as before.
+    let want = match want {
+        Want::Release {
+            why: Why::Idle | Why::Above | Why::Cold | Why::Warm,
+            ..
+        } if filling => Want::Hold,
+        w => w,
     };
     let held = status == VmStatus::Managed && want == Want::Hold && resumed.is_none();
     let unplaced = if held && ws.is_none() {
@@ -557,6 +585,16 @@ pub(super) fn run(c: &mut Controller, vms: &[VmObs], now_unix_ns: u64) -> Plan {
             if changed && !cfg.dry_run {
                 st.cooldown_until = round + u64::from(cfg.cooldown_intervals);
                 st.mixed_until = round + 1;
+                st.fill = match (w.delta > 0, st.fill) {
+                    (false, _) => None,
+                    // A grow while filling: more to fill.
+                    (true, Some(f)) => Some(f.more(w.delta.unsigned_abs())),
+                    (true, None) => Some(Fill::new(
+                        round,
+                        vm.dram.resident,
+                        w.delta.unsigned_abs(),
+                    )),
+                };
                 if w.delta != 0 {
                     let dir = if w.delta > 0 { Dir::Up } else { Dir::Down };
                     st.last_reversed = st.last_dir.is_some_and(|d| d != dir);

@@ -35,6 +35,9 @@ pub struct TierObs {
     /// Recency profile (`TierSample.ages`); `None` where the backend gives
     /// none (PMU-only, older senders).
     pub ages: Option<TierAges>,
+    /// Host-resident bytes (`TierSample.resident_bytes`): DRAM just given
+    /// becomes resident as the guest moves into it (`state::Fill`).
+    pub resident: u64,
 }
 
 impl TierObs {
@@ -137,6 +140,7 @@ pub fn from_proto(vm: &Vm, stats: &VmStats) -> Result<VmObs, InputError> {
                 o.idle_bytes = o.held().saturating_sub(s.estimated_accessed_bytes);
             }
             o.ages = s.ages.as_ref().map(TierAges::from_proto);
+            o.resident = s.resident_bytes;
         }
         (i, o)
     };

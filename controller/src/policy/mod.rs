@@ -37,7 +37,8 @@ pub enum VmStatus {
     Excluded,
     /// Its balloon did not follow a target: never pushed again.
     Uncooperative,
-    /// A balloon is still on its way to its target.
+    /// A balloon is still on its way to its target, or the guest is still
+    /// moving into DRAM just given (its resident bytes rising).
     Settling,
     /// Changed less than `cooldown_intervals` ago.
     Cooldown,

@@ -172,7 +172,58 @@ pub struct VmState {
     /// (step cap) and planned no continuation: the next one aims at the
     /// target itself, not just the band around it.
     pub short: Option<Dir>,
+    /// DRAM given by the last change that the guest may still be moving
+    /// into.
+    pub fill: Option<Fill>,
     lag: [Lag; 2],
+}
+
+/// DRAM just given to a VM that the guest fills over several intervals
+/// (pages migrated in after a virtio-mem plug or a balloon deflate): its
+/// samples until then mix before and after, and the memory reads as idle.
+/// While its DRAM-resident bytes keep rising towards what was given (for
+/// at most `Tuning::fill_max_intervals`) nothing is taken back from it;
+/// more may be given.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Fill {
+    pub since: u64,
+    /// DRAM-resident bytes at the last look.
+    pub last: u64,
+    /// Resident bytes at which the given memory is all in use.
+    pub goal: u64,
+    /// A rise below this per interval is no filling (page tables, noise).
+    pub min_rise: u64,
+    /// An interval has been held for it.
+    pub held: bool,
+}
+
+impl Fill {
+    /// After giving `given` bytes of DRAM at `resident` bytes resident.
+    pub fn new(round: u64, resident: u64, given: u64) -> Fill {
+        Fill {
+            since: round,
+            last: resident,
+            goal: resident.saturating_add(given),
+            min_rise: (given / 64).max(256 << 10),
+            held: false,
+        }
+    }
+
+    /// `given` more bytes given while filling.
+    pub fn more(self, given: u64) -> Fill {
+        Fill {
+            goal: self.goal.saturating_add(given),
+            min_rise: self.min_rise.max((given / 64).max(256 << 10)),
+            ..self
+        }
+    }
+
+    /// Whether the guest is still filling at `resident` bytes now.
+    pub fn filling(&mut self, round: u64, resident: u64, max_intervals: u32) -> bool {
+        let rising = resident >= self.last.saturating_add(self.min_rise);
+        self.last = resident;
+        rising && resident < self.goal && round - self.since <= u64::from(max_intervals)
+    }
 }
 
 impl VmState {

@@ -137,6 +137,7 @@ impl Scenario {
                     new_load: rng.range(0.0, 2.0),
                     act_on: [ActOn::Interval, ActOn::Point, ActOn::Protective]
                         [rng.below(3) as usize],
+                    fill_max_intervals: rng.below(30) as u32,
                 },
                 // Either mode; hot horizons the VMs report (0, 1, 10, 60)
                 // or not (7); any SLO.
