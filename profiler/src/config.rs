@@ -124,6 +124,8 @@ pub struct Discovery {
     pub ch_cmdline: bool,
     /// Per-attempt timeout of cloud-hypervisor API calls.
     pub ch_timeout_ms: u64,
+    /// Also track any other process holding a kvm-vm fd (by its memfds).
+    pub kvm_fd: bool,
 }
 
 /// Where cloud-hypervisor API sockets are looked for unless configured.
@@ -135,6 +137,7 @@ impl Default for Discovery {
             ch_api_dir: DEFAULT_CH_API_DIR.into(),
             ch_cmdline: true,
             ch_timeout_ms: 2000,
+            kvm_fd: true,
         }
     }
 }
@@ -311,6 +314,8 @@ pub struct ChSettings {
     pub api_dir: Option<PathBuf>,
     pub cmdline: bool,
     pub timeout: Duration,
+    /// `[discovery] kvm_fd`.
+    pub kvm_fd: bool,
 }
 
 /// Validated `[tcp]`.
@@ -580,6 +585,7 @@ impl Discovery {
             api_dir,
             cmdline: self.ch_cmdline,
             timeout: Duration::from_millis(self.ch_timeout_ms),
+            kvm_fd: self.kvm_fd,
         })
     }
 }
@@ -620,6 +626,7 @@ mod tests {
         assert_eq!(s.ch.api_dir, Some(PathBuf::from(DEFAULT_CH_API_DIR)));
         assert!(s.ch.cmdline);
         assert_eq!(s.ch.timeout, Duration::from_secs(2));
+        assert!(s.ch.kvm_fd);
     }
 
     #[test]
@@ -627,7 +634,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let s = Config::parse(
             &format!(
-                "[discovery]\nch_api_dir = \"{}\"\nch_cmdline = false\nch_timeout_ms = 500",
+                "[discovery]\nch_api_dir = \"{}\"\nch_cmdline = false\nch_timeout_ms = 500\nkvm_fd = false",
                 dir.path().display()
             ),
             "t.toml",
@@ -638,6 +645,7 @@ mod tests {
         assert_eq!(s.ch.api_dir.as_deref(), Some(dir.path()));
         assert!(!s.ch.cmdline);
         assert_eq!(s.ch.timeout, Duration::from_millis(500));
+        assert!(!s.ch.kvm_fd);
         let off = Config::parse("[discovery]\nch_api_dir = \"\"", "t.toml")
             .unwrap()
             .validate()

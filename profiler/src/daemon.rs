@@ -207,6 +207,7 @@ async fn serve(s: Settings, synthetic: (u32, u32)) -> anyhow::Result<()> {
             },
             fleet.clone(),
         )
+        .with_kvm_fd(s.ch.kvm_fd)
     });
     let sampling = tokio::spawn(sample_loop(Sampling {
         registry: registry.clone(),

@@ -268,6 +268,8 @@ pub struct Discoverer {
     /// kvm-vm fds that hold no memfd memory: reported once, not re-read.
     skipped: HashSet<KvmFd>,
     ch: Option<crate::ch::ChDiscovery>,
+    /// Track processes by their kvm-vm fd (`[discovery] kvm_fd`).
+    kvm_fd: bool,
 }
 
 impl Discoverer {
@@ -277,7 +279,15 @@ impl Discoverer {
             overrides,
             skipped: HashSet::new(),
             ch: None,
+            kvm_fd: true,
         }
+    }
+
+    /// Whether processes other than cloud-hypervisor VMs with a usable API
+    /// are tracked by their kvm-vm fd (on by default).
+    pub fn with_kvm_fd(mut self, on: bool) -> Discoverer {
+        self.kvm_fd = on;
+        self
     }
 
     /// Also finds cloud-hypervisor VMs through their API sockets; their
@@ -310,6 +320,9 @@ impl Discoverer {
             None => HashSet::new(),
         };
         self.skipped.retain(|k| found.contains(k));
+        if !self.kvm_fd {
+            return;
+        }
         for key in found {
             let id = format!("kvm:{}:{}", key.pid, key.fd);
             if key.pid == me

@@ -26,7 +26,9 @@ impl Tierd {
     /// zone `slow` for CXL memory (this host has one memory tier) and runs
     /// the controller. Only the VMMs in `ch_dir` are its to drive: other
     /// cloud-hypervisor processes on the host (another test's) are not
-    /// looked up by their command line. `extra` is appended to the `[controller]` table
+    /// looked up by their command line, and other KVM processes are not
+    /// tracked by their kvm-vm fd (one counted against the run's DRAM
+    /// budget once). `extra` is appended to the `[controller]` table
     /// (e.g. `policy_file = "..."`). No sampler CPU budget: the scenarios
     /// time the controller against every interval's estimate (a hostpte
     /// pass of a cloud-hypervisor guest costs more than the default budget
@@ -57,6 +59,7 @@ impl Tierd {
              [discovery]\n\
              ch_api_dir = {ch_dir:?}\n\
              ch_cmdline = false\n\
+             kvm_fd = false\n\
              [controller]\n\
              enabled = true\n\
              {extra}\n",
