@@ -66,7 +66,7 @@ pub struct Horizon {
 pub struct TierAges {
     /// Shortest first, as sent.
     pub horizons: Vec<Horizon>,
-    /// Bytes not touched within the longest horizon.
+    /// Resident bytes not touched within the longest horizon.
     pub cold: Option<Est>,
     /// Bytes per second found touched within the shortest horizon after
     /// being cold.

@@ -11,7 +11,12 @@
 //! - **reclaim**: DRAM beyond the interval's *high* end of the hot set.
 //!   Cold bytes of DRAM (untouched for the longest horizon) go back on
 //!   their own; the rest of that surplus (warm) only when another VM is
-//!   short (`decide`). Never while promotion may be above the SLO.
+//!   short (`decide`). Never while promotion may be above the SLO, nor
+//!   while it is not measured yet and may still be (the ages have watched
+//!   less than the longest horizon). Promotion still not measured once the
+//!   longest horizon was watched (hostpte: no page identity) is no breach
+//!   and no block: reclaim goes on as with no SLO, and the decision says
+//!   the SLO was not checked.
 //!
 //! The interval is the hold band: nothing moves while it straddles the DRAM
 //! given. A VM without usable ages (no ages, not measured, the hot horizon
@@ -46,6 +51,8 @@ pub struct View {
     pub dram_cold: Option<Est>,
     /// Slow-tier promotion, bytes per minute.
     pub promoted_per_min: Option<Est>,
+    /// Seconds the ages have watched the VM (the least of its tiers).
+    pub history: f64,
     /// `Some(round)`: this interval did not measure the hot horizon; the
     /// view is the one of that round (`decide::ws_view`).
     pub stale: Option<u64>,
@@ -110,6 +117,9 @@ pub fn view(vm: &VmObs, cfg: &Config) -> Result<View, String> {
         Some(sa) => sa.promoted_per_s.map(|p| p.scale(60.0)),
         None => Some(Est::exact(0.0)),
     };
+    let history = sa.map_or(da.history_seconds, |sa| {
+        da.history_seconds.min(sa.history_seconds)
+    });
     Ok(View {
         horizon,
         hot: hot_dram.plus(hot_slow),
@@ -119,6 +129,7 @@ pub fn view(vm: &VmObs, cfg: &Config) -> Result<View, String> {
         long,
         dram_cold: da.cold,
         promoted_per_min,
+        history,
         stale: None,
     })
 }
@@ -128,8 +139,13 @@ pub fn view(vm: &VmObs, cfg: &Config) -> Result<View, String> {
 pub enum Pressure {
     /// `promotion_slo` is 0.
     NoLimit,
-    /// Promotion or the long working set not measured yet.
-    Unknown,
+    /// Promotion or the long working set not measured, and the ages have
+    /// watched less than the longest horizon: it may be soon. No breach;
+    /// reclaim waits.
+    Pending,
+    /// Still not measured with the longest horizon watched: the sampler
+    /// gives none (hostpte). No breach and no block: the SLO is unchecked.
+    Unmeasured,
     /// Known above: the low end of promotion per minute exceeds the SLO
     /// share of the high end of the working set by this many bytes/min.
     Above(f64),
@@ -144,7 +160,11 @@ pub fn pressure(v: &View, slo: f64) -> Pressure {
         return Pressure::NoLimit;
     }
     let (Some(p), Some(l)) = (v.promoted_per_min, v.long) else {
-        return Pressure::Unknown;
+        return if v.history + 1e-9 < v.long_horizon {
+            Pressure::Pending
+        } else {
+            Pressure::Unmeasured
+        };
     };
     if p.low > slo * l.high {
         Pressure::Above(p.low - slo * l.high)
@@ -156,7 +176,10 @@ pub fn pressure(v: &View, slo: f64) -> Pressure {
 }
 
 fn reclaim_ok(p: Pressure) -> bool {
-    matches!(p, Pressure::NoLimit | Pressure::Under)
+    matches!(
+        p,
+        Pressure::NoLimit | Pressure::Under | Pressure::Unmeasured
+    )
 }
 
 fn pages_up(b: f64) -> u64 {
@@ -318,7 +341,20 @@ fn pressure_text(v: &View, slo: f64) -> String {
             pct(p.high / l.low.max(1.0)),
             pct(slo)
         ),
-        (_, _, true) => "slow promotion not measured yet (no reclaim under an SLO)".into(),
+        (_, _, true) if pressure(v, slo) == Pressure::Pending => format!(
+            "slow promotion not measured yet (watched {:.0} s of {} s; no reclaim under slo {} \
+             until then)",
+            v.history,
+            v.long_horizon,
+            pct(slo)
+        ),
+        (_, _, true) => format!(
+            "slow promotion not measured (watched {:.0} s, the longest horizon {} s: the \
+             sampler gives none): slo {} unchecked, reclaim as with no slo",
+            v.history,
+            v.long_horizon,
+            pct(slo)
+        ),
         (Some(p), _, false) => format!("slow promotion {}/min, no slo", hb(p.point as u64)),
         (None, _, false) => "no slo".into(),
     }
@@ -577,6 +613,80 @@ mod tests {
             ),
             "{w:?}"
         );
+    }
+
+    /// Promotion not measured: while the ages have watched less than the
+    /// longest horizon, reclaim waits (it may be measured soon); once they
+    /// have, no SLO can be checked (hostpte gives no promotion): no breach
+    /// (no DRAM asked) and no block (reclaim as with no SLO), and the
+    /// detail says so.
+    #[test]
+    fn unmeasured_promotion_neither_breaches_nor_blocks_for_good() {
+        let slo = 0.002;
+        // Cold DRAM measured, slow promotion not (ept-like at first).
+        let mut v = vm(
+            600 * M,
+            ages((200 * M) as f64, (300 * M) as f64, (300 * M) as f64, None),
+            ages(0.0, 0.0, 0.0, None),
+        );
+        if let Some(a) = v.slow.ages.as_mut() {
+            a.history_seconds = 30.0;
+        }
+        let c = cfg(slo);
+        let wv = view(&v, &c).unwrap();
+        assert_eq!(pressure(&wv, slo), Pressure::Pending);
+        assert_eq!(want(&v, slo), (Want::Hold, 0));
+        if let Some(a) = v.slow.ages.as_mut() {
+            a.history_seconds = 600.0;
+        }
+        let wv = view(&v, &c).unwrap();
+        assert_eq!(pressure(&wv, slo), Pressure::Unmeasured);
+        let (w, _) = want(&v, slo);
+        let Want::Release {
+            why: Why::Cold,
+            bytes,
+            ..
+        } = w
+        else {
+            panic!("{w:?}");
+        };
+        assert_eq!(bytes, 64 * M);
+        let text = why_text(&c, &v, &wv, w, 0);
+        assert!(
+            text.contains("slow promotion not measured (watched 600 s")
+                && text.contains("slo 0.20 % unchecked"),
+            "{text}"
+        );
+        // hostpte-like: only the hot horizon measured, no cold, no
+        // promotion, watched for longer than the longest horizon. The warm
+        // surplus is spare for a VM short of DRAM (before: held for good).
+        let hostpte = |hot: f64| {
+            let mut a = ages(hot, 0.0, 0.0, None);
+            a.horizons[1].bytes = None;
+            a.horizons[1].why = "hostpte re-arms the whole process every pass".into();
+            a.cold = None;
+            a
+        };
+        let v = vm(600 * M, hostpte((200 * M) as f64), hostpte(0.0));
+        let wv = view(&v, &c).unwrap();
+        assert_eq!(pressure(&wv, slo), Pressure::Unmeasured);
+        assert_eq!(want(&v, slo), (Want::Hold, 64 * M));
+        // A hot set beyond the DRAM given is still asked for; promotion
+        // not measured asks for nothing.
+        let v = vm(100 * M, hostpte((200 * M) as f64), hostpte(0.0));
+        let (w, _) = want(&v, slo);
+        assert!(
+            matches!(
+                w,
+                Want::Need {
+                    why: Why::HotSet,
+                    ..
+                }
+            ),
+            "{w:?}"
+        );
+        let v = vm(200 * M, hostpte((200 * M) as f64), hostpte(0.0));
+        assert_eq!(want(&v, slo).0, Want::Hold);
     }
 
     #[test]

@@ -13,21 +13,24 @@ pub enum PolicyFileError {
     Parse(#[from] serde_json::Error),
 }
 
-/// `PolicyMode` in JSON: "ratio" or "working_set".
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
+/// `PolicyMode` in JSON: "ratio" or "working_set"; a number this tierctl
+/// does not know (a newer tierd) is "unknown(N)", never shown as another
+/// mode, and a file carrying it sends N back unchanged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum ModeJson {
     Ratio,
     WorkingSet,
+    Unknown(i32),
 }
 
+const MODE_NAMES: &[&str] = &["ratio", "working_set"];
+
 impl ModeJson {
-    /// An unknown number (a newer tierd) reads as ratio, what the proto's
-    /// default means.
     fn of(v: i32) -> ModeJson {
         match PolicyMode::try_from(v) {
+            Ok(PolicyMode::Ratio) => ModeJson::Ratio,
             Ok(PolicyMode::WorkingSet) => ModeJson::WorkingSet,
-            _ => ModeJson::Ratio,
+            Err(_) => ModeJson::Unknown(v),
         }
     }
 
@@ -35,7 +38,42 @@ impl ModeJson {
         match self {
             ModeJson::Ratio => PolicyMode::Ratio as i32,
             ModeJson::WorkingSet => PolicyMode::WorkingSet as i32,
+            ModeJson::Unknown(v) => v,
         }
+    }
+
+    fn name(self) -> String {
+        match self {
+            ModeJson::Ratio => "ratio".into(),
+            ModeJson::WorkingSet => "working_set".into(),
+            ModeJson::Unknown(v) => format!("unknown({v})"),
+        }
+    }
+
+    fn parse(s: &str) -> Option<ModeJson> {
+        match s {
+            "ratio" => Some(ModeJson::Ratio),
+            "working_set" => Some(ModeJson::WorkingSet),
+            _ => s
+                .strip_prefix("unknown(")?
+                .strip_suffix(')')?
+                .parse()
+                .ok()
+                .map(ModeJson::of),
+        }
+    }
+}
+
+impl Serialize for ModeJson {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.name())
+    }
+}
+
+impl<'de> Deserialize<'de> for ModeJson {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<ModeJson, D::Error> {
+        let s = String::deserialize(d)?;
+        ModeJson::parse(&s).ok_or_else(|| serde::de::Error::unknown_variant(&s, MODE_NAMES))
     }
 }
 
@@ -256,6 +294,28 @@ mod tests {
         assert_eq!(j["vms"][0]["mode"], "ratio");
         let e = apply_file(&mut p, r#"{"mode": "hot"}"#).unwrap_err();
         assert!(e.to_string().contains("unknown variant"), "{e}");
+    }
+
+    /// A mode number from a newer tierd shows as unknown(N), not as ratio,
+    /// and a get-then-set sends it back unchanged.
+    #[test]
+    fn unknown_mode_is_shown_as_unknown() {
+        let mut p = policy();
+        p.mode = 7;
+        p.vms[0].mode = Some(9);
+        let j = to_json(&p);
+        assert_eq!(j["mode"], "unknown(7)");
+        assert_eq!(j["vms"][0]["mode"], "unknown(9)");
+        let mut q = Policy::default();
+        apply_file(&mut q, &j.to_string()).unwrap();
+        assert_eq!((q.mode, q.vms[0].mode), (7, Some(9)));
+        // "unknown(1)" is a known number: read as what it is.
+        apply_file(&mut q, r#"{"mode": "unknown(1)"}"#).unwrap();
+        assert_eq!(q.mode, PolicyMode::WorkingSet as i32);
+        for bad in [r#"{"mode": "unknown"}"#, r#"{"mode": "unknown(x)"}"#] {
+            let e = apply_file(&mut q, bad).unwrap_err();
+            assert!(e.to_string().contains("unknown variant"), "{e}");
+        }
     }
 
     #[test]

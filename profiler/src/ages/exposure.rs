@@ -35,10 +35,22 @@ pub fn working_set(
     };
     let d = (h - near.exposure).abs();
     if d <= 1e-9 {
+        // On the reading's exposure. Its count is exact for the span it
+        // was timed over, but the span's edges are not: pages touched
+        // during the re-arm or the walk may count or not. The shortest
+        // reading (a pass at least as long as those edges) bounds what
+        // they hold, both ways, as a gap is bounded below; at least a page.
+        let edge = readings
+            .iter()
+            .chain(recent)
+            .filter(|r| r.exposure > 0.0)
+            .min_by(|a, b| a.exposure.total_cmp(&b.exposure))
+            .map_or(near.young, |r| r.young)
+            .max(1.0);
         return Ok(Bounded {
             point: near.young,
-            low: near.young,
-            high: near.young,
+            low: (near.young - edge).max(0.0),
+            high: (near.young + edge).min(pages.max(near.young)),
         });
     }
     // The shortest reading that spans the gap bounds what it holds.
@@ -130,9 +142,26 @@ mod tests {
         ];
         let b = working_set(1.0, &flat, &[], 4096.0).unwrap();
         assert_eq!((b.low, b.point, b.high), (66.0, 66.0, 132.0));
-        // On the edge: exact.
+        // On a reading's exposure: its count, with the edges bounded by
+        // the shortest reading both ways (never a point).
         let b = working_set(0.025, &r, &[], 4096.0).unwrap();
-        assert_eq!((b.low, b.point, b.high), (10.0, 10.0, 10.0));
+        assert_eq!((b.low, b.point, b.high), (0.0, 10.0, 20.0));
+        let b = working_set(0.99, &r, &[], 4096.0).unwrap();
+        assert_eq!((b.low, b.point, b.high), (490.0, 500.0, 510.0));
+        // Nothing young on the edge still leaves a page open above.
+        let none = [Whole {
+            young: 0.0,
+            exposure: 1.0,
+        }];
+        let b = working_set(1.0, &none, &[], 4096.0).unwrap();
+        assert_eq!((b.low, b.point, b.high), (0.0, 0.0, 1.0));
+        // Every page young: capped at the tier.
+        let all = [Whole {
+            young: 64.0,
+            exposure: 1.0,
+        }];
+        let b = working_set(1.0, &all, &[], 64.0).unwrap();
+        assert_eq!((b.low, b.point, b.high), (0.0, 64.0, 64.0));
         // Far beyond every pass.
         let e = working_set(10.0, &r, &[], 4096.0).unwrap_err();
         assert!(e.contains("10s") && e.contains("0.99"), "{e}");

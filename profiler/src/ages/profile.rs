@@ -75,12 +75,15 @@ pub fn from_recency(rec: &mut Recency, horizons: &[f64], population: f64) -> Tie
 
 /// Ages of a tier read whole (every page, no identity): `current` are this
 /// interval's readings, `recent` those the edges may be bounded by;
-/// `missing` says why a horizon no reading reaches is not measured.
+/// `missing` says why a horizon no reading reaches is not measured. Cold
+/// is counted over the `resident` pages the readings could see, of the
+/// tier's `pages`.
 pub fn from_whole(
     horizons: &[f64],
     current: &[Whole],
     recent: &[Whole],
     pages: f64,
+    resident: f64,
     history: f64,
     missing: impl Fn(f64) -> Option<String>,
 ) -> TierAges {
@@ -99,5 +102,41 @@ pub fn from_whole(
         history_seconds: history,
         ..Default::default()
     };
-    finish(a, pages)
+    finish(a, resident)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// hostpte: cold is the resident pages the readings could see minus
+    /// the working set, not the tier's whole size (memory never mapped is
+    /// no page the sampler watched).
+    #[test]
+    fn whole_readings_count_cold_over_resident_pages() {
+        let r = [
+            Whole {
+                young: 10.0,
+                exposure: 0.025,
+            },
+            Whole {
+                young: 100.0,
+                exposure: 1.0,
+            },
+        ];
+        // A tier of 1000 pages, 300 resident; history 5 s.
+        let a = from_whole(&[1.0], &r, &[], 1000.0, 300.0, 5.0, |_| None);
+        let w = &a.working_set[0];
+        assert!(w.not_measured.is_empty(), "{w:?}");
+        assert_eq!(w.bytes, 100.0 * PAGE);
+        let cold = a.cold_bytes.unwrap();
+        assert_eq!(cold, 200.0 * PAGE);
+        let (lo, hi) = (a.cold_bytes_low.unwrap(), a.cold_bytes_high.unwrap());
+        assert!(lo < cold && cold < hi, "{lo} {cold} {hi}");
+        assert!(hi <= 300.0 * PAGE, "{hi}");
+        assert_eq!(
+            (lo, hi),
+            (300.0 * PAGE - w.bytes_high, 300.0 * PAGE - w.bytes_low)
+        );
+    }
 }

@@ -6,8 +6,19 @@
 //! a horizon H at `now`: a last-young pass that began at or after
 //! `now - H` counts in both ends; one that began before and ended after
 //! counts in the high end only (the point takes the part of it inside).
-//! Memory: 8 bytes per sampled unit plus 16 per pass inside the longest
-//! horizon; nothing is allocated per pass once the sample is steady.
+//!
+//! A pass armed later than the previous one ended (its `start` after that
+//! end) leaves a *gap*: the time between was not watched, so a touch in it
+//! was lost with the re-arm. A page's age is unknown across a gap: a page
+//! not seen young since before a gap inside a horizon counts in that
+//! horizon's high end only, and a page young after a gap is a definite
+//! promotion only if it was watched untouched for the longest horizon
+//! after the gap (else a possible one). A skipped slot that keeps the
+//! pages armed is no gap: the next pass starts where the last one was armed
+//! and spans the skip (`sampler/ept_ageing.rs`).
+//! Memory: 8 bytes per sampled unit plus 16 per pass (and per gap) inside
+//! the longest horizon; nothing is allocated per pass once the sample is
+//! steady.
 
 use std::collections::{HashMap, VecDeque};
 use std::time::Instant;
@@ -30,6 +41,9 @@ pub struct Recency {
     longest: f64,
     /// (start, end) seconds since `epoch` of passes `first..next`.
     passes: VecDeque<(f64, f64)>,
+    /// Unwatched spans (end of a pass, start of the next) that may still
+    /// matter: ending within the longest horizon of the last pass's start.
+    gaps: VecDeque<(f64, f64)>,
     first: u32,
     next: u32,
     keys: Vec<u64>,
@@ -57,6 +71,7 @@ impl Recency {
             epoch,
             longest,
             passes: VecDeque::new(),
+            gaps: VecDeque::new(),
             first: 1,
             next: 1,
             keys: Vec::new(),
@@ -107,10 +122,32 @@ impl Recency {
         self.passes.get(i as usize).copied()
     }
 
+    /// The end of the latest gap that ended at or before `t`, if any.
+    fn gap_before(&self, t: f64) -> f64 {
+        self.gaps
+            .iter()
+            .rev()
+            .map(|g| g.1)
+            .find(|&ge| ge <= t)
+            .unwrap_or(f64::NEG_INFINITY)
+    }
+
+    /// Whether a gap ended after `t` (and before `now`'s horizon `cut`):
+    /// a touch after `t` may have been lost in it.
+    fn gap_after(&self, t: f64, cut: f64) -> bool {
+        self.gaps.iter().any(|&(_, ge)| ge > t && ge > cut)
+    }
+
     /// Records one pass over the current units: it watched from `start`
-    /// (the re-arm) to `end` (the read); `young[i]` for unit i.
+    /// (the re-arm) to `end` (the read); `young[i]` for unit i. A `start`
+    /// after the previous pass's end leaves a gap (not watched).
     pub fn observe(&mut self, start: Instant, end: Instant, young: &[bool]) {
         let (s, e) = (self.secs(start), self.secs(end));
+        if let Some(&(_, pe)) = self.passes.back()
+            && s > pe
+        {
+            self.gaps.push_back((pe, s));
+        }
         // The first pass arms every unit: watched from its end.
         self.started.get_or_insert(e);
         self.promoted_since.get_or_insert(e);
@@ -119,6 +156,9 @@ impl Recency {
         self.next += 1;
         let longest = self.longest;
         let watched = self.started.map_or(0.0, |st| s - st);
+        // Watched without a gap since: a cold stretch starts here at the
+        // earliest.
+        let seen_from = self.gap_before(s);
         let (mut definite, mut possible) = (0.0, 0.0);
         for (i, y) in young.iter().enumerate() {
             if !*y {
@@ -132,21 +172,25 @@ impl Recency {
                 continue;
             }
             let w = f64::from(self.weights.get(i).copied().unwrap_or(1));
-            // Cold before this pass: untouched for at least `longest`.
+            // Cold before this pass: watched untouched for at least
+            // `longest` (definite) or maybe (the last touch's time, or a
+            // gap since, leaves it open).
             let cold = if u.last_young != 0 {
                 match self.pass(u.last_young) {
-                    Some((_, le)) if s - le >= longest => Some(true),
+                    Some((_, le)) if s - le.max(seen_from) >= longest => Some(true),
                     Some((ls, _)) if s - ls >= longest => None,
                     Some(_) => Some(false),
                     // Dropped: it ended before the longest horizon.
-                    None => Some(true),
+                    None if s - seen_from >= longest => Some(true),
+                    None => None,
                 }
             } else {
                 let from = self.pass(u.since).map_or(f64::NEG_INFINITY, |p| p.1);
-                if s - from >= longest {
+                if s - from.max(seen_from) >= longest {
                     Some(true)
-                } else if watched >= longest {
-                    // Joined the sample lately: what came before is unknown.
+                } else if watched >= longest || s - from >= longest {
+                    // Joined the sample lately, or a gap since: what came
+                    // before is unknown.
                     None
                 } else {
                     Some(false)
@@ -174,6 +218,11 @@ impl Recency {
         {
             self.passes.pop_front();
             self.first += 1;
+        }
+        // Nor gaps that ended a longest horizon before this pass began
+        // (later passes begin no earlier).
+        while self.gaps.front().is_some_and(|&(_, ge)| ge <= s - longest) {
+            self.gaps.pop_front();
         }
     }
 
@@ -206,6 +255,14 @@ impl Recency {
                 self.pass(u.last_young)
             };
             let since = self.pass(u.since).map(|p| p.1);
+            // Last seen touched no later than this (a dropped pass: long
+            // before).
+            let seen = if u.last_young == 0 {
+                since
+            } else {
+                young.map(|p| p.1)
+            }
+            .unwrap_or(f64::NEG_INFINITY);
             for (j, &h) in horizons.iter().enumerate() {
                 let cut = now - h;
                 match young {
@@ -221,6 +278,9 @@ impl Recency {
                     // Joined the sample inside the horizon, not young since:
                     // touched before joining or not, unknown.
                     _ if u.last_young == 0 && since.is_some_and(|s| s > cut) => high[j] += w,
+                    // Not young since a pass before a gap inside the
+                    // horizon: a touch in the gap was lost, unknown.
+                    _ if self.gap_after(seen, cut) => high[j] += w,
                     _ => {}
                 }
             }

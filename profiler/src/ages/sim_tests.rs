@@ -156,3 +156,50 @@ fn a_changed_sample_keeps_the_history_of_units_it_keeps() {
     let (_, lo, hi) = rec.counts(&[2.0]).remove(0).unwrap();
     assert_eq!((lo, hi), (1.0, 5.0));
 }
+
+/// A pass armed later than the last one ended leaves a gap: a touch in it
+/// was lost, so a page young after it is a possible promotion, not a
+/// definite one, and a page not seen young since before it may be in the
+/// working set (high end). Watched untouched for the longest horizon after
+/// the gap, a page young again is a definite promotion.
+#[test]
+fn a_gap_leaves_ages_unknown_not_cold() {
+    let epoch = Instant::now();
+    let at = |t: f64| epoch + Duration::from_secs_f64(t);
+    let mut rec = Recency::new(epoch, 5.0);
+    rec.set_units(&[1, 2], &[1, 1]);
+    rec.observe(at(0.0), at(1.0), &[false, false]);
+    rec.observe(at(1.0), at(2.0), &[true, false]);
+    rec.observe(at(2.0), at(3.0), &[false, false]);
+    let _ = rec.take_promoted();
+    // Not watched from 3 to 10 (re-armed at 10).
+    rec.observe(at(10.0), at(11.0), &[true, false]);
+    let (definite, possible, _) = rec.take_promoted().unwrap();
+    assert_eq!((definite, possible), (0.0, 1.0));
+    // Unit 1, never seen young, may have been touched in the gap.
+    let (_, lo, hi) = rec.counts(&[10.0]).remove(0).unwrap();
+    assert_eq!((lo, hi), (1.0, 2.0));
+    // The gap is before a 0.5 s horizon: unit 1 is out of it.
+    let (_, lo, hi) = rec.counts(&[0.5]).remove(0).unwrap();
+    assert_eq!((lo, hi), (0.0, 1.0));
+    // Watched without a gap from 10 to 16, untouched: both definite.
+    for t in 11..16 {
+        rec.observe(at(t as f64), at(t as f64 + 1.0), &[false, false]);
+    }
+    let _ = rec.take_promoted();
+    rec.observe(at(16.0), at(17.0), &[true, true]);
+    let (definite, possible, _) = rec.take_promoted().unwrap();
+    assert_eq!((definite, possible), (2.0, 2.0));
+    // A pass that starts before the last one ended (the ept caller starts
+    // a pass at the last ageing, spanning skipped slots) is no gap.
+    let mut rec = Recency::new(epoch, 5.0);
+    rec.set_units(&[1], &[1]);
+    rec.observe(at(0.0), at(1.0), &[false]);
+    rec.observe(at(0.9), at(2.0), &[true]);
+    rec.observe(at(1.9), at(3.0), &[false]);
+    let _ = rec.take_promoted();
+    rec.observe(at(2.9), at(11.0), &[false]);
+    rec.observe(at(10.9), at(12.0), &[true]);
+    let (definite, possible, _) = rec.take_promoted().unwrap();
+    assert_eq!((definite, possible), (1.0, 1.0));
+}

@@ -63,6 +63,8 @@ pub struct EptAgeing {
     /// Per VM and tier, when each sampled folio was last young (page_idle
     /// only: DAMON reports per region, not per folio).
     recency: EptRecency,
+    /// Scratch of the idle bitmap reads, kept between passes.
+    idle_buf: page_idle::IdleBuf,
 }
 
 /// A VM's last ageing pass.
@@ -123,6 +125,7 @@ impl EptAgeing {
             canaries: HashMap::new(),
             budget: Budget::unlimited(stride),
             recency: EptRecency::default(),
+            idle_buf: page_idle::IdleBuf::default(),
             aged: HashMap::new(),
         })
     }
@@ -258,11 +261,11 @@ impl EptAgeing {
                 // Which sampled folios were young: read before re-marking
                 // (the read ages them as the write would; counted alike).
                 let idle = bitmap
-                    .idle(&p.heads)
+                    .idle_into(&p.heads, &mut self.idle_buf)
                     .map_err(|e| err(page_idle::BITMAP, e))?;
                 let start = before.map_or_else(Instant::now, |b| b.at);
                 self.recency
-                    .observe(vm, &p.tier_heads, &p.heads, &p.weights, &idle, start);
+                    .observe(vm, &p.tier_heads, &p.heads, &p.weights, idle, start);
                 bitmap
                     .mark_idle(&page_idle::words(p.heads))
                     .map_err(|e| err(page_idle::BITMAP, e))?;

@@ -232,6 +232,9 @@ fn read_timed(path: &std::path::Path) -> std::io::Result<TimedText> {
 /// long pass: the re-arm that began it).
 struct Walk {
     vmas: Vec<Vma>,
+    /// `Rss:` of the same VMAs: the pages the walk could see (the working
+    /// set's cold bytes are counted over these).
+    resident: Vec<Vma>,
     smaps: TimedText,
     rearmed: Instant,
 }
@@ -251,6 +254,7 @@ fn read_and_rearm(pid: u32, keep: Option<Instant>) -> Result<Walk, SampleError> 
     };
     Ok(Walk {
         vmas: parse_smaps_field(&smaps.text, "Referenced:"),
+        resident: parse_smaps_field(&smaps.text, "Rss:"),
         smaps,
         rearmed,
     })
@@ -271,6 +275,21 @@ fn walked_at(walk: &Walk, ranges: &[(u64, u64)]) -> Option<Instant> {
     let weighted: u128 = points.iter().map(|&(t, w)| (t - base).as_nanos() * w).sum();
     let mean = u64::try_from(weighted.checked_div(total)?).ok()?;
     Some(base + Duration::from_nanos(mean))
+}
+
+/// Resident pages of each of `vm`'s tiers in `walk`.
+fn resident(vm: &Vm, walk: &Walk) -> Vec<u64> {
+    vm.tiers
+        .iter()
+        .map(|t| {
+            let pages: u64 = t
+                .ranges
+                .iter()
+                .map(|r| bytes_in(&walk.resident, r.hva_start, r.length) / PAGE)
+                .sum();
+            pages.min(t.size_bytes / PAGE)
+        })
+        .collect()
 }
 
 impl HostPte {
@@ -370,7 +389,7 @@ impl Sampler for HostPte {
                     Some(Ok(walk)) => {
                         let r = self.readings(vm, walk, since);
                         if let Ok(r) = &r {
-                            self.ages.record(vm, r);
+                            self.ages.record(vm, r, &resident(vm, walk));
                         }
                         // A nested reading counts the same touches again
                         // as the long pass's last one: handed to the
@@ -472,9 +491,35 @@ VmFlags: rd wr sh mr mw me ms
         assert_eq!(bytes_in(&v, 0x7f00_0010_0000, 0x10_0000), 0);
     }
 
+    /// Cold bytes are counted over these: `Rss:` in the tier's ranges, no
+    /// more than its size.
+    #[test]
+    fn resident_pages_per_tier_from_rss() {
+        let tier = |name: &str, hva: u64, size: u64| tier_proto::v1::Tier {
+            name: name.into(),
+            size_bytes: size,
+            ranges: vec![tier_proto::v1::GpaRange {
+                hva_start: hva,
+                length: 0x10_0000,
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        let vm = Vm {
+            tiers: vec![
+                tier("dram", 0x7f00_0000_0000, 0x10_0000),
+                tier("slow", 0x7f00_0020_0000, 0x10_0000),
+            ],
+            ..Default::default()
+        };
+        let w = walk(&[], Instant::now());
+        assert_eq!(resident(&vm, &w), vec![50, 0]);
+    }
+
     fn walk(marks: &[(usize, u64)], base: Instant) -> Walk {
         Walk {
             vmas: parse_smaps_field(SMAPS, "Referenced:"),
+            resident: parse_smaps_field(SMAPS, "Rss:"),
             smaps: TimedText {
                 text: SMAPS.into(),
                 marks: marks

@@ -30,6 +30,8 @@ struct TierWhole {
     recent: VecDeque<Whole>,
     /// Exposure of the last long pass that closed.
     long: Option<f64>,
+    /// Resident pages at the last reading: what cold is counted over.
+    resident: Option<f64>,
 }
 
 #[derive(Debug)]
@@ -84,8 +86,9 @@ impl HostPteAges {
         }
     }
 
-    /// This pass's readings of `vm` (pages, not yet scaled).
-    pub fn record(&mut self, vm: &Vm, readings: &[TierReading]) {
+    /// This pass's readings of `vm` (pages, not yet scaled) and its tiers'
+    /// resident pages.
+    pub fn record(&mut self, vm: &Vm, readings: &[TierReading], resident: &[u64]) {
         let closed = self.closed.contains(&vm.vmm_pid) && self.tick_now;
         let v = self.vms.entry(vm.id.clone()).or_insert_with(|| VmAges {
             first: Instant::now(),
@@ -93,10 +96,11 @@ impl HostPteAges {
             tiers: Vec::new(),
         });
         v.tiers.resize_with(readings.len(), TierWhole::default);
-        for (t, r) in v.tiers.iter_mut().zip(readings) {
+        for (i, (t, r)) in v.tiers.iter_mut().zip(readings).enumerate() {
             let Some(e) = r.exposure.filter(|_| r.sampled_pages > 0) else {
                 continue;
             };
+            t.resident = resident.get(i).map(|&p| p as f64);
             let w = Whole {
                 young: r.young_pages as f64,
                 exposure: e.as_secs_f64(),
@@ -140,6 +144,10 @@ impl HostPteAges {
             .zip(v.tiers.iter_mut())
             .map(|(t, w)| {
                 let pages = (t.size_bytes / PAGE) as f64;
+                // Cold is counted over the pages the walk could see (as
+                // the ept backends' sample is drawn from resident pages),
+                // not memory never mapped.
+                let resident = w.resident.unwrap_or(0.0).min(pages);
                 let recent: Vec<Whole> = w.recent.iter().copied().collect();
                 let long = w.long;
                 let missing = |h: f64| match long {
@@ -153,7 +161,9 @@ impl HostPteAges {
                     )),
                     _ => None,
                 };
-                let a = from_whole(horizons, &w.current, &recent, pages, history, missing);
+                let a = from_whole(
+                    horizons, &w.current, &recent, pages, resident, history, missing,
+                );
                 for r in w.current.drain(..) {
                     if w.recent.len() == RECENT {
                         w.recent.pop_front();

@@ -181,23 +181,58 @@ impl Bitmap {
     /// test (and clear) the young bits of folios still marked idle, through
     /// the MMU notifier: call it while the ager is the scan owner.
     pub fn idle(&self, heads: &[u64]) -> std::io::Result<Vec<bool>> {
-        let mut read: BTreeMap<u64, u64> = BTreeMap::new();
-        for (first, buf) in runs(&words(heads.iter().copied())) {
-            let mut got = vec![0u8; buf.len()];
-            self.0.read_exact_at(&mut got, first * 8)?;
-            for (i, w) in got.chunks_exact(8).enumerate() {
+        let mut buf = IdleBuf::default();
+        self.idle_into(heads, &mut buf)?;
+        Ok(buf.idle)
+    }
+
+    /// [`Bitmap::idle`] into `buf`, whose vectors are kept between passes:
+    /// nothing is allocated once they have grown to the sample.
+    pub fn idle_into<'a>(
+        &self,
+        heads: &[u64],
+        buf: &'a mut IdleBuf,
+    ) -> std::io::Result<&'a [bool]> {
+        let IdleBuf {
+            index,
+            bits,
+            bytes,
+            idle,
+        } = buf;
+        // The words to read: sorted, each once.
+        index.clear();
+        index.extend(heads.iter().map(|pfn| pfn / 64));
+        index.sort_unstable();
+        index.dedup();
+        // Runs of words closer than MAX_GAP_WORDS, one read each; `bits`
+        // gets every word of each run, in order.
+        bits.clear();
+        let mut i = 0;
+        while let Some(&first) = index.get(i) {
+            let mut last = first;
+            i += 1;
+            while let Some(&w) = index.get(i).filter(|&&w| w - last <= MAX_GAP_WORDS + 1) {
+                last = w;
+                i += 1;
+            }
+            let len = ((last - first + 1) * 8) as usize;
+            bytes.clear();
+            bytes.resize(len, 0);
+            self.0.read_exact_at(bytes, first * 8)?;
+            bits.extend(bytes.chunks_exact(8).enumerate().map(|(k, w)| {
                 let mut b = [0u8; 8];
                 b.copy_from_slice(w);
-                read.insert(first + i as u64, u64::from_ne_bytes(b));
-            }
+                (first + k as u64, u64::from_ne_bytes(b))
+            }));
         }
-        Ok(heads
-            .iter()
-            .map(|pfn| {
-                read.get(&(pfn / 64))
-                    .is_some_and(|w| w & (1 << (pfn % 64)) != 0)
-            })
-            .collect())
+        idle.clear();
+        idle.extend(heads.iter().map(|pfn| {
+            bits.binary_search_by_key(&(pfn / 64), |b| b.0)
+                .ok()
+                .and_then(|k| bits.get(k))
+                .is_some_and(|b| b.1 & (1 << (pfn % 64)) != 0)
+        }));
+        Ok(idle)
     }
 
     /// A bitmap stand-in at `path` (a plain file), for timing the writes
@@ -205,6 +240,19 @@ impl Bitmap {
     pub fn stand_in(path: &Path) -> std::io::Result<Bitmap> {
         Bitmap::open(path)
     }
+}
+
+/// Scratch of [`Bitmap::idle_into`], kept by the caller between passes.
+#[derive(Debug, Default)]
+pub struct IdleBuf {
+    /// Word indexes to read, sorted and deduplicated.
+    index: Vec<u64>,
+    /// (word index, bits) of every word read, ascending.
+    bits: Vec<(u64, u64)>,
+    /// One run's bytes.
+    bytes: Vec<u8>,
+    /// The answer, one per head.
+    idle: Vec<bool>,
 }
 
 /// Words closer than this are written in one call (a syscall costs about
@@ -242,6 +290,45 @@ mod tests {
         // 5 and 201 were never marked; the rest read idle.
         let idle = b.idle(&[3, 5, 64, 200, 201, 4000]).unwrap();
         assert_eq!(idle, vec![true, false, true, true, false, true]);
+    }
+
+    /// The per-pass read reuses its scratch: the same sample read again
+    /// allocates nothing (the answer stays in the same buffer) and answers
+    /// as the allocating read does, across runs and gaps between words.
+    #[test]
+    fn idle_into_reuses_its_buffer() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("bitmap");
+        std::fs::write(&path, vec![0u8; 4096 * 8]).unwrap();
+        let b = Bitmap::stand_in(&path).unwrap();
+        let heads = [4000u64, 3, 64, 200, 5, 201, 64 * 40, 64 * 4000 + 7];
+        b.mark_idle(&words([3, 64, 200, 4000, 64 * 4000 + 7]))
+            .unwrap();
+        let want = vec![true, true, true, true, false, false, false, true];
+        let mut buf = IdleBuf::default();
+        let first = b.idle_into(&heads, &mut buf).unwrap().to_vec();
+        assert_eq!(first, want);
+        assert_eq!(b.idle(&heads).unwrap(), want);
+        let at = (buf.idle.as_ptr(), buf.bits.as_ptr(), buf.index.as_ptr());
+        let caps = (
+            buf.idle.capacity(),
+            buf.bits.capacity(),
+            buf.bytes.capacity(),
+        );
+        let again = b.idle_into(&heads, &mut buf).unwrap();
+        assert_eq!(again, want.as_slice());
+        assert_eq!(
+            (buf.idle.as_ptr(), buf.bits.as_ptr(), buf.index.as_ptr()),
+            at
+        );
+        assert_eq!(
+            (
+                buf.idle.capacity(),
+                buf.bits.capacity(),
+                buf.bytes.capacity()
+            ),
+            caps
+        );
     }
 
     #[test]
