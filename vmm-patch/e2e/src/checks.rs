@@ -1,5 +1,7 @@
 //! What the run must show, each check a verdict with its evidence.
 
+use std::collections::BTreeMap;
+
 use crate::scenario::{Mode, Outcome, Row};
 
 const MIB: u64 = 1 << 20;
@@ -268,41 +270,76 @@ pub fn all(o: &Outcome) -> Vec<Verdict> {
         }
         _ => (false, "phase 1 never seen in both guests".into()),
     };
-    out.push(verdict(
-        "dram_moves_to_the_vm_that_needs_it",
-        p0_ok && p1_ok,
-        format!(
-            "phase 0: a's dram balloon went down to {:?} MiB, b's up to {:?} MiB (both started at {} MiB); {p1_detail}",
-            p0.0.map(|v| v / MIB),
-            p0.1.map(|v| v / MIB),
-            initial / MIB
-        ),
-    ));
+    out.push(Verdict {
+        // Upstream: the direction follows accesses tierd cannot see (the
+        // guests' hot pages in plugged memory, which it cannot attribute):
+        // reported, not required; `resizes_applied_both_ways` is.
+        required: !o.plan.upstream,
+        ..verdict(
+            "dram_moves_to_the_vm_that_needs_it",
+            p0_ok && p1_ok,
+            format!(
+                "phase 0: a's dram balloon went down to {:?} MiB, b's up to {:?} MiB (both started at {} MiB); {p1_detail}{}",
+                p0.0.map(|v| v / MIB),
+                p0.1.map(|v| v / MIB),
+                initial / MIB,
+                if o.plan.upstream {
+                    " (upstream: steered by accesses outside plugged memory only)"
+                } else {
+                    ""
+                }
+            ),
+        )
+    });
+    if o.plan.upstream {
+        out.push(both_ways(o, &names));
+    }
 
-    // Each balloon follows its target.
+    // Each balloon follows its target: it never stands still away from
+    // it for FOLLOW_INTERVALS (the controller's own test of a guest that
+    // does not follow is the same: no progress). How long the longest
+    // catch-up took is reported: a guest that migrates its pages out
+    // first (virtio-mem unplug, balloon eviction) follows slowly here,
+    // ~9 ms a page under emulation.
     let mut worst = (0usize, String::new());
+    let mut lag = (0usize, String::new());
     for (i, name) in names.iter().enumerate() {
-        let mut run = 0;
+        let mut zones: BTreeMap<&str, (usize, usize, Option<u64>)> = BTreeMap::new();
         for r in &o.rows {
             for (zone, (t, b)) in &r.vms[i].balloon {
+                let (run, still, last) = zones.entry(zone.as_str()).or_default();
                 if t != b {
-                    run += 1;
-                    if run > worst.0 {
-                        worst = (run, format!("{name} {zone}"));
-                    }
+                    *run += 1;
+                    *still = if *last == Some(*b) { *still + 1 } else { 1 };
                 } else {
-                    run = 0;
+                    (*run, *still) = (0, 0);
+                }
+                *last = Some(*b);
+                if *still > worst.0 {
+                    worst = (*still, format!("{name} {zone}"));
+                }
+                if *run > lag.0 {
+                    lag = (*run, format!("{name} {zone}"));
                 }
             }
         }
     }
+    let none = |s: &str| {
+        if s.is_empty() {
+            "none".to_string()
+        } else {
+            s.to_string()
+        }
+    };
     out.push(verdict(
         "balloon_follows_target",
         worst.0 < FOLLOW_INTERVALS,
         format!(
-            "longest stretch with host_ballooned != target: {} intervals ({}; limit {FOLLOW_INTERVALS})",
+            "longest stretch away from target without progress: {} intervals ({}; limit {FOLLOW_INTERVALS}); longest catch-up {} intervals ({})",
             worst.0,
-            if worst.1.is_empty() { "none" } else { &worst.1 }
+            none(&worst.1),
+            lag.0,
+            none(&lag.1)
         ),
     ));
 
@@ -375,11 +412,35 @@ pub fn all(o: &Outcome) -> Vec<Verdict> {
     out
 }
 
+/// Upstream: every VM's zone was resized both ways (plugged more and
+/// less) during the run, the actuation alone working there.
+fn both_ways(o: &Outcome, names: &[&str; 2]) -> Verdict {
+    let mut detail = Vec::new();
+    let mut ok = true;
+    for (i, name) in names.iter().enumerate() {
+        let targets: Vec<u64> = o
+            .rows
+            .iter()
+            .filter_map(|r| r.vms[i].balloon.get("dram").map(|(t, _)| *t))
+            .collect();
+        let (mut up, mut down) = (0, 0);
+        for w in targets.windows(2) {
+            if w[1] < w[0] {
+                up += 1; // less taken: more plugged
+            } else if w[1] > w[0] {
+                down += 1;
+            }
+        }
+        ok &= up > 0 && down > 0;
+        detail.push(format!("{name}: {up} grows, {down} shrinks"));
+    }
+    verdict("resizes_applied_both_ways", ok, detail.join("; "))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::scenario::{Plan, VmRow};
-    use std::collections::BTreeMap;
 
     /// `a` has `a_given` MiB of the 32 MiB of DRAM, `b` the rest; their hot
     /// sets are `a_hot` and `b_hot` MiB, +-1.
@@ -457,5 +518,35 @@ mod tests {
             let c = v.iter().find(|v| v.name == name).unwrap();
             assert!(c.pass, "{name}: {}", c.detail);
         }
+    }
+
+    #[test]
+    fn a_balloon_that_moves_towards_its_target_follows_it() {
+        let follows = |o: &Outcome| {
+            all(o)
+                .into_iter()
+                .find(|v| v.name == "balloon_follows_target")
+                .unwrap()
+        };
+        // 15 intervals behind, but 1 MiB closer each: following.
+        let mut rows = vec![row(24, 24.0, 6.0); 16];
+        for (k, r) in rows.iter_mut().enumerate().take(15) {
+            r.vms[0]
+                .balloon
+                .insert("dram".into(), (8 * MIB, (9 + k as u64) * MIB));
+        }
+        let v = follows(&outcome(rows.clone()));
+        assert!(v.pass, "{}", v.detail);
+        assert!(
+            v.detail.contains("longest catch-up 15 intervals"),
+            "{}",
+            v.detail
+        );
+        // Standing still for 10 of them: not following.
+        for r in rows.iter_mut().take(10) {
+            r.vms[0].balloon.insert("dram".into(), (8 * MIB, 20 * MIB));
+        }
+        let v = follows(&outcome(rows));
+        assert!(!v.pass, "{}", v.detail);
     }
 }

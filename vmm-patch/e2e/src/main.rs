@@ -89,6 +89,13 @@ fn run() -> anyhow::Result<bool> {
         upstream: args.upstream,
         stall: args.stall.clone(),
         mode: args.mode,
+        // Upstream: tierd sees no access to plugged memory, where the
+        // guests keep the hot pages that did not fit the boot part, so at
+        // 0.85 both VMs can read in or below their band and nothing moves;
+        // at 0.7 the VM with the small hot set (all of it in the boot part,
+        // seen) is above its band and gives, which is what this run shows:
+        // resizes applied and followed on a VMM without our series.
+        target: if args.upstream { 0.7 } else { 0.85 },
         ..scenario::Plan::default()
     };
     anyhow::ensure!(
