@@ -589,11 +589,9 @@ pub(super) fn run(c: &mut Controller, vms: &[VmObs], now_unix_ns: u64) -> Plan {
                     (false, _) => None,
                     // A grow while filling: more to fill.
                     (true, Some(f)) => Some(f.more(w.delta.unsigned_abs())),
-                    (true, None) => Some(Fill::new(
-                        round,
-                        vm.dram.resident,
-                        w.delta.unsigned_abs(),
-                    )),
+                    (true, None) => {
+                        Some(Fill::new(round, vm.dram.resident, w.delta.unsigned_abs()))
+                    }
                 };
                 if w.delta != 0 {
                     let dir = if w.delta > 0 { Dir::Up } else { Dir::Down };

@@ -223,7 +223,10 @@ fn guest_follows_resize_zone(bin: &Path) {
     vm.wait_line(&format!("tg tick res={HOT0},256"), |l| {
         l.kind == "tick" && l.list("res") == Some(vec![HOT0, 256])
     });
-    eprintln!("{away} pages moved into plugged blocks in {:?}", t.elapsed());
+    eprintln!(
+        "{away} pages moved into plugged blocks in {:?}",
+        t.elapsed()
+    );
     let stamped = stamped_in_region(&vm, &v, DRAM_HOTPLUG);
     assert_eq!(stamped.len() as u64, away, "workload pages in the region");
     assert!(stamped.iter().all(|&g| g < start + 256 * MIB));
