@@ -66,6 +66,17 @@ struct VmPasses {
     sums: Vec<PassSum>,
 }
 
+impl VmPasses {
+    /// One pass's readings of the VM's tiers.
+    fn add(&mut self, r: Vec<TierReading>, secs: Option<f64>) {
+        self.read = true;
+        self.sums.resize(r.len(), PassSum::default());
+        for (sum, reading) in self.sums.iter_mut().zip(r) {
+            sum.add(reading, secs);
+        }
+    }
+}
+
 /// One tier's passes within the current interval.
 #[derive(Debug, Clone, Default, PartialEq)]
 struct PassSum {
@@ -301,19 +312,15 @@ impl Aggregator {
             let Some(r) = t.synthetic_readings().or(r) else {
                 continue;
             };
-            // Looked up by reference: no key copied for every pass.
+            // Looked up by reference, once: no key copied for every pass.
             let id = &t.vm().id;
-            if !self.passes.contains_key(id) {
-                self.passes.insert(id.clone(), VmPasses::default());
-            }
-            let Some(vp) = self.passes.get_mut(id) else {
-                continue;
-            };
-            vp.read = true;
-            let sums = &mut vp.sums;
-            sums.resize(r.len(), PassSum::default());
-            for (sum, reading) in sums.iter_mut().zip(r) {
-                sum.add(reading, secs);
+            match self.passes.get_mut(id) {
+                Some(vp) => vp.add(r, secs),
+                None => {
+                    let mut vp = VmPasses::default();
+                    vp.add(r, secs);
+                    self.passes.insert(id.clone(), vp);
+                }
             }
         }
         if let Some(h) = health {
