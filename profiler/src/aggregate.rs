@@ -15,6 +15,7 @@ use std::time::Instant;
 
 use tier_proto::v1::{SamplerHealth, StatsUpdate, TierSample, VmStats};
 
+use crate::IdMap;
 use crate::estimate::bounds::{Bounds, Programs};
 pub use crate::estimate::pass_ends;
 use crate::estimate::{FitPath, TierIn, VmFit};
@@ -33,14 +34,14 @@ pub struct Aggregator {
     departed: Vec<String>,
     /// Registry generation of the last update that carried the VM list.
     sent_generation: Option<u64>,
-    last_guest: HashMap<String, Vec<u64>>,
+    last_guest: IdMap<String, Vec<u64>>,
     /// Per VM and tier, what this interval's passes found so far; kept
     /// across intervals and reset in place, so a steady VM set allocates
     /// no keys or vectors per interval.
-    passes: HashMap<String, VmPasses>,
+    passes: IdMap<String, VmPasses>,
     /// Per VM, the passes of earlier intervals its tiers' rates are
     /// fitted to, and its last full fit (docs/estimate.md).
-    windows: HashMap<String, VmFit>,
+    windows: IdMap<String, VmFit>,
     /// The estimator's CPU budget for full fits.
     fit_budget: FitBudget,
     /// Columns and quantiles the tiers' interval programs share.
@@ -63,6 +64,17 @@ struct VmPasses {
     /// Some pass of this interval read the VM.
     read: bool,
     sums: Vec<PassSum>,
+}
+
+impl VmPasses {
+    /// One pass's readings of the VM's tiers.
+    fn add(&mut self, r: Vec<TierReading>, secs: Option<f64>) {
+        self.read = true;
+        self.sums.resize(r.len(), PassSum::default());
+        for (sum, reading) in self.sums.iter_mut().zip(r) {
+            sum.add(reading, secs);
+        }
+    }
 }
 
 /// One tier's passes within the current interval.
@@ -146,8 +158,9 @@ struct TierEstimate {
 }
 
 /// Share of one core the estimator's full fits may take, on average over
-/// intervals (docs/estimate.md): fits past it are deferred to a later
-/// interval, the VMs taken in turn from where the last interval stopped.
+/// intervals (docs/estimate.md), by default (`[sampler] fit_budget_pct`):
+/// fits past it are deferred to a later interval, the VMs taken in turn
+/// from where the last interval stopped.
 pub const FIT_BUDGET_PCT: f64 = 0.5;
 
 /// The estimator's CPU budget: credit per interval, spent by the
@@ -286,26 +299,28 @@ impl Aggregator {
             .replace(now)
             .map(|before| now.saturating_duration_since(before).as_secs_f64());
         let (readings, health) = match sampler {
-            Some(s) => sample(s, registry, departed, &mut self.not_measured),
-            None => (vec![None; registry.len()], None),
+            Some(s) => {
+                let (r, h) = sample(s, registry, departed, &mut self.not_measured);
+                (Some(r), h)
+            }
+            None => (None, None),
         };
-        for (t, r) in registry.iter().zip(readings) {
+        // Without a sampler no per-pass vector of empty readings.
+        let mut readings = readings.map(Vec::into_iter);
+        for t in registry.iter() {
+            let r = readings.as_mut().and_then(Iterator::next).flatten();
             let Some(r) = t.synthetic_readings().or(r) else {
                 continue;
             };
-            // Looked up by reference: no key copied for every pass.
+            // Looked up by reference, once: no key copied for every pass.
             let id = &t.vm().id;
-            if !self.passes.contains_key(id) {
-                self.passes.insert(id.clone(), VmPasses::default());
-            }
-            let Some(vp) = self.passes.get_mut(id) else {
-                continue;
-            };
-            vp.read = true;
-            let sums = &mut vp.sums;
-            sums.resize(r.len(), PassSum::default());
-            for (sum, reading) in sums.iter_mut().zip(r) {
-                sum.add(reading, secs);
+            match self.passes.get_mut(id) {
+                Some(vp) => vp.add(r, secs),
+                None => {
+                    let mut vp = VmPasses::default();
+                    vp.add(r, secs);
+                    self.passes.insert(id.clone(), vp);
+                }
             }
         }
         if let Some(h) = health {

@@ -51,6 +51,9 @@ pub struct Config {
 pub struct SamplerKeys {
     /// CPU the sampler backends may use, % of one core; 0 = no budget.
     pub cpu_budget_pct: f64,
+    /// CPU the estimator's full fits may take, % of one core; 0 = no
+    /// budget (docs/estimate.md).
+    pub fit_budget_pct: f64,
     /// Working-set horizons, seconds, ascending (docs/working-set.md).
     pub ws_horizons_s: Vec<f64>,
     /// hostpte: one interval in this many is a long pass; 0 = never.
@@ -67,6 +70,7 @@ impl Default for SamplerKeys {
     fn default() -> SamplerKeys {
         SamplerKeys {
             cpu_budget_pct: DEFAULT_CPU_BUDGET_PCT,
+            fit_budget_pct: crate::aggregate::FIT_BUDGET_PCT,
             ws_horizons_s: crate::ages::DEFAULT_HORIZONS_S.to_vec(),
             ws_long_pass_every: crate::ages::DEFAULT_LONG_PASS_EVERY,
         }
@@ -84,6 +88,21 @@ impl SamplerKeys {
                 "sampler.cpu_budget_pct",
                 format!(
                     "{pct} is not in [0, {max}] (% of one core; 0 = no budget; {cpus} CPUs here)"
+                ),
+            ));
+        }
+        Ok(pct)
+    }
+
+    /// The estimator's budget in % of one core: finite, 0 (off) up to one
+    /// core (the estimate runs on the sampling thread).
+    fn fit_budget(&self) -> Result<f64, ConfigError> {
+        let pct = self.fit_budget_pct;
+        if !pct.is_finite() || !(0.0..=100.0).contains(&pct) {
+            return Err(invalid(
+                "sampler.fit_budget_pct",
+                format!(
+                    "{pct} is not in [0, 100] (% of one core the estimator's full fits may take; 0 = no budget)"
                 ),
             ));
         }
@@ -285,6 +304,8 @@ pub struct Settings {
     pub damon_sample: Duration,
     /// Sampler CPU budget, % of one core; 0 = none.
     pub cpu_budget_pct: f64,
+    /// The estimator's CPU budget for full fits, % of one core; 0 = none.
+    pub fit_budget_pct: f64,
     /// Working-set horizons and hostpte's long passes.
     pub ages: crate::ages::AgesConfig,
     /// Whether the pmu source runs next to the backend.
@@ -419,6 +440,7 @@ impl Config {
         }
         let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
         let cpu_budget_pct = self.sampler.validate(cpus)?;
+        let fit_budget_pct = self.sampler.fit_budget()?;
         let ages = self.sampler.ages()?;
         if !BACKENDS.contains(&self.backend.as_str()) {
             return Err(invalid(
@@ -527,6 +549,7 @@ impl Config {
             ept_sample_stride: self.ept_sample_stride,
             damon_sample: Duration::from_millis(self.damon_sample_ms),
             cpu_budget_pct,
+            fit_budget_pct,
             ages,
             pmu,
             pmu_events: self.pmu_events.clone(),
@@ -851,6 +874,50 @@ mod tests {
         .unwrap_err()
         .to_string();
         assert!(e.contains("-0.5 is not in [0, 200]"), "{e}");
+    }
+
+    #[test]
+    fn fit_budget_key() {
+        let s = Config::parse("", "t.toml").unwrap().validate().unwrap();
+        assert_eq!(s.fit_budget_pct, crate::aggregate::FIT_BUDGET_PCT);
+        let s = Config::parse("[sampler]\nfit_budget_pct = 0", "t.toml")
+            .unwrap()
+            .validate()
+            .unwrap();
+        assert_eq!(s.fit_budget_pct, 0.0, "0 turns the budget off");
+        let s = Config::parse("[sampler]\nfit_budget_pct = 2.5", "t.toml")
+            .unwrap()
+            .validate()
+            .unwrap();
+        assert_eq!(s.fit_budget_pct, 2.5);
+        for bad in ["-1", "101", "nan", "inf"] {
+            let e = Config::parse(&format!("[sampler]\nfit_budget_pct = {bad}"), "t.toml")
+                .unwrap()
+                .validate()
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("sampler.fit_budget_pct"), "{bad}: {e}");
+            assert!(e.contains("is not in [0, 100]"), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn sampler_keys_are_documented() {
+        let doc = std::fs::read_to_string(
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/config.md"),
+        )
+        .unwrap();
+        for key in [
+            "cpu_budget_pct",
+            "fit_budget_pct",
+            "ws_horizons_s",
+            "ws_long_pass_every",
+        ] {
+            assert!(
+                doc.contains(&format!("`[sampler] {key}`")),
+                "docs/config.md does not list `[sampler] {key}`"
+            );
+        }
     }
 
     #[test]

@@ -45,6 +45,7 @@ use tier_proto::v1::{
     Actuator, Decision, DecisionOutcome, DecisionReason, Policy, StatsUpdate, Vm, VmStats,
 };
 
+use crate::IdMap;
 use crate::actuator::{self, Choice, Preferences};
 use crate::ch::{ChHandle, Fleet};
 
@@ -99,14 +100,26 @@ pub struct InProcess {
     act_on: ActOn,
     actuation: Option<Actuation>,
     /// VMs last handed over with `balloon_ok = false`, and why.
-    not_actuable: HashMap<String, String>,
+    not_actuable: IdMap<String, String>,
     /// `[controller] actuator` and its per-VM overrides.
     prefs: Preferences,
-    /// Each VM's actuator at the last step.
-    choices: HashMap<String, Choice>,
+    /// Each VM's actuator at the last step, and the step's number (kept
+    /// in place: no table of every VM's choice allocated per interval).
+    choices: IdMap<String, (u64, Choice)>,
+    steps: u64,
     holds: Holds,
     /// The sampling interval (resize holds are counted in it).
     interval: Duration,
+    /// What `annotate` chose for the update it saw last.
+    annotated: Option<Annotated>,
+}
+
+/// The actuator `annotate` chose for each VM of one update (in the order
+/// of its stats; `None`: not a VM the controller reads).
+#[derive(Debug)]
+struct Annotated {
+    sequence: u64,
+    choices: Vec<Option<Choice>>,
 }
 
 impl std::fmt::Debug for InProcess {
@@ -135,11 +148,13 @@ impl InProcess {
             policy: policy.clone(),
             act_on,
             actuation: None,
-            not_actuable: HashMap::new(),
+            not_actuable: IdMap::default(),
             prefs: Preferences::default(),
-            choices: HashMap::new(),
+            choices: IdMap::default(),
+            steps: 0,
             holds: Holds::default(),
             interval: Duration::from_secs(1),
+            annotated: None,
         })
     }
 
@@ -153,19 +168,29 @@ impl InProcess {
 
     /// The actuator of each VM in `update`, from what its VMM reports now
     /// (`VmStats.actuator`, `actuator_detail`): called before the update
-    /// is published, so the stream shows what the step will use.
-    pub fn annotate(&self, vms: &[Vm], update: &mut StatsUpdate) {
+    /// is published, so the stream shows what the step will use. The
+    /// choices are kept for the step on the same update, which uses them
+    /// rather than choosing again.
+    pub fn annotate(&mut self, vms: &[Vm], update: &mut StatsUpdate) {
+        // By id once: a search of the list per VM was quadratic in the
+        // fleet (13 % of tierd's CPU at 1000 VMs; issue 23).
+        let by_id: IdMap<&str, &Vm> = vms.iter().map(|v| (v.id.as_str(), v)).collect();
+        let mut choices = Vec::with_capacity(update.stats.len());
         for s in &mut update.stats {
-            let Some(vm) = vms.iter().find(|v| v.id == s.vm_id) else {
-                continue;
-            };
-            let Ok(o) = input::from_proto(vm, s) else {
-                continue;
-            };
-            let c = self.choice(&o);
-            s.actuator = c.actuator as i32;
-            s.actuator_detail = c.detail;
+            let o = by_id
+                .get(s.vm_id.as_str())
+                .and_then(|vm| input::from_proto(vm, s).ok());
+            let c = o.map(|o| self.choice(&o));
+            if let Some(c) = &c {
+                s.actuator = c.actuator as i32;
+                s.actuator_detail.clone_from(&c.detail);
+            }
+            choices.push(c);
         }
+        self.annotated = Some(Annotated {
+            sequence: update.sequence,
+            choices,
+        });
     }
 
     /// The actuator of one VM now.
@@ -194,7 +219,7 @@ impl InProcess {
 
     /// The actuator each VM had at the last step.
     pub fn actuator(&self, vm_id: &str) -> Option<&Choice> {
-        self.choices.get(vm_id)
+        self.choices.get(vm_id).map(|(_, c)| c)
     }
 
     /// Drives the balloons of the VMs in `fleet`; decisions that need a
@@ -352,43 +377,69 @@ impl InProcess {
         if !self.policy.enabled {
             return Vec::new();
         }
-        let mut handles = HashMap::new();
-        let mut why_not = HashMap::new();
+        // Keyed by the update's ids: no key copied per VM and interval.
+        let mut handles: IdMap<&str, Drive> = IdMap::default();
+        let mut why_not: IdMap<&str, String> = IdMap::default();
+        why_not.reserve(update.stats.len());
         // By id once: a search of the list per VM was quadratic in the
         // fleet (7 % of tierd's CPU at 1000 VMs once the fits were cheap;
         // issue 23).
-        let by_id: HashMap<&str, &Vm> = vms.iter().map(|v| (v.id.as_str(), v)).collect();
-        let mut choices = HashMap::new();
+        let by_id: IdMap<&str, &Vm> = vms.iter().map(|v| (v.id.as_str(), v)).collect();
+        // The choices annotate made for this update, if it saw it.
+        let mut annotated = self
+            .annotated
+            .take()
+            .filter(|a| a.sequence == update.sequence && a.choices.len() == update.stats.len())
+            .map(|a| a.choices);
+        self.steps += 1;
+        let step = self.steps;
+        let mut choices = std::mem::take(&mut self.choices);
+        let mut changed = Vec::new();
         let obs: Vec<VmObs> = update
             .stats
             .iter()
-            .filter_map(|s| {
+            .enumerate()
+            .filter_map(|(i, s)| {
                 let vm = *by_id.get(s.vm_id.as_str())?;
                 let mut o = input::from_proto(vm, s).ok()?;
-                let c = self.choice(&o);
+                let c = annotated
+                    .as_mut()
+                    .and_then(|a| a.get_mut(i)?.take())
+                    .unwrap_or_else(|| self.choice(&o));
                 match self.readiness(&mut o, s, &c) {
                     Ok(h) => {
                         o.balloon_ok = true;
-                        handles.insert(o.id.clone(), h);
+                        handles.insert(s.vm_id.as_str(), h);
                     }
                     Err(why) => {
                         o.balloon_ok = false;
-                        why_not.insert(o.id.clone(), why);
+                        why_not.insert(s.vm_id.as_str(), why);
                     }
                 }
-                choices.insert(o.id.clone(), c);
+                match choices.get_mut(&o.id) {
+                    Some(slot) => {
+                        // Another actuator means other targets: start the
+                        // VM afresh.
+                        if slot.1.actuator != c.actuator {
+                            tracing::info!(vm = %o.id, from = ?slot.1.actuator, to = ?c.actuator, detail = %c.detail, "actuator changed");
+                            changed.push(i);
+                        }
+                        *slot = (step, c);
+                    }
+                    None => {
+                        choices.insert(o.id.clone(), (step, c));
+                    }
+                }
                 Some(o)
             })
             .collect();
-        for (id, c) in &choices {
-            // Another actuator means other targets: start the VM afresh.
-            if let Some(was) = self.choices.get(id)
-                && was.actuator != c.actuator
-            {
-                tracing::info!(vm = %id, from = ?was.actuator, to = ?c.actuator, detail = %c.detail, "actuator changed");
-                self.controller.forgive(id);
+        for i in changed {
+            if let Some(s) = update.stats.get(i) {
+                self.controller.forgive(&s.vm_id);
             }
         }
+        // VMs not in this update have no actuator now.
+        choices.retain(|_, (s, _)| *s == step);
         self.choices = choices;
         for o in obs.iter().filter(|o| o.balloon_ok) {
             // Not actuable before, drivable now: manage it from here on.
@@ -402,7 +453,7 @@ impl InProcess {
         let plan = self.controller.decide(&obs, update.timestamp_unix_ns);
         let mut now = Vec::new();
         for mut d in plan.decisions {
-            let why = why_not.get(&d.vm_id);
+            let why = why_not.get(d.vm_id.as_str());
             if d.reason() == DecisionReason::Uncooperative
                 && d.detail.starts_with("actuation reports")
                 && let Some(why) = why
@@ -410,13 +461,13 @@ impl InProcess {
                 d.detail = format!("{why}; {}", d.detail);
             }
             if d.reason() == DecisionReason::Uncooperative
-                && let Some(Drive::Resize { dram, slow, .. }) = handles.get(&d.vm_id)
+                && let Some(Drive::Resize { dram, slow, .. }) = handles.get(d.vm_id.as_str())
             {
                 d.detail = format!("{}; {}", not_following(dram, slow.as_ref()), d.detail);
             }
             if d.outcome() == DecisionOutcome::Applied {
                 let rt = tokio::runtime::Handle::try_current().is_ok();
-                match (handles.get(&d.vm_id), self.actuation.as_ref()) {
+                match (handles.get(d.vm_id.as_str()), self.actuation.as_ref()) {
                     (Some(Drive::Balloon(h)), Some(a)) if rt => {
                         tokio::spawn(apply(h.clone(), d, a.sink.clone()));
                         continue;
@@ -447,7 +498,14 @@ impl InProcess {
             }
             now.push(d);
         }
-        self.not_actuable.extend(why_not);
+        for (id, why) in why_not {
+            match self.not_actuable.get_mut(id) {
+                Some(w) => *w = why,
+                None => {
+                    self.not_actuable.insert(id.to_string(), why);
+                }
+            }
+        }
         now
     }
 }

@@ -219,6 +219,7 @@ async fn serve(s: Settings, synthetic: (u32, u32)) -> anyhow::Result<()> {
         metrics_served,
         interval: s.interval,
         passes: s.passes,
+        fit_budget_pct: s.fit_budget_pct,
         pmu,
         no_sampler,
     }));
@@ -292,6 +293,8 @@ struct Sampling {
     metrics_served: bool,
     interval: Duration,
     passes: u32,
+    /// `[sampler] fit_budget_pct`: the estimator's CPU budget.
+    fit_budget_pct: f64,
     pmu: PmuState,
     /// Why no sampler runs, when none does.
     no_sampler: Option<String>,
@@ -309,10 +312,12 @@ async fn sample_loop(l: Sampling) {
         metrics_served,
         interval,
         passes,
+        fit_budget_pct,
         mut pmu,
         no_sampler,
     } = l;
     let mut agg = Aggregator::default();
+    agg.set_fit_budget_pct(fit_budget_pct);
     if let Some(why) = no_sampler {
         agg.set_no_sampler_reason(why);
     }
@@ -365,7 +370,7 @@ async fn sample_loop(l: Sampling) {
             sampler::budget_stream::close_interval(b, &mut update);
         }
         pmu.annotate(&mut update, pmu_readings.as_ref());
-        if let Some(c) = controller.as_ref() {
+        if let Some(c) = controller.as_mut() {
             let vms = if update.vms_unchanged {
                 shared.vms()
             } else {

@@ -32,6 +32,11 @@ impl Encoder for BytesEncoder {
     type Error = Status;
 
     fn encode(&mut self, item: Bytes, dst: &mut EncodeBuf<'_>) -> Result<(), Status> {
+        // Room for the whole update at once: the stream's buffer (8 KiB at
+        // first) would otherwise double its way up to it, a new allocation
+        // and copy each time, for every watcher and interval. Reserved
+        // whole, the buffer of the last update, sent by now, is reused.
+        dst.reserve(item.len());
         dst.put_slice(&item);
         Ok(())
     }

@@ -473,7 +473,12 @@ pub(super) fn run(c: &mut Controller, vms: &[VmObs], now_unix_ns: u64) -> Plan {
         let mut scratch = VmState::default();
         let st = c.state.get_mut(vm.id.as_str()).unwrap_or(&mut scratch);
         st.seen = round;
-        let last_view = c.views.entry(vm.id.clone()).or_default();
+        // Looked up before inserting: no key copied per VM and round.
+        if !c.views.contains_key(vm.id.as_str()) {
+            c.views.insert(vm.id.clone(), None);
+        }
+        let mut no_view = None;
+        let last_view = c.views.get_mut(vm.id.as_str()).unwrap_or(&mut no_view);
         works.push(look(cfg, vm, st, last_view, round));
     }
     c.state.retain(|_, s| s.seen == round);

@@ -123,7 +123,12 @@ pub fn from_proto(vm: &Vm, stats: &VmStats) -> Result<VmObs, InputError> {
     };
     let (di, dt) = pick(true).ok_or_else(|| InputError::NoDramTier(vm.id.clone()))?;
     let tier = |i: usize, t: &tier_proto::v1::Tier| {
-        let s = stats.tiers.iter().find(|s| s.tier == t.name);
+        // tierd sends the tiers in the VM's order: try that place first.
+        let s = stats
+            .tiers
+            .get(i)
+            .filter(|s| s.tier == t.name)
+            .or_else(|| stats.tiers.iter().find(|s| s.tier == t.name));
         let mut o = TierObs {
             name: t.name.clone(),
             size: t.size_bytes,

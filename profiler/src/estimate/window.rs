@@ -22,6 +22,20 @@ pub const WINDOW: usize = 4;
 struct Window(VecDeque<Vec<(f64, f64)>>);
 
 impl Window {
+    /// Appends one interval's passes, keeping at most `len` intervals; the
+    /// buffer of the interval dropped is reused (no allocation per tier and
+    /// interval once the window is full).
+    fn push(&mut self, passes: &[(f64, f64)], len: usize) {
+        let mut v = if self.0.len() >= len.max(1) {
+            self.0.pop_front().unwrap_or_default()
+        } else {
+            Vec::new()
+        };
+        v.clear();
+        v.extend_from_slice(passes);
+        self.0.push_back(v);
+    }
+
     /// Takes this interval's passes (whose own fit is `own`) and returns
     /// the rate to use: the window's (at most `len` intervals), when they
     /// agree with it; else their own, and the window restarts from them.
@@ -144,10 +158,10 @@ impl VmWindows {
         let len = self.len;
         let push = |w: &mut Window, p: &[(f64, f64)]| {
             if !w.0.is_empty() && len > 1 {
-                w.0.push_back(p.to_vec());
                 while w.0.len() > len {
                     w.0.pop_front();
                 }
+                w.push(p, len);
             }
         };
         for (w, p) in self.tiers.iter_mut().zip(tiers) {

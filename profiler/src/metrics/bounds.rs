@@ -1,7 +1,8 @@
 //! The estimate's intervals as Prometheus series (issue 21): per tier the
 //! ~95 % interval of the access rate, pages too hot to count and the fit's
 //! misfit; per VM the interval of the DRAM-hit ratio, which ends are open
-//! and the ratio the PMU counted.
+//! and the ratio the PMU counted. Also how old the fit behind each tier's
+//! estimate is and whether the estimator's CPU budget deferred it.
 //!
 //! An open upper end (accessed bits set no bound) is an absent `_high`
 //! series plus `..._high_open 1`, not +Inf: prometheus_client 0.25 writes
@@ -52,6 +53,8 @@ pub(super) struct Bounds {
     high_open: Family<TierLabels, Gauge>,
     saturated: FGauge<TierLabels>,
     misfit: FGauge<TierLabels>,
+    fit_age: Family<TierLabels, Gauge>,
+    fit_deferred: Family<TierLabels, Gauge>,
     hit_low: FGauge<VmLabels>,
     hit_high: FGauge<VmLabels>,
     hit_open: Family<EndLabels, Gauge>,
@@ -85,6 +88,16 @@ impl Bounds {
             "tier_fit_misfit",
             "Goodness of fit of the per-page rate mixture, in standard errors: below ~2 it fits, above ~3 the tier changed within the passes and the interval was widened; absent without an interval",
             f(&self.misfit),
+        );
+        r.register(
+            "tier_fit_age_intervals",
+            "Intervals since the full fit the tier's estimate rests on (0: fitted in this interval; older: a kept fit the passes agreed with, or a deferred one); absent for a tier without passes",
+            self.fit_age.clone(),
+        );
+        r.register(
+            "tier_fit_deferred",
+            "1 if the tier's full fit was due and the estimator's CPU budget ([sampler] fit_budget_pct) deferred it: the estimate is at the kept rate and the interval only firm below, open above; absent for a tier without passes",
+            self.fit_deferred.clone(),
         );
         r.register(
             "vm_dram_hit_ratio_low",
@@ -126,6 +139,15 @@ impl Bounds {
         }
         set(&self.saturated, tl, Some(s.saturated_pages));
         set(&self.misfit, tl, s.fit_misfit);
+        if s.passes > 0 {
+            self.fit_age.get_or_create(tl).set(i64::from(s.fit_age));
+            self.fit_deferred
+                .get_or_create(tl)
+                .set(i64::from(s.fit_deferred));
+        } else {
+            self.fit_age.remove(tl);
+            self.fit_deferred.remove(tl);
+        }
     }
 
     /// One VM's series; `shown`: the VM was measured and has accesses
@@ -161,6 +183,8 @@ impl Bounds {
             f.remove(tl);
         }
         self.high_open.remove(tl);
+        self.fit_age.remove(tl);
+        self.fit_deferred.remove(tl);
     }
 
     pub(super) fn forget_vm(&self, vl: &VmLabels) {
@@ -311,6 +335,39 @@ mod tests {
             value(&body, &format!("tierd_vm_dram_hit_ratio{VM}")),
             Some(0.343)
         );
+    }
+
+    /// The fit's age and deferral per tier with passes; none without.
+    #[test]
+    fn fit_age_and_deferral_export_for_tiers_with_passes() {
+        let dram = TierSample {
+            passes: 5,
+            fit_age: 3,
+            fit_deferred: true,
+            ..Default::default()
+        };
+        let slow = TierSample {
+            passes: 5,
+            ..Default::default()
+        };
+        let mut m = Metrics::new();
+        m.update(&update(dram, slow, VmStats::default()));
+        let body = m.encode();
+        let v = |name: &str, l: &str| value(&body, &format!("tierd_{name}{l}"));
+        assert_eq!(v("tier_fit_age_intervals", DRAM), Some(3.0));
+        assert_eq!(v("tier_fit_deferred", DRAM), Some(1.0));
+        assert_eq!(v("tier_fit_age_intervals", SLOW), Some(0.0));
+        assert_eq!(v("tier_fit_deferred", SLOW), Some(0.0));
+        // No passes (a sampler's arming interval): no fit to speak of.
+        m.update(&update(
+            TierSample::default(),
+            TierSample::default(),
+            VmStats::default(),
+        ));
+        let body = m.encode();
+        for name in ["tierd_tier_fit_age_intervals{", "tierd_tier_fit_deferred{"] {
+            assert!(!body.contains(name), "{name} in {body}");
+        }
     }
 
     /// A VM that goes away takes its interval series along.
