@@ -354,8 +354,7 @@ pub fn all(o: &Outcome) -> Vec<Verdict> {
     let mut grew = false;
     let mut rss_detail = Vec::new();
     for (i, name) in names.iter().enumerate() {
-        let Some((k, peak)) = o.rows.iter().enumerate().max_by_key(|(_, r)| dram(r, i).1)
-        else {
+        let Some((k, peak)) = o.rows.iter().enumerate().max_by_key(|(_, r)| dram(r, i).1) else {
             continue;
         };
         let grown = dram(peak, i).1.saturating_sub(initial);
