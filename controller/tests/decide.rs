@@ -622,6 +622,15 @@ fn a_new_hot_set_lifts_the_flip_back_guard() {
     assert_eq!(run(G), [1, -1, 1]);
 }
 
+/// In the band, with 320M of the 480M held read as idle (above
+/// idle_threshold 0.5): idle reclaim, unless the VM is filling.
+fn in_band_mostly_idle(v: &mut VmObs) {
+    v.dram.accesses = 750.0;
+    v.slow.accesses = 250.0;
+    v.dram.accessed_bytes = 160 * M;
+    v.dram.idle_bytes = 320 * M;
+}
+
 #[test]
 fn dram_just_given_is_not_taken_back_while_the_guest_moves_into_it() {
     // a gets +160M as in the test above; its guest then moves pages in over
@@ -636,12 +645,7 @@ fn dram_just_given_is_not_taken_back_while_the_guest_moves_into_it() {
     let p = c.decide(&vms, 1);
     assert_eq!(decision(&p, "a").reason(), DecisionReason::BelowTarget);
     apply(&mut vms, &p);
-    // In the band, 160M read as idle (> idle_threshold 0.5 of 480M held):
-    // idle reclaim, were a not filling.
-    vms[0].dram.accesses = 750.0;
-    vms[0].slow.accesses = 250.0;
-    vms[0].dram.accessed_bytes = 160 * M;
-    vms[0].dram.idle_bytes = 320 * M;
+    in_band_mostly_idle(&mut vms[0]);
     // Round 2: the cooldown after the change.
     vms[0].dram.resident = 330 * M;
     assert_eq!(c.decide(&vms, 0).targets[0].status, VmStatus::Cooldown);
@@ -684,10 +688,7 @@ fn a_fill_that_never_ends_is_cut_off() {
     let p = c.decide(&vms, 1);
     assert_eq!(decision(&p, "a").reason(), DecisionReason::BelowTarget);
     apply(&mut vms, &p);
-    vms[0].dram.accesses = 750.0;
-    vms[0].slow.accesses = 250.0;
-    vms[0].dram.accessed_bytes = 160 * M;
-    vms[0].dram.idle_bytes = 320 * M;
+    in_band_mostly_idle(&mut vms[0]);
     let mut reclaimed = None;
     for round in 2..10 {
         // Rising by 8M a round (more than 1/64 of what was given), never
