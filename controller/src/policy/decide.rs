@@ -590,13 +590,13 @@ pub(super) fn run(c: &mut Controller, vms: &[VmObs], now_unix_ns: u64) -> Plan {
             if changed && !cfg.dry_run {
                 st.cooldown_until = round + u64::from(cfg.cooldown_intervals);
                 st.mixed_until = round + 1;
-                st.fill = match (w.delta > 0, st.fill) {
-                    (false, _) => None,
-                    // A grow while filling: more to fill.
-                    (true, Some(f)) => Some(f.more(w.delta.unsigned_abs())),
-                    (true, None) => {
-                        Some(Fill::new(round, vm.dram.resident, w.delta.unsigned_abs()))
-                    }
+                // A DRAM cut ends a fill, a grow starts one or adds to it; a
+                // slow-tier change alone leaves it.
+                st.fill = match (w.delta.signum(), st.fill) {
+                    (-1, _) => None,
+                    (1, Some(f)) => Some(f.more(w.delta.unsigned_abs())),
+                    (1, None) => Some(Fill::new(round, vm.dram.resident, w.delta.unsigned_abs())),
+                    (_, f) => f,
                 };
                 if w.delta != 0 {
                     let dir = if w.delta > 0 { Dir::Up } else { Dir::Down };
