@@ -17,13 +17,15 @@ use std::time::Duration;
 use tier_controller::actuate::VmInfo;
 use tier_controller::policy::default_policy;
 use tier_profiler::ch::{ChHandle, Fleet};
-use tier_profiler::control::InProcess;
 use tier_profiler::server::{Shared, TierServer};
 use tier_proto::v1::tier_service_server::TierService;
 use tier_proto::v1::*;
 use tier_test_support::fake_http::{ch_fixture as recorded, read_request};
 use tokio::io::AsyncWriteExt;
 use tokio::net::UnixListener;
+
+mod ch_common;
+use ch_common::{controller, update, wait_sunk};
 
 const M: u64 = 1 << 20;
 const VM_ID: &str = "ch:4242:30";
@@ -182,59 +184,6 @@ fn vm(id: &str) -> Vm {
         source: VmSource::CloudHypervisor as i32,
         ..Default::default()
     }
-}
-
-/// One interval in which the VM hits DRAM 99 % of the time and touches
-/// 16 MiB of it: far above target, mostly idle, so the policy gives DRAM
-/// away (a dram balloon target above 0).
-fn update(ids: &[&str], seq: u64) -> StatsUpdate {
-    let sample = |tier: &str, acc: f64| TierSample {
-        tier: tier.into(),
-        sampled_pages: 65536,
-        young_pages: 4096,
-        estimated_accessed_bytes: 16 * M,
-        estimated_accesses: acc,
-        coverage: 1.0,
-        passes: 4,
-        ..Default::default()
-    };
-    StatsUpdate {
-        sequence: seq,
-        timestamp_unix_ns: seq,
-        stats: ids
-            .iter()
-            .map(|id| VmStats {
-                vm_id: id.to_string(),
-                tiers: vec![sample("dram", 990.0), sample("slow", 10.0)],
-                has_accesses: true,
-                ..Default::default()
-            })
-            .collect(),
-        ..Default::default()
-    }
-}
-
-type Sunk = Arc<Mutex<Vec<Decision>>>;
-
-fn controller(fleet: &Fleet, policy: &Policy) -> (InProcess, Sunk) {
-    let sunk: Sunk = Arc::new(Mutex::new(Vec::new()));
-    let s = sunk.clone();
-    let c = InProcess::new(policy).unwrap().with_actuation(
-        fleet.clone(),
-        Arc::new(move |d| s.lock().unwrap().push(d)),
-        Duration::from_secs(10),
-    );
-    (c, sunk)
-}
-
-async fn wait_sunk(sunk: &Sunk, n: usize) -> Vec<Decision> {
-    for _ in 0..100 {
-        if sunk.lock().unwrap().len() >= n {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    sunk.lock().unwrap().clone()
 }
 
 #[tokio::test]

@@ -24,6 +24,9 @@ use tier_test_support::fake_http::read_request;
 use tokio::io::AsyncWriteExt;
 use tokio::net::UnixListener;
 
+mod ch_common;
+use ch_common::{Sunk, update, wait_sunk};
+
 const M: u64 = 1 << 20;
 const BLOCK: u64 = 2 * M;
 const BOOT: u64 = 64 * M;
@@ -207,59 +210,9 @@ fn vm(id: &str) -> Vm {
     }
 }
 
-/// An interval in which every VM hits DRAM 99 % of the time and touches
-/// 16 MiB of it: above target, mostly idle, so the policy gives DRAM away.
-fn update(ids: &[&str], seq: u64) -> StatsUpdate {
-    let sample = |tier: &str, acc: f64| TierSample {
-        tier: tier.into(),
-        sampled_pages: 65536,
-        young_pages: 4096,
-        estimated_accessed_bytes: 16 * M,
-        estimated_accesses: acc,
-        coverage: 1.0,
-        passes: 4,
-        ..Default::default()
-    };
-    StatsUpdate {
-        sequence: seq,
-        timestamp_unix_ns: seq,
-        stats: ids
-            .iter()
-            .map(|id| VmStats {
-                vm_id: id.to_string(),
-                tiers: vec![sample("dram", 990.0), sample("slow", 10.0)],
-                has_accesses: true,
-                ..Default::default()
-            })
-            .collect(),
-        ..Default::default()
-    }
-}
-
-type Sunk = Arc<Mutex<Vec<Decision>>>;
-
 fn controller(fleet: &Fleet, prefs: Preferences) -> (InProcess, Sunk) {
-    let sunk: Sunk = Arc::new(Mutex::new(Vec::new()));
-    let s = sunk.clone();
-    let c = InProcess::new(&default_policy())
-        .unwrap()
-        .with_actuation(
-            fleet.clone(),
-            Arc::new(move |d| s.lock().unwrap().push(d)),
-            Duration::from_secs(10),
-        )
-        .with_actuators(prefs, Duration::from_millis(100));
-    (c, sunk)
-}
-
-async fn wait_sunk(sunk: &Sunk, n: usize) -> Vec<Decision> {
-    for _ in 0..100 {
-        if sunk.lock().unwrap().len() >= n {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    sunk.lock().unwrap().clone()
+    let (c, sunk) = ch_common::controller(fleet, &default_policy());
+    (c.with_actuators(prefs, Duration::from_millis(100)), sunk)
 }
 
 fn desired_of(body: &str) -> u64 {
