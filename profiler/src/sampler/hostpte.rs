@@ -128,20 +128,29 @@ pub struct Vma {
 /// The VMAs of /proc/PID/smaps text with the value of `field` ("Rss:",
 /// "Referenced:", ...) of each.
 pub fn parse_smaps_field(text: &str, field: &str) -> Vec<Vma> {
-    let mut out: Vec<Vma> = Vec::new();
+    let [vmas] = parse_smaps_fields(text, [field]);
+    vmas
+}
+
+/// The VMAs of smaps text once per field of `fields`, each with that
+/// field's value, in one pass over the text.
+pub fn parse_smaps_fields<const N: usize>(text: &str, fields: [&str; N]) -> [Vec<Vma>; N] {
+    let mut out: [Vec<Vma>; N] = std::array::from_fn(|_| Vec::new());
     let mut offset = 0;
-    for raw in text.split_inclusive('\n') {
+    'lines: for raw in text.split_inclusive('\n') {
         let at = offset;
         offset += raw.len();
         let line = raw.trim_end_matches('\n');
-        if let Some(v) = line.strip_prefix(field) {
-            if let (Some(last), Ok(kb)) = (
-                out.last_mut(),
-                v.trim().trim_end_matches("kB").trim().parse::<u64>(),
-            ) {
-                last.bytes = kb * 1024;
+        for (field, vmas) in fields.iter().zip(out.iter_mut()) {
+            if let Some(v) = line.strip_prefix(field) {
+                if let (Some(last), Ok(kb)) = (
+                    vmas.last_mut(),
+                    v.trim().trim_end_matches("kB").trim().parse::<u64>(),
+                ) {
+                    last.bytes = kb * 1024;
+                }
+                continue 'lines;
             }
-            continue;
         }
         // Header lines start with "start-end perms ..."; field lines with "Name:".
         let Some(range) = line.split_whitespace().next() else {
@@ -153,12 +162,14 @@ pub fn parse_smaps_field(text: &str, field: &str) -> Vec<Vma> {
         if let Some((a, b)) = range.split_once('-')
             && let (Ok(start), Ok(end)) = (u64::from_str_radix(a, 16), u64::from_str_radix(b, 16))
         {
-            out.push(Vma {
-                start,
-                end,
-                bytes: 0,
-                offset: at,
-            });
+            for vmas in &mut out {
+                vmas.push(Vma {
+                    start,
+                    end,
+                    bytes: 0,
+                    offset: at,
+                });
+            }
         }
     }
     out
@@ -252,9 +263,10 @@ fn read_and_rearm(pid: u32, keep: Option<Instant>) -> Result<Walk, SampleError> 
             Instant::now()
         }
     };
+    let [vmas, resident] = parse_smaps_fields(&smaps.text, ["Referenced:", "Rss:"]);
     Ok(Walk {
-        vmas: parse_smaps_field(&smaps.text, "Referenced:"),
-        resident: parse_smaps_field(&smaps.text, "Rss:"),
+        vmas,
+        resident,
         smaps,
         rearmed,
     })
@@ -482,6 +494,14 @@ VmFlags: rd wr sh mr mw me ms
     }
 
     #[test]
+    fn several_fields_in_one_pass_are_each_one_field() {
+        let [referenced, rss] = parse_smaps_fields(SMAPS, ["Referenced:", "Rss:"]);
+        assert_eq!(referenced, parse_smaps_field(SMAPS, "Referenced:"));
+        assert_eq!(rss, parse_smaps_field(SMAPS, "Rss:"));
+        assert_ne!(referenced, rss);
+    }
+
+    #[test]
     fn referenced_in_whole_partial_and_disjoint() {
         let v = parse_smaps_field(SMAPS, "Referenced:");
         assert_eq!(bytes_in(&v, 0x7f00_0000_0000, 0x10_0000), 120 * 1024);
@@ -517,9 +537,10 @@ VmFlags: rd wr sh mr mw me ms
     }
 
     fn walk(marks: &[(usize, u64)], base: Instant) -> Walk {
+        let [vmas, resident] = parse_smaps_fields(SMAPS, ["Referenced:", "Rss:"]);
         Walk {
-            vmas: parse_smaps_field(SMAPS, "Referenced:"),
-            resident: parse_smaps_field(SMAPS, "Rss:"),
+            vmas,
+            resident,
             smaps: TimedText {
                 text: SMAPS.into(),
                 marks: marks
