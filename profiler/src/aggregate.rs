@@ -420,6 +420,11 @@ impl Aggregator {
             }
             .unwrap_or_default()
             .into_iter();
+            // Read but no pass for the estimate (hostpte's sweep): why.
+            let quiet = match (sampler.as_ref(), reading) {
+                (Some(s), Some(r)) if r.iter().all(|p| p.passes == 0) => s.quiet(vm),
+                _ => None,
+            };
             let fitted = fits.get_mut(i).map(std::mem::take).unwrap_or_default();
             let tiers = vm
                 .tiers
@@ -483,7 +488,7 @@ impl Aggregator {
                 guest_reported_accesses: guest_delta.unwrap_or_default(),
                 // A VM read by any pass of the interval is measured.
                 not_measured: if reading.is_some() {
-                    String::new()
+                    quiet.unwrap_or_default()
                 } else {
                     why.or_else(|| self.no_sampler.clone()).unwrap_or_default()
                 },

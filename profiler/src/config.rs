@@ -58,6 +58,10 @@ pub struct SamplerKeys {
     pub ws_horizons_s: Vec<f64>,
     /// hostpte: one interval in this many is a long pass; 0 = never.
     pub ws_long_pass_every: u32,
+    /// hostpte: length of a sweep, seconds; 0 = no sweep.
+    pub ws_sweep_s: f64,
+    /// hostpte: a sweep starts this often, seconds; 0 = no sweep.
+    pub ws_sweep_every_s: f64,
 }
 
 /// Default sampler budget: 5 % of one core. At 1 % tierd's own demo VM
@@ -73,6 +77,8 @@ impl Default for SamplerKeys {
             fit_budget_pct: crate::aggregate::FIT_BUDGET_PCT,
             ws_horizons_s: crate::ages::DEFAULT_HORIZONS_S.to_vec(),
             ws_long_pass_every: crate::ages::DEFAULT_LONG_PASS_EVERY,
+            ws_sweep_s: crate::ages::DEFAULT_SWEEP_S,
+            ws_sweep_every_s: crate::ages::DEFAULT_SWEEP_EVERY_S,
         }
     }
 }
@@ -109,8 +115,8 @@ impl SamplerKeys {
         Ok(pct)
     }
 
-    /// The working-set ages' settings.
-    fn ages(&self) -> Result<crate::ages::AgesConfig, ConfigError> {
+    /// The working-set ages' settings at an interval of `interval_ms`.
+    fn ages(&self, interval_ms: u64) -> Result<crate::ages::AgesConfig, ConfigError> {
         crate::ages::check_horizons(&self.ws_horizons_s)
             .map_err(|e| invalid("sampler.ws_horizons_s", e))?;
         // The controller's working_set mode holds hostpte's last measured
@@ -126,9 +132,33 @@ impl SamplerKeys {
                 ),
             ));
         }
+        let interval_s = interval_ms as f64 / 1000.0;
+        let (len, every) = (self.ws_sweep_s, self.ws_sweep_every_s);
+        if !len.is_finite() || !(0.0..=86_400.0).contains(&len) {
+            return Err(invalid(
+                "sampler.ws_sweep_s",
+                format!("{len} is not in [0, 86400] (seconds; 0 = no sweep)"),
+            ));
+        }
+        // The ratio estimate gets no pass during a sweep: at most half
+        // the time.
+        if !every.is_finite()
+            || !(every == 0.0 || (2.0 * len.max(interval_s)..=864_000.0).contains(&every))
+        {
+            return Err(invalid(
+                "sampler.ws_sweep_every_s",
+                format!(
+                    "{every} is not 0 (no sweep) or in [{}, 864000] (seconds; at least twice ws_sweep_s and the interval: no ratio estimate during a sweep)",
+                    2.0 * len.max(interval_s)
+                ),
+            ));
+        }
         Ok(crate::ages::AgesConfig {
             horizons: self.ws_horizons_s.clone(),
             long_pass_every: self.ws_long_pass_every,
+            sweep_s: len,
+            sweep_every_s: every,
+            interval_s,
         })
     }
 }
@@ -441,7 +471,7 @@ impl Config {
         let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
         let cpu_budget_pct = self.sampler.validate(cpus)?;
         let fit_budget_pct = self.sampler.fit_budget()?;
-        let ages = self.sampler.ages()?;
+        let ages = self.sampler.ages(self.interval_ms)?;
         if !BACKENDS.contains(&self.backend.as_str()) {
             return Err(invalid(
                 "backend",
@@ -844,6 +874,47 @@ mod tests {
     }
 
     #[test]
+    fn sweep_keys() {
+        let s = Config::parse("", "t.toml").unwrap().validate().unwrap();
+        assert_eq!(s.ages.sweep(), Some((60, 1200)));
+        let s = Config::parse(
+            "interval_ms = 500\n[sampler]\nws_sweep_s = 10.2\nws_sweep_every_s = 100",
+            "t.toml",
+        )
+        .unwrap()
+        .validate()
+        .unwrap();
+        // Whole intervals: 10.2 s is 21 of 500 ms.
+        assert_eq!(s.ages.sweep(), Some((21, 200)));
+        for off in ["ws_sweep_s = 0", "ws_sweep_every_s = 0"] {
+            let s = Config::parse(&format!("[sampler]\n{off}"), "t.toml")
+                .unwrap()
+                .validate()
+                .unwrap();
+            assert_eq!(s.ages.sweep(), None, "{off}");
+        }
+        for (bad, key) in [
+            ("ws_sweep_s = -1", "sampler.ws_sweep_s"),
+            ("ws_sweep_s = nan", "sampler.ws_sweep_s"),
+            ("ws_sweep_s = 100000", "sampler.ws_sweep_s"),
+            // More than half the time without a ratio pass.
+            (
+                "ws_sweep_s = 60\nws_sweep_every_s = 100",
+                "sampler.ws_sweep_every_s",
+            ),
+            ("ws_sweep_every_s = 1", "sampler.ws_sweep_every_s"),
+            ("ws_sweep_every_s = inf", "sampler.ws_sweep_every_s"),
+        ] {
+            let e = Config::parse(&format!("[sampler]\n{bad}"), "t.toml")
+                .unwrap()
+                .validate()
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(key), "{bad}: {e}");
+        }
+    }
+
+    #[test]
     fn sampler_budget_key() {
         let s = Config::parse("", "t.toml").unwrap().validate().unwrap();
         assert_eq!(s.cpu_budget_pct, DEFAULT_CPU_BUDGET_PCT);
@@ -912,6 +983,8 @@ mod tests {
             "fit_budget_pct",
             "ws_horizons_s",
             "ws_long_pass_every",
+            "ws_sweep_s",
+            "ws_sweep_every_s",
         ] {
             assert!(
                 doc.contains(&format!("`[sampler] {key}`")),

@@ -95,6 +95,8 @@ fn the_long_pass_reads_the_working_set_of_one_interval() {
     s.set_ages(&AgesConfig {
         horizons: vec![0.4, 10.0],
         long_pass_every: 1,
+        sweep_s: 0.0,
+        ..AgesConfig::default()
     });
     let mut agg = Aggregator::default();
     agg.pass(&mut reg, Some(&mut s)); // arms
@@ -118,4 +120,88 @@ fn the_long_pass_reads_the_working_set_of_one_interval() {
             "{what}: {measured} {skipped}"
         );
     }
+}
+
+/// A sweep: one pass of 5 intervals read at every interval's end without
+/// re-arming. Its readings give the 2 s horizon (beyond any interval) within
+/// 5 % of the exact pages, inside its interval; the intervals inside it give
+/// the ratio estimate no pass and say why; passes resume after it.
+#[test]
+#[cfg_attr(not(has_kvm), ignore = "needs a usable /dev/kvm")]
+fn a_sweep_reads_horizons_beyond_one_interval() {
+    let a = Phase {
+        dram_pages: 150,
+        dram_repeat: 1,
+        slow_pages: 60,
+        slow_repeat: 1,
+    };
+    let cfg = DemoVmConfig {
+        phase: a,
+        ..DemoVmConfig::default()
+    };
+    let vm = std::sync::Arc::new(DemoTracked::new(DemoVm::start(cfg).unwrap(), TierKind::Cxl));
+    let mut reg = Registry::default();
+    reg.insert(Box::new(vm.clone()));
+    let mut s = HostPte::new();
+    s.set_ages(&AgesConfig {
+        horizons: vec![2.0, 30.0],
+        long_pass_every: 0,
+        sweep_s: 2.0,
+        sweep_every_s: 4.0,
+        interval_s: INTERVAL.as_secs_f64(),
+    });
+    let mut agg = Aggregator::default();
+    agg.pass(&mut reg, Some(&mut s)); // arms
+    // Code and parameter pages are touched too: dram + 2.
+    let truth = [u64::from(a.dram_pages) + 2, u64::from(a.slow_pages)];
+    let (mut quiet, mut measured, mut resumed) = (0, 0, 0);
+    let mut after_quiet = false;
+    // Sweeps start every 10 intervals, the first after at least 5.
+    for i in 0..30 {
+        let u = interval(&mut agg, &mut reg, &mut s);
+        let st = &u.stats[0];
+        let passes: u32 = st.tiers.iter().map(|t| t.passes).sum();
+        if passes == 0 {
+            assert!(
+                st.not_measured.contains("hostpte sweep"),
+                "interval {i}: no pass and no reason: {st:?}"
+            );
+            quiet += 1;
+            after_quiet = true;
+        } else if after_quiet {
+            resumed += 1;
+            after_quiet = false;
+        }
+        for (t, pages) in st.tiers.iter().zip(truth) {
+            let a = t.ages.as_ref().expect("hostpte gives ages");
+            let (w, long) = (&a.working_set[0], &a.working_set[1]);
+            assert!(
+                long.not_measured.contains("beyond") || long.not_measured.contains("watched"),
+                "{a:?}"
+            );
+            if !w.not_measured.is_empty() {
+                assert!(
+                    w.not_measured.contains("sweep") || w.not_measured.contains("watched"),
+                    "interval {i}: {a:?}"
+                );
+                continue;
+            }
+            assert_eq!(t.passes, 0, "2 s is measured inside a sweep only: {t:?}");
+            let truth = (pages * 4096) as f64;
+            assert!(
+                w.bytes_low <= truth && truth <= w.bytes_high,
+                "interval {i}: {pages} touched pages outside [{}, {}]",
+                w.bytes_low / 4096.0,
+                w.bytes_high / 4096.0
+            );
+            let err = (w.bytes - truth).abs() / truth;
+            assert!(err <= 0.05, "interval {i}: {} vs {pages}", w.bytes / 4096.0);
+            measured += 1;
+        }
+    }
+    eprintln!("{quiet} quiet intervals, {measured} measured points of 2 s, {resumed} resumed");
+    // Two sweeps of 5 intervals in 30 (the first after 5 to 14).
+    assert!(quiet >= 8, "{quiet} quiet intervals");
+    assert!(measured >= 4, "{measured} measured points of 2 s");
+    assert!(resumed >= 1, "passes never resumed after a sweep");
 }

@@ -21,6 +21,12 @@ pub const DEFAULT_HORIZONS_S: [f64; 4] = [1.0, 10.0, 60.0, 600.0];
 pub const MAX_HORIZONS: usize = 8;
 /// hostpte: a long pass every this many intervals by default.
 pub const DEFAULT_LONG_PASS_EVERY: u32 = 5;
+/// hostpte: a sweep of this many seconds by default (reaches the 10 s and
+/// 60 s horizons).
+pub const DEFAULT_SWEEP_S: f64 = 60.0;
+/// hostpte: a sweep every this many seconds by default: the ratio estimate
+/// goes without passes 5 % of the time.
+pub const DEFAULT_SWEEP_EVERY_S: f64 = 1200.0;
 
 /// What the ages are computed over.
 #[derive(Debug, Clone, PartialEq)]
@@ -30,6 +36,15 @@ pub struct AgesConfig {
     /// hostpte: one interval in this many is a long pass (no re-arm inside
     /// it) giving the working set within about one interval; 0: never.
     pub long_pass_every: u32,
+    /// hostpte: a sweep is one pass this long, read at every interval's end
+    /// without re-arming, which gives the horizons up to its length; 0: no
+    /// sweep.
+    pub sweep_s: f64,
+    /// hostpte: a sweep starts this often (per process, staggered by VMM
+    /// pid, the first after half of it); 0: no sweep.
+    pub sweep_every_s: f64,
+    /// tierd's interval, seconds: the sweep's unit.
+    pub interval_s: f64,
 }
 
 impl Default for AgesConfig {
@@ -37,6 +52,9 @@ impl Default for AgesConfig {
         AgesConfig {
             horizons: DEFAULT_HORIZONS_S.to_vec(),
             long_pass_every: DEFAULT_LONG_PASS_EVERY,
+            sweep_s: DEFAULT_SWEEP_S,
+            sweep_every_s: DEFAULT_SWEEP_EVERY_S,
+            interval_s: 1.0,
         }
     }
 }
@@ -45,6 +63,20 @@ impl AgesConfig {
     /// The longest horizon (cold and promotion are measured against it).
     pub fn longest(&self) -> f64 {
         self.horizons.last().copied().unwrap_or(0.0)
+    }
+
+    /// hostpte's sweep as (intervals it lasts, intervals between starts);
+    /// None when off.
+    pub fn sweep(&self) -> Option<(u32, u32)> {
+        if self.sweep_s <= 0.0 || self.sweep_every_s <= 0.0 || self.interval_s <= 0.0 {
+            return None;
+        }
+        // Whole intervals: a sweep is read at interval ends.
+        let len = (self.sweep_s / self.interval_s - 1e-9).ceil().max(1.0);
+        let every = (self.sweep_every_s / self.interval_s)
+            .round()
+            .max(2.0 * len);
+        Some((len as u32, every as u32))
     }
 }
 

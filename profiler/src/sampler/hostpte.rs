@@ -379,7 +379,9 @@ impl Sampler for HostPte {
                 .inside_long(*pid)
                 .then(|| self.rearmed.get(pid).copied())
                 .flatten();
-            if keep.is_some() {
+            // A sweep's readings (its closing one too) span more than an
+            // interval: no pass of one for the estimate.
+            if keep.is_some() || self.ages.in_sweep(*pid) {
                 nested.insert(*pid);
             }
             let cpu = budget::thread_cpu();
@@ -447,6 +449,10 @@ impl Sampler for HostPte {
 
     fn ages(&mut self, vm: &Vm) -> Option<Vec<tier_proto::v1::TierAges>> {
         Some(self.ages.ages(vm))
+    }
+
+    fn quiet(&self, vm: &Vm) -> Option<String> {
+        self.ages.quiet(vm)
     }
 
     fn budget(&mut self) -> Option<&mut Budget> {

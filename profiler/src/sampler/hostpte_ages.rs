@@ -4,12 +4,13 @@
 //! are far shorter than the horizons, so one interval in
 //! `long_pass_every` is a long pass: the process is re-armed at the
 //! interval's start and not again until its end; its passes inside read
-//! smaps only, so each counts from that start (the estimate takes them as
-//! passes of growing exposure), and the last is the working set within
-//! about one interval. Horizons beyond that are not measured: a longer pass
-//! would take the ratio estimate's short passes away for as long.
-
-use std::collections::{HashMap, HashSet, VecDeque};
+//! smaps only, so each counts from that start, and the last is the working
+//! set within about one interval. Longer horizons come from a *sweep*: one
+//! pass of `sweep_s`, read at every interval's end without re-arming, every
+//! `sweep_every_s`; its reading after k intervals is the working set within
+//! k intervals. The ratio estimate gets no pass while it lasts (a reading
+//! spanning intervals is no pass of one), so sweeps are rare.
+use std::collections::{HashMap, VecDeque};
 use std::time::Instant;
 
 use tier_proto::v1::{TierAges, Vm};
@@ -41,16 +42,29 @@ struct VmAges {
     tiers: Vec<TierWhole>,
 }
 
-/// The long-pass schedule and each VM's readings.
+/// A process's long pass or sweep.
+#[derive(Debug, Clone, Copy)]
+struct Long {
+    /// Interval ends still to come before it closes.
+    left: u32,
+    /// Intervals it lasts (1: a long pass; more: a sweep).
+    of: u32,
+}
+
+/// The long-pass and sweep schedule and each VM's readings.
 #[derive(Debug, Default)]
 pub struct HostPteAges {
     config: AgesConfig,
     ticks: u64,
     tick_now: bool,
-    /// Processes inside a long pass.
-    long: HashSet<u32>,
-    /// Processes whose long pass closed at this interval's end.
-    closed: HashSet<u32>,
+    /// Processes inside a long pass or sweep.
+    long: HashMap<u32, Long>,
+    /// Processes whose long pass or sweep closed at this interval's end,
+    /// with the intervals it lasted.
+    closed: HashMap<u32, u32>,
+    /// The tick each process was first walked: its first sweep waits
+    /// half a period, so a fresh tierd does not sweep at once.
+    first_tick: HashMap<u32, u64>,
     vms: HashMap<String, VmAges>,
 }
 
@@ -64,32 +78,57 @@ impl HostPteAges {
         self.closed.clear();
     }
 
-    /// True: `pid` is inside a long pass and this pass reads it without
-    /// re-arming.
+    /// True: `pid` is inside a long pass or sweep and this pass reads it
+    /// without re-arming (a sweep's interval ends too, but its last).
     pub fn inside_long(&self, pid: u32) -> bool {
-        !self.tick_now && self.long.contains(&pid)
+        self.long
+            .get(&pid)
+            .is_some_and(|l| !self.tick_now || l.left > 1)
     }
 
-    /// After `pid` was read and re-armed: a tick closes its long pass, or
-    /// opens one when it is due (staggered by pid).
+    /// True: `pid`'s reading this pass belongs to a sweep (inside it, or
+    /// the one that closed it): it spans more than an interval, so it is no
+    /// pass for the ratio estimate.
+    /// Call before `walked`.
+    pub fn in_sweep(&self, pid: u32) -> bool {
+        self.long.get(&pid).is_some_and(|l| l.of > 1)
+    }
+
+    /// After `pid` was read (and re-armed unless `inside_long`): a tick
+    /// counts down its long pass or sweep and closes it at the last, or
+    /// opens one when due (staggered by pid): a sweep first.
     pub fn walked(&mut self, pid: u32) {
         if !self.tick_now {
             return;
         }
-        if self.long.remove(&pid) {
-            self.closed.insert(pid);
+        if let Some(l) = self.long.get_mut(&pid) {
+            l.left = l.left.saturating_sub(1);
+            if l.left == 0 {
+                let of = l.of;
+                self.long.remove(&pid);
+                self.closed.insert(pid, of);
+            }
             return;
         }
+        let first = *self.first_tick.entry(pid).or_insert(self.ticks);
+        let at = self.ticks + u64::from(pid);
+        if let Some((len, every)) = self.config.sweep() {
+            let every = u64::from(every);
+            if self.ticks - first >= every / 2 && at.is_multiple_of(every) {
+                self.long.insert(pid, Long { left: len, of: len });
+                return;
+            }
+        }
         let every = u64::from(self.config.long_pass_every);
-        if every > 0 && (self.ticks + u64::from(pid)).is_multiple_of(every) {
-            self.long.insert(pid);
+        if every > 0 && at.is_multiple_of(every) {
+            self.long.insert(pid, Long { left: 1, of: 1 });
         }
     }
 
     /// This pass's readings of `vm` (pages, not yet scaled) and its tiers'
     /// resident pages.
     pub fn record(&mut self, vm: &Vm, readings: &[TierReading], resident: &[u64]) {
-        let closed = self.closed.contains(&vm.vmm_pid) && self.tick_now;
+        let closed = self.closed.contains_key(&vm.vmm_pid) && self.tick_now;
         let v = self.vms.entry(vm.id.clone()).or_insert_with(|| VmAges {
             first: Instant::now(),
             pid: vm.vmm_pid,
@@ -106,7 +145,7 @@ impl HostPteAges {
                 exposure: e.as_secs_f64(),
             };
             t.current.push(w);
-            if closed {
+            if closed && self.closed.get(&vm.vmm_pid) == Some(&1) {
                 t.long = Some(w.exposure);
             }
         }
@@ -121,7 +160,39 @@ impl HostPteAges {
     }
 
     pub fn forget(&mut self, vm_id: &str) {
-        self.vms.remove(vm_id);
+        if let Some(v) = self.vms.remove(vm_id) {
+            // The process may hold other VMs: its schedule stays with them.
+            if !self.vms.values().any(|o| o.pid == v.pid) {
+                self.long.remove(&v.pid);
+                self.first_tick.remove(&v.pid);
+            }
+        }
+    }
+
+    /// Why `vm` gave the ratio estimate no pass this interval although it
+    /// was read: it is inside a sweep.
+    pub fn quiet(&self, vm: &Vm) -> Option<String> {
+        let (k, of) = self.sweeping(vm.vmm_pid)?;
+        Some(format!(
+            "hostpte sweep for the working-set horizons: interval {k} of {of} without re-arming; no ratio pass until it ends"
+        ))
+    }
+
+    /// (k, n): `pid`'s interval that just ended was the k-th of a sweep of
+    /// n intervals.
+    fn sweeping(&self, pid: u32) -> Option<(u32, u32)> {
+        let of = self
+            .long
+            .get(&pid)
+            .map(|l| l.of)
+            .or_else(|| self.closed.get(&pid).copied())
+            .filter(|&of| of > 1)?;
+        let left = self.long.get(&pid).map_or(0, |l| l.left);
+        // Opened at this interval's end: this interval had its passes.
+        if left == of {
+            return None;
+        }
+        Some((of - left, of))
     }
 
     /// Ages of `vm` over the interval that just ended; its readings move to
@@ -129,6 +200,9 @@ impl HostPteAges {
     pub fn ages(&mut self, vm: &Vm) -> Vec<TierAges> {
         let horizons = &self.config.horizons;
         let every = self.config.long_pass_every;
+        // A sweep's readings span intervals: they stay out of the recent
+        // ones, which bound a horizon's edges with short passes.
+        let sweeping = self.sweeping(vm.vmm_pid).is_some();
         let Some(v) = self.vms.get_mut(&vm.id) else {
             return vm
                 .tiers
@@ -136,7 +210,11 @@ impl HostPteAges {
                 .map(|_| not_measured(horizons, "hostpte: no pass read this VM yet"))
                 .collect();
         };
-        let closed = self.closed.contains(&v.pid);
+        let closed = self.closed.contains_key(&v.pid);
+        let sweep = self
+            .config
+            .sweep()
+            .map(|_| (self.config.sweep_s, self.config.sweep_every_s));
         let history = v.first.elapsed().as_secs_f64();
         v.tiers.resize_with(vm.tiers.len(), TierWhole::default);
         vm.tiers
@@ -150,10 +228,18 @@ impl HostPteAges {
                 let resident = w.resident.unwrap_or(0.0).min(pages);
                 let recent: Vec<Whole> = w.recent.iter().copied().collect();
                 let long = w.long;
-                let missing = |h: f64| match long {
-                    Some(e) if !closed && every > 0 && h <= e * 1.5 => Some(format!(
+                let missing = |h: f64| match (long, sweep) {
+                    (Some(e), _) if !closed && every > 0 && h <= e * 1.5 => Some(format!(
                         "hostpte measures {h}s in its long pass (one interval in {every}); \
                          not this one"
+                    )),
+                    (_, Some((len, each))) if h <= len * 1.25 => Some(format!(
+                        "hostpte measures {h}s in its sweep ({len} s every {each} s); \
+                         not this one"
+                    )),
+                    (_, Some((len, _))) => Some(format!(
+                        "hostpte re-arms the whole process every pass and its sweep \
+                         ([sampler] ws_sweep_s) is {len} s: {h}s is beyond it"
                     )),
                     _ if every == 0 => Some(format!(
                         "hostpte re-arms the whole process every pass and its long pass is \
@@ -165,6 +251,9 @@ impl HostPteAges {
                     horizons, &w.current, &recent, pages, resident, history, missing,
                 );
                 for r in w.current.drain(..) {
+                    if sweeping {
+                        continue;
+                    }
                     if w.recent.len() == RECENT {
                         w.recent.pop_front();
                     }

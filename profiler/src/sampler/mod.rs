@@ -56,6 +56,11 @@ pub trait Sampler: Send {
     fn interval_ends(&mut self) {}
     /// Per-tier ages of `vm` after the interval's last pass, in `vm.tiers`
     /// order; `None`: this backend gives no ages.
+    /// Why `vm`, read this interval, gave the estimate no pass (hostpte's
+    /// sweep); `None`: it did, or the reason is elsewhere.
+    fn quiet(&self, _vm: &Vm) -> Option<String> {
+        None
+    }
     fn ages(&mut self, _vm: &Vm) -> Option<Vec<tier_proto::v1::TierAges>> {
         None
     }

@@ -68,6 +68,12 @@ fn main() -> anyhow::Result<()> {
         )
         .context("--ws-long-pass-every")?,
         horizons: defaults.sampler.ws_horizons_s.clone(),
+        // hostpte's sweep: tierd's default unless `--ws-sweep-s N` /
+        // `--ws-sweep-every-s N` (rows are shorter than its 20 min period).
+        sweep_s: arg("--ws-sweep-s")?.map_or(defaults.sampler.ws_sweep_s, |v| v as f64),
+        sweep_every_s: arg("--ws-sweep-every-s")?
+            .map_or(defaults.sampler.ws_sweep_every_s, |v| v as f64),
+        interval_s: interval.as_secs_f64(),
     };
     anyhow::ensure!(
         (1..=64).contains(&passes)
