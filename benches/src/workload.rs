@@ -11,6 +11,7 @@
 mod demo;
 pub mod guest_plan;
 pub mod guest_truth;
+pub mod guest_ws;
 pub mod serial;
 pub mod testguest;
 
@@ -198,10 +199,16 @@ pub trait WorkloadSource: Send + Sync {
     fn overhead_pages(&self) -> [u32; 2];
     /// Err once the guest has stopped.
     fn check(&self) -> Result<(), WorkloadError>;
-    /// Exact distinct pages [dram, slow] the guest touched in
-    /// `[at - horizon, at]`, its own pages included (the working-set truth,
-    /// docs/working-set.md); None where the source cannot tell.
-    fn touched_within(&self, _at: Instant, _horizon: Duration) -> Option<[u64; 2]> {
+    /// Called at `at`, the instant the truth is to be read at, right
+    /// before tierd's tick: a source whose working-set truth changes as
+    /// the guest runs on takes what it needs of it now.
+    fn mark(&self, _at: Instant) {}
+    /// Distinct pages [dram, slow] the guest touched in `[at - horizon,
+    /// at]`, its own pages included (the working-set truth,
+    /// docs/working-set.md), as (low, high): equal where the source knows
+    /// it exactly, a band as narrow as its clock allows otherwise; None
+    /// where the source cannot tell.
+    fn touched_within(&self, _at: Instant, _horizon: Duration) -> Option<[(u64, u64); 2]> {
         None
     }
 }

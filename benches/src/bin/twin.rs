@@ -230,6 +230,8 @@ fn main() -> anyhow::Result<()> {
         fleet::TOUCHES_PER_MISS
     );
     report::print_fleet(&rows);
+    println!();
+    let age_pairs = report::print_ages(&outcomes);
     let mut fcsv = String::from(
         "backend,vms,to_target_median,not_converged,dram_moved_gib,moves,wrong_moves,within_eps_end\n",
     );
@@ -269,20 +271,19 @@ fn main() -> anyhow::Result<()> {
             .map(|r| r.wrong_moves)
             .sum::<usize>()
     };
-    println!(
-        "{}",
-        result_line(&[
-            ("ept_coverage_min", format!("{ept_cov_min:.2}")),
-            ("ept_p95_err_pp", format!("{ept_p95:.1}")),
-            ("pmu_p95_err_pp", format!("{pmu_p95:.2}")),
-            ("ept_hotset_p95_err_pct", format!("{ept_hot_p95:.1}")),
-            ("controller_wrong_moves", wrong("ept").to_string()),
-            (
-                "controller_wrong_moves_hostpte",
-                wrong("hostpte").to_string()
-            ),
-            ("controller_wrong_moves_pmu", wrong("pmu-count").to_string()),
-        ])
-    );
+    let mut pairs = vec![
+        ("ept_coverage_min", format!("{ept_cov_min:.2}")),
+        ("ept_p95_err_pp", format!("{ept_p95:.1}")),
+        ("pmu_p95_err_pp", format!("{pmu_p95:.2}")),
+        ("ept_hotset_p95_err_pct", format!("{ept_hot_p95:.1}")),
+        ("controller_wrong_moves", wrong("ept").to_string()),
+        (
+            "controller_wrong_moves_hostpte",
+            wrong("hostpte").to_string(),
+        ),
+        ("controller_wrong_moves_pmu", wrong("pmu-count").to_string()),
+    ];
+    pairs.extend(age_pairs.iter().map(|(k, v)| (k.as_str(), v.clone())));
+    println!("{}", result_line(&pairs));
     Ok(())
 }

@@ -7,6 +7,7 @@
 //! costs (`cost`), and the tables, CSV and plots (`report`).
 //! docs/twin.md says what it found.
 
+pub mod ages;
 pub mod cost;
 pub mod ept;
 pub mod feed;

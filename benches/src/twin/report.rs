@@ -314,3 +314,66 @@ pub fn print_fleet(rows: &[FleetResult]) {
         );
     }
 }
+
+/// One ept model's working set per horizon through tierd's ages code,
+/// pooled over `outcomes`' tiers and intervals: (horizon, p95 relative
+/// error %, coverage, points), tiers with a non-zero truth.
+pub fn age_scores(
+    outcomes: &[Outcome],
+    model: usize,
+) -> Vec<(f64, Option<f64>, Option<f64>, usize)> {
+    super::ages::HORIZONS
+        .iter()
+        .map(|&h| {
+            let pts: Vec<(f64, (f64, f64, f64))> = outcomes
+                .iter()
+                .flat_map(|o| &o.ages)
+                .filter(|a| a.horizon == h && a.truth > 0.0)
+                .filter_map(|a| Some((a.truth, a.est[model]?)))
+                .collect();
+            let mut errs: Vec<f64> = pts
+                .iter()
+                .map(|(t, e)| (e.0 - t).abs() / t * 100.0)
+                .collect();
+            // Populations are fractional pages (sim pages x scale): the
+            // ends and the truth differ in the last bits where they meet.
+            let covered = pts
+                .iter()
+                .filter(|(t, e)| {
+                    let tol = 1e-9 * t.abs().max(1.0);
+                    e.1 - tol <= *t && *t <= e.2 + tol
+                })
+                .count();
+            let cov = (!pts.is_empty()).then(|| covered as f64 / pts.len() as f64);
+            (h, p95(&mut errs), cov, pts.len())
+        })
+        .collect()
+}
+
+/// The working-set table of both ept models; returns RESULT pairs.
+pub fn print_ages(outcomes: &[Outcome]) -> Vec<(String, String)> {
+    println!(
+        "working set per tier through tierd's ages code (ages::recency fed each pass's young bits; from_recency's ~95 % interval), pooled over workloads, tiers and intervals:"
+    );
+    println!(
+        "  {:<10} {:>8} {:>8} {:>10} {:>9}",
+        "model", "horizon", "points", "p95 err%", "coverage"
+    );
+    let mut pairs = Vec::new();
+    for (model, name, key) in [(0, "ept", "ept"), (1, "ept+flush", "eptflush")] {
+        for (h, p, c, n) in age_scores(outcomes, model) {
+            println!(
+                "  {:<10} {:>8} {:>8} {:>10} {:>9}",
+                name,
+                format!("{h}s"),
+                n,
+                f(p, 1),
+                f(c, 2)
+            );
+            let na = |v: Option<f64>, d: usize| v.map_or("na".into(), |x| format!("{x:.d$}"));
+            pairs.push((format!("{key}_ws_p95_err_pct_{h}s"), na(p, 1)));
+            pairs.push((format!("{key}_ws_coverage_{h}s"), na(c, 2)));
+        }
+    }
+    pairs
+}

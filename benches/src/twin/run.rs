@@ -10,6 +10,7 @@ use std::time::Duration;
 use tier_profiler::estimate::pass_ends;
 use tier_proto::v1::VmStats;
 
+use super::ages::{AgeRec, Ages, HORIZONS};
 use super::ept::EptBits;
 use super::feed::{Feed, ModelVm, annotate_pmu, two_tier_vm};
 use super::hostpte::HostPteBits;
@@ -122,6 +123,9 @@ pub struct Outcome {
     pub sim_pages: usize,
     pub intervals: Vec<IntervalRec>,
     pub hot: Vec<HotRec>,
+    /// Working set per tier and horizon through tierd's ages code (ept,
+    /// ept+flush), from the first interval each horizon was watched.
+    pub ages: Vec<AgeRec>,
     pub llc_hit: f64,
     /// PMU overflow samples per second (real scale), sampling mode.
     pub pmu_samples_per_s: f64,
@@ -291,6 +295,8 @@ pub fn run(w: &Workload, cfg: &Config) -> Outcome {
         ((pages_in(0) as u64).max(1)) * PAGE,
         ((pages_in(1) as u64).max(1)) * PAGE,
     ];
+    // The ages' populations, as the truth counts them (not whole pages).
+    let population = [pages_in(0), pages_in(1)];
     let mut vms = Vms {
         vms: BACKENDS
             .iter()
@@ -309,6 +315,12 @@ pub fn run(w: &Workload, cfg: &Config) -> Outcome {
     let tiers = 2;
     m.ept.age(&m.tier_of, tiers, 0.0);
     m.ept_flush.age(&m.tier_of, tiers, 0.0);
+    // The ageing at 0 arms the bits: what it found young was touched
+    // before the run, so the first pass Ages sees starts there.
+    let mut ages = [
+        Ages::new(&m.ept, &m.tier_of, tiers),
+        Ages::new(&m.ept_flush, &m.tier_of, tiers),
+    ];
     m.host.age(&m.tier_of, tiers, 0.0);
     for v in &vms.vms {
         v.set(&[(0, 0), (0, 0)]);
@@ -323,6 +335,7 @@ pub fn run(w: &Workload, cfg: &Config) -> Outcome {
         sim_pages: n,
         intervals: Vec::new(),
         hot: Vec::new(),
+        ages: Vec::new(),
         llc_hit: 0.0,
         pmu_samples_per_s: 0.0,
         refaults_per_s: 0.0,
@@ -407,6 +420,8 @@ pub fn run(w: &Workload, cfg: &Config) -> Outcome {
             }
             let r_ept = m.ept.age(&m.tier_of, tiers, tend);
             let r_flush = m.ept_flush.age(&m.tier_of, tiers, tend);
+            ages[0].observe(&m.ept, tend);
+            ages[1].observe(&m.ept_flush, tend);
             let r_host = m.host.age(&m.tier_of, tiers, tend);
             for (i, v) in vms.vms.iter().enumerate() {
                 v.set(match i {
@@ -438,6 +453,21 @@ pub fn run(w: &Workload, cfg: &Config) -> Outcome {
             misses: (dm[0] + dm[1]) * scale,
             touches: (dt[0] + dt[1]) * scale,
         });
+        let read = [ages[0].read(&population), ages[1].read(&population)];
+        for (j, &h) in HORIZONS.iter().enumerate() {
+            let tr = super::ages::truth(&m.last_touch, &m.tier_of, tiers, t1 - h, scale);
+            for (tier, &truth) in tr.iter().enumerate() {
+                let est = [read[0][tier][j], read[1][tier][j]];
+                if est.iter().any(Option::is_some) {
+                    out.ages.push(AgeRec {
+                        horizon: h,
+                        tier,
+                        truth,
+                        est,
+                    });
+                }
+            }
+        }
         for wnd in [1.0, 10.0, 60.0] {
             if t1 + 1e-9 < wnd {
                 continue;

@@ -201,8 +201,8 @@ impl WorkloadSource for DemoSource {
 
     /// The demo VM's own log of when each phase took effect: every page
     /// of a phase is touched every round (~0.7 ms).
-    fn touched_within(&self, at: Instant, horizon: std::time::Duration) -> Option<[u64; 2]> {
-        self.demo().touched_within(at, horizon)
+    fn touched_within(&self, at: Instant, horizon: std::time::Duration) -> Option<[(u64, u64); 2]> {
+        Some(self.demo().touched_within(at, horizon)?.map(|p| (p, p)))
     }
 
     fn check(&self) -> Result<(), WorkloadError> {

@@ -7,7 +7,8 @@
 //! e2e's tierd does) puts it in the registry and refreshes it each
 //! interval, so its guest-reported numbers come from the balloon stats
 //! queue exactly as in tierd. The truth is the guest's own counters, read
-//! from its memory at each instant asked (`guest_truth`); the guest paces
+//! from its memory at each instant asked (`guest_truth`), and for the
+//! working set its page stamps (`guest_ws`); the guest paces
 //! its accesses evenly to [`RATE`] and prints nothing while it runs.
 
 use std::collections::HashMap;
@@ -22,7 +23,8 @@ use tier_profiler::registry::Registry;
 use tier_proto::v1::TierKind;
 
 use super::guest_plan::{self, GuestPlan, WORK};
-use super::guest_truth::{TruthReader, Watcher};
+use super::guest_truth::{TruthReader, WATCH, Watcher};
+use super::guest_ws::touched_band;
 use super::serial::Follower;
 use super::{RowStart, Schedule, Shape, Truth, WorkloadError, WorkloadSource};
 
@@ -52,6 +54,20 @@ struct Row {
     plan: GuestPlan,
     b1: SystemTime,
     steps: usize,
+    /// The work zones' page stamps as read at an instant ([`Self::mark`]).
+    marked: Option<(Instant, [Vec<u64>; 2])>,
+}
+
+impl Row {
+    /// The work zones' page stamps, read now.
+    fn stamps(&self) -> Option<[Vec<u64>; 2]> {
+        let t = self.truth.read().ok()?;
+        let read = |z: usize| {
+            let zone = t.stamps.get(z).filter(|s| s.pages > 0)?;
+            self.truth.stamps(zone).ok()
+        };
+        Some([read(WORK[0])?, read(WORK[1])?])
+    }
 }
 
 #[derive(Debug)]
@@ -239,6 +255,7 @@ impl TestGuestSource {
             plan,
             b1,
             steps,
+            marked: None,
         })
     }
 }
@@ -379,6 +396,46 @@ impl WorkloadSource for TestGuestSource {
     fn overhead_pages(&self) -> [u32; 2] {
         // All of it is in the sys zone.
         [0, 0]
+    }
+
+    /// The stamps at `at`: every touch after it is one more page of the
+    /// truth's band that may or may not have been touched inside a window,
+    /// and the hottest pages are touched every few milliseconds.
+    fn mark(&self, at: Instant) {
+        let Ok(mut st) = self.state() else {
+            return;
+        };
+        if let Some(row) = st.row.as_mut() {
+            row.marked = row.stamps().map(|s| (at, s));
+        }
+    }
+
+    /// From the guest's page stamps of the two work zones, as marked at
+    /// `at` (else read now), and its access count logged every
+    /// millisecond: a band a few pages wide (`guest_ws`). None before the
+    /// log reaches `at - horizon`.
+    fn touched_within(&self, at: Instant, horizon: Duration) -> Option<[(u64, u64); 2]> {
+        let st = self.state().ok()?;
+        let row = st.row.as_ref()?;
+        let since = row.watcher.count_at(at.checked_sub(horizon)?)?;
+        // `at` has just passed: the watcher's next read brackets it.
+        let deadline = Instant::now() + Duration::from_millis(50);
+        let until = loop {
+            match row.watcher.count_at(at) {
+                Some(c) => break c,
+                None if Instant::now() < deadline => std::thread::sleep(WATCH),
+                None => return None,
+            }
+        };
+        let now;
+        let stamps = match &row.marked {
+            Some((m, s)) if *m == at => s,
+            _ => {
+                now = row.stamps()?;
+                &now
+            }
+        };
+        Some([0, 1].map(|t| touched_band(&stamps[t], since, until)))
     }
 
     fn check(&self) -> Result<(), WorkloadError> {

@@ -34,19 +34,19 @@ pub fn working_set(
         return Err("no timed pass this interval".into());
     };
     let d = (h - near.exposure).abs();
+    // A reading's count is exact for the span it was timed over, but the
+    // span's edges are not: pages touched during the re-arm or the walk
+    // may count or not. The shortest reading (a pass at least as long as
+    // those edges) bounds what they hold, both ways, as a gap is bounded
+    // below; at least a page.
+    let edge = readings
+        .iter()
+        .chain(recent)
+        .filter(|r| r.exposure > 0.0)
+        .min_by(|a, b| a.exposure.total_cmp(&b.exposure))
+        .map_or(near.young, |r| r.young)
+        .max(1.0);
     if d <= 1e-9 {
-        // On the reading's exposure. Its count is exact for the span it
-        // was timed over, but the span's edges are not: pages touched
-        // during the re-arm or the walk may count or not. The shortest
-        // reading (a pass at least as long as those edges) bounds what
-        // they hold, both ways, as a gap is bounded below; at least a page.
-        let edge = readings
-            .iter()
-            .chain(recent)
-            .filter(|r| r.exposure > 0.0)
-            .min_by(|a, b| a.exposure.total_cmp(&b.exposure))
-            .map_or(near.young, |r| r.young)
-            .max(1.0);
         return Ok(Bounded {
             point: near.young,
             low: (near.young - edge).max(0.0),
@@ -76,14 +76,23 @@ pub fn working_set(
     }
     // At least one page of slack: the gap pass ran at another time.
     let bound = gap.young.max(1.0);
-    // The point follows the working set's growth between the reading and
-    // the next shorter one (0 when saturated: the same pages again), within
-    // the bound.
-    let slope = readings
-        .iter()
-        .chain(recent)
-        .filter(|r| r.exposure > 0.0 && r.exposure < near.exposure)
+    // The point follows the working set's growth from a shorter reading
+    // to this one (0 when saturated: the same pages again), within the
+    // bound: over at least the gap where one reaches that far (a slope
+    // over a 0.1 s step, times a 3 s gap, is mostly the edges' noise),
+    // else from the next shorter. Within a sweep its readings of the
+    // intervals before are in `recent`: a chord from a short pass would
+    // take a saturating set's early growth for its late.
+    let shorter = || {
+        readings
+            .iter()
+            .chain(recent)
+            .filter(|r| r.exposure > 0.0 && r.exposure < near.exposure)
+    };
+    let slope = shorter()
+        .filter(|r| r.exposure <= near.exposure - d + 1e-9)
         .max_by(|a, b| a.exposure.total_cmp(&b.exposure))
+        .or_else(|| shorter().max_by(|a, b| a.exposure.total_cmp(&b.exposure)))
         .map_or(0.0, |s| {
             ((near.young - s.young) / (near.exposure - s.exposure)).max(0.0)
         });
@@ -91,14 +100,14 @@ pub fn working_set(
     Ok(if near.exposure < h {
         Bounded {
             point: (near.young + part).min(pages),
-            low: near.young,
-            high: (near.young + bound).min(pages),
+            low: (near.young - edge).max(0.0),
+            high: (near.young + edge + bound).min(pages.max(near.young)),
         }
     } else {
         Bounded {
             point: (near.young - part).max(0.0),
-            low: (near.young - bound).max(0.0),
-            high: near.young,
+            low: (near.young - edge - bound).max(0.0),
+            high: (near.young + edge).min(pages.max(near.young)),
         }
     })
 }
@@ -120,14 +129,16 @@ mod tests {
             },
         ];
         let b = working_set(1.0, &r, &[], 4096.0).unwrap();
-        assert_eq!(b.low, 500.0);
-        assert_eq!(b.high, 510.0);
+        // The reading's own edges (the short pass's 10 pages) both ways,
+        // and the gap's above.
+        assert_eq!(b.low, 490.0);
+        assert_eq!(b.high, 520.0);
         // Growth 490 pages over 0.965 s, for 0.01 s.
         let grown = 490.0 / 0.965 * 0.01;
         assert!((b.point - (500.0 + grown)).abs() < 1e-6, "{b:?}");
         // A horizon shorter than the long pass: the long pass is the top.
         let b = working_set(0.98, &r, &[], 4096.0).unwrap();
-        assert_eq!((b.low, b.high), (490.0, 500.0));
+        assert_eq!((b.low, b.high), (480.0, 510.0));
         assert!((b.point - (500.0 - grown)).abs() < 1e-6, "{b:?}");
         // Saturated (the short pass saw as many): the point stays put.
         let flat = [
@@ -141,7 +152,7 @@ mod tests {
             },
         ];
         let b = working_set(1.0, &flat, &[], 4096.0).unwrap();
-        assert_eq!((b.low, b.point, b.high), (66.0, 66.0, 132.0));
+        assert_eq!((b.low, b.point, b.high), (0.0, 66.0, 198.0));
         // On a reading's exposure: its count, with the edges bounded by
         // the shortest reading both ways (never a point).
         let b = working_set(0.025, &r, &[], 4096.0).unwrap();
@@ -169,6 +180,30 @@ mod tests {
         // Only the long pass this interval: the gap bound comes from the
         // recent short passes.
         let b = working_set(1.0, &r[1..], &r[..1], 4096.0).unwrap();
-        assert_eq!((b.low, b.high), (500.0, 510.0));
+        assert_eq!((b.low, b.high), (490.0, 520.0));
+        // A sweep 12 s in, read at 11.1 s (its earlier readings in
+        // `recent`): 10 s follows the growth over the gap, from the 10 s
+        // reading, not the chord from a short pass or the 0.2 s step.
+        let sweep = [Whole {
+            young: 2047.0,
+            exposure: 11.1,
+        }];
+        let prev = [
+            Whole {
+                young: 300.0,
+                exposure: 0.1,
+            },
+            Whole {
+                young: 2030.0,
+                exposure: 10.0,
+            },
+            Whole {
+                young: 2040.0,
+                exposure: 10.9,
+            },
+        ];
+        let b = working_set(10.0, &sweep, &prev, 2048.0).unwrap();
+        assert!((b.point - 2030.0).abs() < 1e-6, "{b:?}");
+        assert!(b.low <= 2030.0 && b.high >= 2047.0, "{b:?}");
     }
 }

@@ -309,6 +309,11 @@ impl Recency {
         (self.history() >= self.longest && now > since).then_some((p.0, p.1, now - since))
     }
 
+    /// Pages of the largest unit (a huge folio: 512).
+    pub fn max_unit_pages(&self) -> f64 {
+        self.weights.iter().max().map_or(1.0, |&w| f64::from(w))
+    }
+
     /// Units in the sample.
     pub fn units(&self) -> usize {
         self.units.len()

@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use tier_proto::v1::{TierAges, Vm};
 
-use crate::ages::profile::from_recency;
+use crate::ages::profile::{from_recency, tlb_unseen_pages};
 use crate::ages::recency::Recency;
 use crate::ages::{AgesConfig, not_measured};
 
@@ -85,7 +85,8 @@ impl EptRecency {
                     Some(r) => {
                         let size = (t.size_bytes / PAGE) as f64;
                         let population = (r.sample_pages() * stride as f64).min(size);
-                        from_recency(r, horizons, population)
+                        let unseen = tlb_unseen_pages(vm.vcpus, r.max_unit_pages(), population);
+                        from_recency(r, horizons, population, unseen)
                     }
                     None => not_measured(horizons, "tier not sampled"),
                 })

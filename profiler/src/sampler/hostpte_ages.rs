@@ -33,6 +33,9 @@ struct TierWhole {
     long: Option<f64>,
     /// Resident pages at the last reading: what cold is counted over.
     resident: Option<f64>,
+    /// Inside a sweep, its readings of the intervals before: the growth
+    /// the sweep's stretched horizons follow (at most a sweep's passes).
+    sweep_hist: Vec<Whole>,
 }
 
 #[derive(Debug)]
@@ -226,7 +229,10 @@ impl HostPteAges {
                 // the ept backends' sample is drawn from resident pages),
                 // not memory never mapped.
                 let resident = w.resident.unwrap_or(0.0).min(pages);
-                let recent: Vec<Whole> = w.recent.iter().copied().collect();
+                let mut recent: Vec<Whole> = w.recent.iter().copied().collect();
+                if sweeping {
+                    recent.extend_from_slice(&w.sweep_hist);
+                }
                 let long = w.long;
                 let missing = |h: f64| match (long, sweep) {
                     (Some(e), _) if !closed && every > 0 && h <= e * 1.5 => Some(format!(
@@ -250,10 +256,12 @@ impl HostPteAges {
                 let a = from_whole(
                     horizons, &w.current, &recent, pages, resident, history, missing,
                 );
+                if sweeping {
+                    w.sweep_hist.append(&mut w.current);
+                } else {
+                    w.sweep_hist.clear();
+                }
                 for r in w.current.drain(..) {
-                    if sweeping {
-                        continue;
-                    }
                     if w.recent.len() == RECENT {
                         w.recent.pop_front();
                     }

@@ -141,6 +141,11 @@ void tg_main(uint32_t start_info)
 		if (params.hot[j] && j >= ntiers)
 			die("cmdline: hot set %u wants tier %u, the VM has %u tier(s)", j, j, ntiers);
 	wl_init(&params);
+	for (unsigned i = 0; i < nzones; i++) {
+		wl.t.stamp_gpa[i] = (uint64_t)zones[i].stamp;
+		wl.t.stamp_pfn[i] = zones[i].base_pfn;
+		wl.t.stamp_pages[i] = zones[i].stamp ? zones[i].span : 0;
+	}
 	if (params.rate) {
 		uint32_t khz = tsc_khz();
 

@@ -184,6 +184,9 @@ void mem_init(const struct hvm_start_info *si, const struct tg_balloon_cfg *cfg,
 	for (i = 0; i < nzones; i++) {
 		zones[i].words = (zones[i].span + 63) / 64;
 		need += 2 * (((uint64_t)zones[i].words * 8 + PAGE_SIZE - 1) & ~(PAGE_SIZE - 1));
+		/* Not the virtio-mem zone: its span may be far larger than its memory. */
+		if (i < nzones_boot)
+			need += ((uint64_t)zones[i].span * 8 + PAGE_SIZE - 1) & ~(PAGE_SIZE - 1);
 	}
 	bump_next = (uint64_t)_image_end;
 	bump_end = bump_next + need;
@@ -193,6 +196,7 @@ void mem_init(const struct hvm_start_info *si, const struct tg_balloon_cfg *cfg,
 
 		z->used = bump_alloc((uint64_t)z->words * 8);
 		z->balloon = bump_alloc((uint64_t)z->words * 8);
+		z->stamp = i < nzones_boot ? bump_alloc((uint64_t)z->span * 8) : 0;
 		bits_fill(z->used, 0, (uint64_t)z->words * 64, 1);
 		for (e = 0; e < si->memmap_entries; e++) {
 			uint64_t s = (mm[e].addr + PAGE_SIZE - 1) >> PAGE_SHIFT;

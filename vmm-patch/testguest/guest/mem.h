@@ -48,6 +48,7 @@ struct zone {
 	uint32_t bhint;	    /* word to start the next ballooned-page search at */
 	uint32_t node;	    /* guest NUMA node (balloon config space, SRAT, virtio-mem) */
 	uint32_t tier;	    /* the workload's set of this index calls it home */
+	uint64_t *stamp;    /* per page: accesses counted when last touched, + 1 (boot zones) */
 };
 
 extern struct zone zones[VIRTIO_BALLOON_TIERS_MAX];

@@ -33,6 +33,17 @@ struct tg_truth {
 	uint64_t seconds; /* RTC second changes since the workload started */
 	uint64_t phase;	  /* the phase running */
 	uint64_t lost[VIRTIO_BALLOON_TIERS_MAX]; /* canary losses per tier (TG_CANARY) */
+	/*
+	 * Per zone, where its page stamps are: `stamp_pages` u64s at
+	 * guest-physical `stamp_gpa`, one per page from pfn `stamp_pfn`, each
+	 * the access count (the sum of acc[]) when the guest last touched the
+	 * page, plus one; 0: never touched. Moves and boot count as touches.
+	 * The host reads which pages were touched since any instant (the
+	 * working-set truth) from them and acc[] read at that instant.
+	 */
+	uint64_t stamp_gpa[VIRTIO_BALLOON_TIERS_MAX];
+	uint64_t stamp_pfn[VIRTIO_BALLOON_TIERS_MAX];
+	uint64_t stamp_pages[VIRTIO_BALLOON_TIERS_MAX];
 };
 
 /*

@@ -10,6 +10,13 @@ struct workload wl;
 /* `tg canary lost` lines printed at most (each loss is counted in lost=). */
 #define CANARY_LOG_MAX 8
 
+/* Page `pfn` of zone `z` touched after `count` accesses (proto.h tg_truth). */
+static inline void stamp(unsigned z, uint64_t pfn, uint64_t count)
+{
+	if (zones[z].stamp)
+		zones[z].stamp[pfn - zones[z].base_pfn] = count + 1;
+}
+
 static void canary_set(uint64_t pfn)
 {
 	uint64_t page = pfn << PAGE_SHIFT;
@@ -125,6 +132,7 @@ void wl_init(const struct tg_params *p)
 			if (z < 0 || zone_alloc((unsigned)z, &pfn))
 				die("workload: no free page for hot set %u page %u", j, k);
 			canary_set(pfn);
+			stamp((unsigned)z, pfn, 0);
 			wl.pfn[j][k] = (uint32_t)pfn;
 			wl.where[j][k] = (uint8_t)z;
 			wl.away[j] += tier_of((unsigned)z) != j;
@@ -213,6 +221,7 @@ void wl_run(uint64_t n)
 			k = (uint32_t)(((r & 0xffffffffULL) * wl.active[j]) >> 32);
 		}
 		page = (uint64_t)wl.pfn[j][k] << PAGE_SHIFT;
+		stamp(wl.where[j][k], wl.pfn[j][k], wl.t.total + i);
 		/* Word 0..510 of the page (bits 23-31 of r scaled by 511/512): the
 		 * last word is the canary, never written here. */
 		*(volatile uint64_t *)(page | (((r >> 23) & 0x1ff) * 511 >> 9) << 3) += 1;
@@ -234,8 +243,10 @@ static void move_page(unsigned j, uint32_t k, unsigned to)
 	memcpy((void *)(pfn << PAGE_SHIFT), (void *)((uint64_t)wl.pfn[j][k] << PAGE_SHIFT),
 	       PAGE_SIZE);
 	canary_set(pfn);
+	stamp(to, pfn, wl.t.total);
 	/* Free pages carry no canary: the balloon may hand this one to the host. */
 	canary_clear(wl.pfn[j][k]);
+	stamp(wl.where[j][k], wl.pfn[j][k], wl.t.total);
 	zone_free(wl.where[j][k], wl.pfn[j][k]);
 	wl.away[j] += (tier_of(to) != j) - (tier_of(wl.where[j][k]) != j);
 	wl.pfn[j][k] = (uint32_t)pfn;

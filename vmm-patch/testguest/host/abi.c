@@ -48,6 +48,8 @@ size_t tg_abi_layout(unsigned which)
 		return (size_t)TG_CANARY;
 	case 17:
 		return TG_CANARY_OFFSET;
+	case 18:
+		return offsetof(struct tg_truth, stamp_gpa);
 	default:
 		return 0;
 	}

@@ -18,11 +18,30 @@ pub struct Truth {
     /// Canary losses per zone (the `lost=` of tick lines): accesses that
     /// found a workload page without its canary ([`crate::canary`]).
     pub lost: [u64; MAX_SETS],
+    /// Per zone, its page stamps (`stamp_*` of the C struct).
+    pub stamps: [Stamps; MAX_SETS],
+}
+
+/// Where one zone's page stamps are: `pages` little-endian u64s at
+/// guest-physical `gpa`, one per page from `pfn`; each is the access count
+/// (the sum of `acc`) when the guest last touched the page, plus one, and
+/// 0 for a page never touched. `pages` 0: the zone has none.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Stamps {
+    pub gpa: u64,
+    pub pfn: u64,
+    pub pages: u64,
 }
 
 impl Truth {
     /// Bytes of the block.
-    pub const SIZE: usize = (2 * MAX_SETS + 3) * 8;
+    pub const SIZE: usize = (5 * MAX_SETS + 3) * 8;
+
+    /// Accesses counted so far: every access adds one to one `acc`, so
+    /// their sum moves with each access (`total` only once per batch).
+    pub fn count(&self) -> u64 {
+        self.acc.iter().sum()
+    }
 
     /// Decodes the block as the guest lays it out (little-endian u64s);
     /// `None` if `b` is shorter than [`Truth::SIZE`].
@@ -41,12 +60,23 @@ impl Truth {
         for l in &mut lost {
             *l = next()?;
         }
+        let mut stamps = [Stamps::default(); MAX_SETS];
+        for s in &mut stamps {
+            s.gpa = next()?;
+        }
+        for s in &mut stamps {
+            s.pfn = next()?;
+        }
+        for s in &mut stamps {
+            s.pages = next()?;
+        }
         Some(Truth {
             acc,
             total,
             seconds,
             phase,
             lost,
+            stamps,
         })
     }
 }
@@ -61,6 +91,7 @@ mod tests {
         assert_eq!(crate::c_layout(9), (MAX_SETS + 1) * 8);
         assert_eq!(crate::c_layout(10), (MAX_SETS + 2) * 8);
         assert_eq!(crate::c_layout(15), (MAX_SETS + 3) * 8);
+        assert_eq!(crate::c_layout(18), (2 * MAX_SETS + 3) * 8);
     }
 
     #[test]
@@ -80,6 +111,10 @@ mod tests {
         );
         assert_eq!(t.lost[0], MAX_SETS as u64 + 4);
         assert_eq!(t.lost[MAX_SETS - 1], 2 * MAX_SETS as u64 + 3);
+        assert_eq!(t.stamps[0].gpa, 2 * MAX_SETS as u64 + 4);
+        assert_eq!(t.stamps[0].pfn, 3 * MAX_SETS as u64 + 4);
+        assert_eq!(t.stamps[MAX_SETS - 1].pages, 5 * MAX_SETS as u64 + 3);
+        assert_eq!(t.count(), (1..=MAX_SETS as u64).sum::<u64>());
         assert_eq!(Truth::from_bytes(&bytes[..Truth::SIZE - 1]), None);
     }
 }

@@ -550,6 +550,66 @@ fn canary_survives_balloon_moves(bin: &Path) {
     vm.stop();
 }
 
+/// Page stamps (the working-set truth): every hot page stamped at boot and
+/// nothing else, each stamp at most the access count read after it, and a
+/// second later the hot pages stamped anew while the count moved on.
+fn page_stamps_follow_the_accesses(bin: &Path) {
+    use tier_testguest::truth::Truth;
+    let vm = Vm::boot(
+        bin,
+        &[("dram", "64M"), ("slow", "64M")],
+        "hot=512,128 phases=90/10@0 report=1s",
+    );
+    vm.wait_api();
+    let lines = vm.wait_line("a tick", |l| l.kind == "tick");
+    let at = lines
+        .iter()
+        .find(|l| l.kind == "ready")
+        .unwrap()
+        .u64("truth")
+        .unwrap();
+    let read_truth = || Truth::from_bytes(&vm.read_guest(at, Truth::SIZE as u64)).unwrap();
+    let stamps = |t: &Truth, z: usize| -> Vec<u64> {
+        let s = t.stamps[z];
+        assert!(s.pages > 0, "zone {z} has no stamps: {t:?}");
+        vm.read_guest(s.gpa, s.pages * 8)
+            .chunks_exact(8)
+            .map(|c| u64::from_le_bytes(c.try_into().unwrap()))
+            .collect()
+    };
+    let t0 = read_truth();
+    let first: Vec<Vec<u64>> = (0..2).map(|z| stamps(&t0, z)).collect();
+    let t1 = read_truth();
+    let touched: Vec<usize> = first
+        .iter()
+        .map(|s| s.iter().filter(|&&x| x > 0).count())
+        .collect();
+    assert_eq!(touched, vec![512, 128], "pages ever touched per zone");
+    for s in &first {
+        assert!(
+            s.iter().all(|&x| x <= t1.count() + 1),
+            "a stamp ahead of the count"
+        );
+    }
+    assert_eq!(t0.stamps[2].pages, 0, "no third zone: {t0:?}");
+    std::thread::sleep(std::time::Duration::from_secs(1));
+    let t2 = read_truth();
+    let later: Vec<Vec<u64>> = (0..2).map(|z| stamps(&t2, z)).collect();
+    assert!(t2.count() > t1.count(), "{t1:?} -> {t2:?}");
+    // 90 % of the accesses on 512 dram pages: most of them touched again.
+    let again = later[0].iter().filter(|&&x| x > t1.count()).count();
+    assert!(
+        again > 256,
+        "{again} dram pages touched since the first read"
+    );
+    eprintln!(
+        "stamps: {touched:?} pages, {again} dram pages touched again within 1 s, count {} -> {}",
+        t1.count(),
+        t2.count()
+    );
+    vm.stop();
+}
+
 /// Canary, negative: a page in use zeroed from outside (as a page the host
 /// released reads) is found by the guest: one `tg canary lost` line with its
 /// address, `lost=` 1 for its tier, the truth block's count 1, and the
@@ -698,6 +758,10 @@ fn main() {
         vm_trial(
             "live_canary_detects_a_zeroed_page",
             canary_detects_a_zeroed_page,
+        ),
+        vm_trial(
+            "live_page_stamps_follow_the_accesses",
+            page_stamps_follow_the_accesses,
         ),
         Trial::ignorable_test(
             "ch_source_constants_match_guest",

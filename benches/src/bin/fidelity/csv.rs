@@ -1,6 +1,7 @@
 //! The fidelity run's CSV files: every interval with every source
 //! (`intervals-<backend>.csv`, what `refit` replays) and per-workload
-//! statistics (`summary-<backend>.csv`).
+//! statistics (`summary-<backend>.csv`), and every working-set point
+//! (`ws-<backend>.csv`).
 
 use std::fmt::Write as _;
 use std::path::Path;
@@ -142,6 +143,43 @@ pub fn write_summary_csv(
                 cov.map_or(String::new(), |c| c.no_interval.to_string()),
                 cov.and_then(|c| c.width_median)
                     .map_or(String::new(), |w| format!("{:.3}", w * 100.0)),
+            );
+        }
+    }
+    std::fs::write(path, out).with_context(|| format!("writing {}", path.display()))
+}
+
+/// ws.csv: one line per interval, tier and horizon: the truth's band and
+/// the estimate with its interval, or why it was not measured.
+pub fn write_ws_csv(path: &Path, matrix: &[Workload], records: &[Record]) -> anyhow::Result<()> {
+    let mut out = String::from(
+        "interval,t_s,workload,kind,step,warmup,horizon_s,tier,truth_low,truth_high,estimate,low,high,not_measured\n",
+    );
+    for r in records {
+        for p in &r.ws {
+            let (e, lo, hi, why) = match &p.est {
+                Ok((e, lo, hi)) => (
+                    format!("{e:.1}"),
+                    format!("{lo:.1}"),
+                    format!("{hi:.1}"),
+                    "",
+                ),
+                Err(w) => (String::new(), String::new(), String::new(), w.as_str()),
+            };
+            let _ = writeln!(
+                out,
+                "{},{:.3},{},{},{},{},{},{},{},{},{e},{lo},{hi},\"{}\"",
+                r.index,
+                r.t_s,
+                r.workload + 1,
+                matrix[r.workload].kind.label(),
+                r.step,
+                r.warmup,
+                p.horizon,
+                ["dram", "slow"][p.tier.min(1)],
+                p.truth.0,
+                p.truth.1,
+                why.replace('"', "'"),
             );
         }
     }

@@ -8,8 +8,8 @@
 //! Workload source: the PVH test guest under the patched cloud-hypervisor
 //! when a VMM binary is configured (`--ch-bin PATH` or `TIERD_CH_BIN`),
 //! else the raw-KVM demo VM. Options: `--interval-ms N`, `--passes N`
-//! (defaults: tierd's), `--kinds footprint,rate,phases,skew` (rows of these
-//! kinds only; default all).
+//! (defaults: tierd's), `--kinds footprint,rate,phases,skew,ages` (rows of
+//! these kinds only; default all but `ages`, the long working-set rows).
 
 mod coverage;
 mod csv;
@@ -158,11 +158,12 @@ fn main() -> anyhow::Result<()> {
     let overhead_pages = source.overhead_pages();
     println!("fidelity: source {which}: {}", source.describe());
     println!(
-        "  interval {interval_ms} ms, {passes} passes per interval (tierd defaults: {} ms, {}); {} workloads, {} measured intervals per phase",
+        "  interval {interval_ms} ms, {passes} passes per interval (tierd defaults: {} ms, {}); {} workloads, {} measured intervals per phase ({} in ages rows)",
         defaults.interval_ms,
         defaults.passes_per_interval,
         matrix.len(),
-        matrix::INTERVALS
+        matrix::INTERVALS,
+        matrix::AGES_PER_STEP
     );
     println!("sources:");
     println!("  {:<15} {truth_kind}", "truth");
@@ -226,11 +227,13 @@ fn main() -> anyhow::Result<()> {
         let summary = out.join(format!("summary-{tag}.csv"));
         csv::write_intervals_csv(&csv, &matrix, &records, &truth, &others)?;
         csv::write_summary_csv(&summary, &matrix, &records, &truth, &others)?;
+        let ws_csv = out.join(format!("ws-{tag}.csv"));
+        csv::write_ws_csv(&ws_csv, &matrix, &records)?;
         let sub = out.join(tag);
         std::fs::create_dir_all(&sub).with_context(|| format!("creating {}", sub.display()))?;
         let mut all = vec![&truth];
         all.extend(others.iter().copied());
-        files.extend([csv, summary]);
+        files.extend([csv, summary, ws_csv]);
         files.extend(report::plots(&sub, &matrix, &records, &all)?);
         let scores = ws::score(records.iter().filter(|r| !r.warmup).flat_map(|r| &r.ws));
         let ws_pairs = ws::print(&scores);
@@ -272,15 +275,19 @@ fn main() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The rows of the kinds `--kinds a,b` names (all without it).
+/// The rows of the kinds `--kinds a,b` names (without it, all but the
+/// long ages rows).
 fn only_kinds(matrix: Vec<matrix::Workload>) -> anyhow::Result<Vec<matrix::Workload>> {
     let args: Vec<String> = std::env::args().collect();
     let Some(i) = args.iter().position(|a| a == "--kinds") else {
-        return Ok(matrix);
+        return Ok(matrix
+            .into_iter()
+            .filter(|w| w.kind != matrix::Kind::Ages)
+            .collect());
     };
     let v = args.get(i + 1).context("--kinds needs a list")?;
     let kinds: Vec<&str> = v.split(',').collect();
-    let known = ["footprint", "rate", "phases", "skew"];
+    let known = ["footprint", "rate", "phases", "skew", "ages"];
     if let Some(k) = kinds.iter().find(|k| !known.contains(k)) {
         anyhow::bail!("--kinds: unknown kind {k:?}; known: {}", known.join(","));
     }

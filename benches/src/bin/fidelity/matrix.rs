@@ -17,6 +17,10 @@ pub enum Kind {
     /// Pages of a tier differ in popularity (Zipf, the test guest's
     /// `zipf=`): a few hot pages among many cool ones, as in real guests.
     Skew,
+    /// Long rows for the working-set ages (test guest; run only when
+    /// `--kinds` names them): [`AGES_PER_STEP`] intervals per step, room
+    /// for hostpte's sweep.
+    Ages,
 }
 
 impl Kind {
@@ -26,6 +30,17 @@ impl Kind {
             Kind::Rate => "rate",
             Kind::Phases => "phases",
             Kind::Skew => "skew",
+            Kind::Ages => "ages",
+        }
+    }
+}
+
+impl Workload {
+    /// Measured intervals per step.
+    pub fn per_step(&self) -> usize {
+        match self.kind {
+            Kind::Ages => AGES_PER_STEP,
+            _ => INTERVALS,
         }
     }
 }
@@ -41,6 +56,11 @@ pub struct Workload {
 /// Measured intervals per phase (the first phase also gets one warm-up
 /// interval, which is not scored).
 pub const INTERVALS: usize = 6;
+
+/// Measured intervals per step of an ages row: three steps hold one sweep
+/// of 60 s every 120 s (`--ws-sweep-s 60 --ws-sweep-every-s 120`), which
+/// opens between intervals 60 and 180 of a VM and lasts 60.
+pub const AGES_PER_STEP: usize = 84;
 
 /// Where in its interval a phase change lands (fraction of the interval):
 /// inside a pass, as changes in real guests do.
@@ -182,6 +202,26 @@ fn skew() -> Vec<Workload> {
     ]
 }
 
+/// Ages rows (test guest only): a steady Zipf pair, whose horizons differ
+/// by how far into its tail each reaches, and a chain whose tail grows and
+/// shrinks back, so that the 10 s and 60 s working sets part ways.
+fn ages() -> Vec<Workload> {
+    let steady = rate(2048, 4, 1).skewed(Skew::Zipf([990, 990]));
+    let chain = |tail: u32| Shape::pages(512, tail).skewed(Skew::Chain(1000));
+    vec![
+        Workload {
+            name: "ages: z0.99 2048+2048, dram 4x, steady".into(),
+            kind: Kind::Ages,
+            steps: vec![steady; 3],
+        },
+        Workload {
+            name: "ages: z1 chain, tail 512 -> 3584 -> 512".into(),
+            kind: Kind::Ages,
+            steps: vec![chain(512), chain(3584), chain(512)],
+        },
+    ]
+}
+
 /// The matrix for the PVH test guest, which picks pages at random with
 /// per-set weights (pages x repeat): a page's rate is accesses/s x weight
 /// / pages, and accessed bits can tell rates apart only below about one
@@ -204,6 +244,7 @@ pub fn testguest() -> Vec<Workload> {
     }
     m.extend(phases(512, 2048, 1024));
     m.extend(skew());
+    m.extend(ages());
     m
 }
 
@@ -251,8 +292,9 @@ mod testguest_tests {
             change_at: CHANGE_AT,
         };
         let m = testguest();
-        assert_eq!(m.len(), 25);
+        assert_eq!(m.len(), 27);
         assert_eq!(m.iter().filter(|w| w.kind == Kind::Skew).count(), 9);
+        assert_eq!(m.iter().filter(|w| w.kind == Kind::Ages).count(), 2);
         for k in [Kind::Footprint, Kind::Rate, Kind::Phases] {
             assert!(m.iter().any(|w| w.kind == k));
         }

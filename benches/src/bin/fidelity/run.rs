@@ -13,7 +13,7 @@ use tier_profiler::sampler::Sampler;
 use tier_proto::v1::StatsUpdate;
 
 use crate::coverage::ratio_interval;
-use crate::matrix::{CHANGE_AT, INTERVALS, Workload};
+use crate::matrix::{CHANGE_AT, Workload};
 use crate::ws::{WsPoint, points};
 
 /// What a host backend reported for one interval.
@@ -132,11 +132,12 @@ fn sleep_until(t: Instant) {
     }
 }
 
-pub fn schedule(interval: Duration) -> Schedule {
+/// The schedule of a row with `per_step` measured intervals per step.
+pub fn schedule(interval: Duration, per_step: usize) -> Schedule {
     Schedule {
         interval,
         warmup: 1,
-        per_step: INTERVALS as u32,
+        per_step: u32::try_from(per_step).unwrap_or(u32::MAX),
         change_at: CHANGE_AT,
     }
 }
@@ -149,7 +150,6 @@ pub fn run(p: Pipeline<'_>, matrix: &[Workload]) -> anyhow::Result<Output> {
         interval,
         passes,
     } = p;
-    let schedule = schedule(interval);
     let mut registry = Registry::default();
     let mut agg = Aggregator::default();
     let started = Instant::now();
@@ -157,11 +157,12 @@ pub fn run(p: Pipeline<'_>, matrix: &[Workload]) -> anyhow::Result<Output> {
     let mut offsets = Vec::new();
     let total: usize = matrix
         .iter()
-        .map(|w| schedule.intervals(w.steps.len()))
+        .map(|w| schedule(interval, w.per_step()).intervals(w.steps.len()))
         .sum();
     // One step per interval: rows differ in length.
     let progress = Progress::bar("fidelity", total as u64);
     for (w, work) in matrix.iter().enumerate() {
+        let schedule = schedule(interval, work.per_step());
         source.check()?;
         progress.suspend(|| {
             eprintln!(
@@ -187,7 +188,7 @@ pub fn run(p: Pipeline<'_>, matrix: &[Workload]) -> anyhow::Result<Output> {
             .enumerate()
         {
             let start = row.t0 + interval * u32::try_from(k).context("row length")?;
-            let (at, update) = interval_passes(
+            let (at, read, update) = interval_passes(
                 Interval {
                     source,
                     sampler: sampler.as_deref_mut().map(|s| s as &mut dyn Sampler),
@@ -209,7 +210,7 @@ pub fn run(p: Pipeline<'_>, matrix: &[Workload]) -> anyhow::Result<Output> {
             let truth_ws = |at: Instant, h: f64| {
                 source.touched_within(at, Duration::try_from_secs_f64(h).ok()?)
             };
-            let ws = points(&update, &row.vm_id, at, &truth_ws);
+            let ws = points(&update, &row.vm_id, read, &truth_ws);
             records.push(Record {
                 index: records.len(),
                 t_s: started.elapsed().as_secs_f64(),
@@ -246,12 +247,13 @@ struct Interval<'a> {
 
 /// The passes of one interval, the last one closing it after the source's
 /// discovery step (as `tierd run` does); returns the instant just before
-/// tierd's tick, at which the truth is to be read, and the update.
+/// tierd's tick, at which the truth is to be read, the instant right
+/// after it, at which its working-set horizons end, and the update.
 fn interval_passes(
     i: Interval<'_>,
     agg: &mut Aggregator,
     reg: &mut Registry,
-) -> anyhow::Result<(Instant, StatsUpdate)> {
+) -> anyhow::Result<(Instant, Instant, StatsUpdate)> {
     let Interval {
         source,
         mut sampler,
@@ -281,7 +283,11 @@ fn interval_passes(
             source.discover(reg);
             let at = Instant::now();
             let update = agg.tick(reg, s, interval_ns);
-            return Ok((at, update));
+            // The tick's pass read the VM just now: the working set's
+            // horizons end here, not before the walk.
+            let read = Instant::now();
+            source.mark(read);
+            return Ok((at, read, update));
         }
     }
     anyhow::bail!("passes_per_interval is 0")
@@ -329,10 +335,11 @@ fn readings(u: &StatsUpdate, vm_id: &str) -> (Option<[u64; 2]>, Option<Host>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::matrix::INTERVALS;
 
     #[test]
     fn a_row_has_its_changes_in_the_first_interval_of_each_step() {
-        let s = schedule(Duration::from_secs(1));
+        let s = schedule(Duration::from_secs(1), INTERVALS);
         let plans = row_plans(3, &s);
         assert_eq!(plans.len(), s.intervals(3));
         assert!(plans[0].warmup && plans[0].change.is_none());

@@ -16,8 +16,9 @@ pub struct WsPoint {
     pub horizon: f64,
     /// 0 dram, 1 slow.
     pub tier: usize,
-    /// Exact pages the guest touched within the horizon.
-    pub truth: u64,
+    /// Pages the guest touched within the horizon, (low, high): exact
+    /// where equal, else as the guest's count log brackets it.
+    pub truth: (u64, u64),
     /// (point, low, high) pages; None: not measured, and why.
     pub est: Result<(f64, f64, f64), String>,
 }
@@ -28,7 +29,7 @@ pub fn points(
     u: &StatsUpdate,
     vm_id: &str,
     at: Instant,
-    truth: &dyn Fn(Instant, f64) -> Option<[u64; 2]>,
+    truth: &dyn Fn(Instant, f64) -> Option<[(u64, u64); 2]>,
 ) -> Vec<WsPoint> {
     let Some(s) = u.stats.iter().find(|s| s.vm_id == vm_id) else {
         return Vec::new();
@@ -73,9 +74,18 @@ pub struct WsScore {
     /// Share of measured points whose interval held the truth.
     pub coverage: Option<f64>,
     pub measured: usize,
+    /// p95 width of the truth's band, % of its low end.
+    pub truth_width: Option<f64>,
     pub not_measured: usize,
     /// One reason it was not measured.
     pub why: Option<String>,
+}
+
+/// |estimate - truth| / truth in %, against the nearest end of the
+/// truth's band (0 inside it).
+fn error_pct(est: f64, truth: (u64, u64)) -> f64 {
+    let (lo, hi) = (truth.0 as f64, truth.1 as f64);
+    (est - est.clamp(lo, hi)).abs() / lo * 100.0
 }
 
 pub fn score<'a>(points: impl Iterator<Item = &'a WsPoint>) -> Vec<WsScore> {
@@ -96,21 +106,28 @@ pub fn score<'a>(points: impl Iterator<Item = &'a WsPoint>) -> Vec<WsScore> {
             let errs_of = |tier: Option<usize>| -> Vec<f64> {
                 measured
                     .iter()
-                    .filter(|(p, _)| p.truth > 0 && tier.is_none_or(|t| t == p.tier))
-                    .map(|(p, e)| (e.0 - p.truth as f64).abs() / p.truth as f64 * 100.0)
+                    .filter(|(p, _)| p.truth.0 > 0 && tier.is_none_or(|t| t == p.tier))
+                    .map(|(p, e)| error_pct(e.0, p.truth))
                     .collect()
             };
             let errs = errs_of(None);
+            // The interval meets the truth's band (one point when exact).
             let covered = measured
                 .iter()
-                .filter(|(p, e)| e.1 <= p.truth as f64 && p.truth as f64 <= e.2)
+                .filter(|(p, e)| e.1 <= p.truth.1 as f64 && p.truth.0 as f64 <= e.2)
                 .count();
+            let widths: Vec<f64> = ps
+                .iter()
+                .filter(|p| p.truth.0 > 0)
+                .map(|p| (p.truth.1 - p.truth.0) as f64 / p.truth.0 as f64 * 100.0)
+                .collect();
             WsScore {
                 horizon,
                 err: ErrorStats::of(&errs),
                 err_tier: [0, 1].map(|t| ErrorStats::of(&errs_of(Some(t)))),
                 coverage: (!measured.is_empty()).then(|| covered as f64 / measured.len() as f64),
                 measured: measured.len(),
+                truth_width: ErrorStats::of(&widths).map(|w| w.p95),
                 not_measured: ps.len() - measured.len(),
                 why: ps.iter().find_map(|p| p.est.clone().err()),
             }
@@ -121,17 +138,25 @@ pub fn score<'a>(points: impl Iterator<Item = &'a WsPoint>) -> Vec<WsScore> {
 /// The table; returns the RESULT pairs.
 pub fn print(scores: &[WsScore]) -> Vec<(String, String)> {
     println!(
-        "working set per horizon (dram and slow tiers, scored intervals; error = |estimate - exact pages touched| / exact):"
+        "working set per horizon (dram and slow tiers, scored intervals; error = |estimate - pages the guest touched| / touched, against the truth's band; truth± = p95 width of that band, % of it):"
     );
     println!(
-        "  {:>8} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}  not measured because",
-        "horizon", "measured", "n/m", "p95 err%", "max err%", "dram p95", "slow p95", "coverage"
+        "  {:>8} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>7}  not measured because",
+        "horizon",
+        "measured",
+        "n/m",
+        "p95 err%",
+        "max err%",
+        "dram p95",
+        "slow p95",
+        "coverage",
+        "truth±"
     );
     let mut pairs = Vec::new();
     for s in scores {
         let f = |x: Option<f64>| x.map_or("-".to_string(), |x| format!("{x:.2}"));
         println!(
-            "  {:>8} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}  {}",
+            "  {:>8} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>7}  {}",
             format!("{}s", s.horizon),
             s.measured,
             s.not_measured,
@@ -140,6 +165,7 @@ pub fn print(scores: &[WsScore]) -> Vec<(String, String)> {
             f(s.err_tier[0].map(|e| e.p95)),
             f(s.err_tier[1].map(|e| e.p95)),
             f(s.coverage),
+            f(s.truth_width),
             s.why.as_deref().unwrap_or("-")
         );
         let na = |x: Option<f64>| x.map_or("na".to_string(), |x| format!("{x:.2}"));
@@ -160,7 +186,7 @@ mod tests {
         let p = |h: f64, truth: u64, est: Result<(f64, f64, f64), String>| WsPoint {
             horizon: h,
             tier: 0,
-            truth,
+            truth: (truth, truth),
             est,
         };
         let pts = [
@@ -175,5 +201,24 @@ mod tests {
         assert_eq!(s[0].coverage, Some(0.5));
         assert_eq!((s[1].measured, s[1].not_measured), (0, 1));
         assert_eq!(s[1].why.as_deref(), Some("beyond"));
+        assert_eq!(s[0].truth_width, Some(0.0));
+    }
+
+    /// A truth known within a band: no error inside it, the distance to
+    /// its nearer end outside; an interval that meets it covers it.
+    #[test]
+    fn a_banded_truth_scores_against_its_nearer_end() {
+        let p = |est: (f64, f64, f64)| WsPoint {
+            horizon: 1.0,
+            tier: 1,
+            truth: (100, 110),
+            est: Ok(est),
+        };
+        let pts = [p((105.0, 104.0, 106.0)), p((120.0, 111.0, 130.0))];
+        let s = score(pts.iter());
+        assert_eq!(s[0].err.map(|e| e.max), Some(10.0));
+        assert_eq!(s[0].err_tier[1].map(|e| e.p95 <= 10.0), Some(true));
+        assert_eq!(s[0].coverage, Some(0.5));
+        assert_eq!(s[0].truth_width, Some(10.0));
     }
 }
