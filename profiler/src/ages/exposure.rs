@@ -78,24 +78,31 @@ pub fn working_set(
     let bound = gap.young.max(1.0);
     // The point follows the working set's growth from a shorter reading
     // to this one (0 when saturated: the same pages again), within the
-    // bound: over at least the gap where one reaches that far (a slope
-    // over a 0.1 s step, times a 3 s gap, is mostly the edges' noise),
-    // else from the next shorter. Within a sweep its readings of the
-    // intervals before are in `recent`: a chord from a short pass would
-    // take a saturating set's early growth for its late.
+    // bound: the smaller of the growth over at least the gap, where a
+    // reading reaches that far, and over the last step (the next shorter
+    // reading). A 0.1 s step times a 3 s gap is mostly the edges' noise;
+    // a chord from a short pass takes a saturating set's early growth for
+    // its late one, and from a pass that saw nothing (a starved vCPU) any
+    // growth at all. Within a sweep its readings of the intervals before
+    // are in `recent`.
     let shorter = || {
         readings
             .iter()
             .chain(recent)
             .filter(|r| r.exposure > 0.0 && r.exposure < near.exposure)
     };
-    let slope = shorter()
-        .filter(|r| r.exposure <= near.exposure - d + 1e-9)
-        .max_by(|a, b| a.exposure.total_cmp(&b.exposure))
-        .or_else(|| shorter().max_by(|a, b| a.exposure.total_cmp(&b.exposure)))
-        .map_or(0.0, |s| {
-            ((near.young - s.young) / (near.exposure - s.exposure)).max(0.0)
-        });
+    let growth = |s: &Whole| ((near.young - s.young) / (near.exposure - s.exposure)).max(0.0);
+    let longest = |it: &mut dyn Iterator<Item = &Whole>| {
+        it.max_by(|a, b| a.exposure.total_cmp(&b.exposure)).copied()
+    };
+    let over_gap = longest(&mut shorter().filter(|r| r.exposure <= near.exposure - d + 1e-9));
+    let last_step = longest(&mut shorter());
+    let slope = over_gap
+        .iter()
+        .chain(last_step.iter())
+        .map(growth)
+        .reduce(f64::min)
+        .unwrap_or(0.0);
     let part = (slope * d).min(bound);
     Ok(if near.exposure < h {
         Bounded {
@@ -205,5 +212,24 @@ mod tests {
         let b = working_set(10.0, &sweep, &prev, 2048.0).unwrap();
         assert!((b.point - 2030.0).abs() < 1e-6, "{b:?}");
         assert!(b.low <= 2030.0 && b.high >= 2047.0, "{b:?}");
+        // Saturated, with a pass that saw nothing (its vCPU starved) the
+        // only reading as far back as the gap: the last step says no
+        // growth, and the smaller growth wins.
+        let nested = [
+            Whole {
+                young: 202.0,
+                exposure: 0.37,
+            },
+            Whole {
+                young: 202.0,
+                exposure: 0.38,
+            },
+        ];
+        let starved = [Whole {
+            young: 0.0,
+            exposure: 0.02,
+        }];
+        let b = working_set(0.4, &nested, &starved, 4096.0).unwrap();
+        assert_eq!(b.point, 202.0, "{b:?}");
     }
 }
