@@ -230,7 +230,8 @@ fn estimates(
     let out = sums
         .iter()
         .zip(fitted)
-        .map(|(s, f)| {
+        .zip(pages)
+        .map(|((s, f), &pages)| {
             let e = f.estimate;
             if !s.fitted() {
                 return TierEstimate {
@@ -251,6 +252,19 @@ fn estimates(
                 low: (b.low * k).min(accesses),
                 high: b.high.map(|h| (h * k).max(accesses)),
                 ..b
+            });
+            // Passes of one length (hostpte's long pass: one pass of the
+            // whole interval) fit no interval, yet the point stands: each
+            // young page was touched at least once, and nothing bounds how
+            // often. Firm only where every page was read (a sample's young
+            // share scaled to the tier is not a bound); else no interval.
+            let bounds = bounds.or_else(|| {
+                (s.passes > 0 && s.sampled_pages >= pages).then(|| Bounds {
+                    low: (s.young_max as f64).min(accesses),
+                    high: None,
+                    saturated: 0.0,
+                    misfit: f64::NAN,
+                })
             });
             TierEstimate {
                 accesses,
@@ -841,9 +855,8 @@ mod tests {
         assert_ne!(first, next, "{tiny:?}");
     }
 
-    #[test]
-    fn passes_are_timed_by_the_sampler_exposure_and_scaled_to_the_interval() {
-        use std::time::Duration;
+    /// VM "vm" with a dram and a slow tier of 4096 pages each.
+    fn two_tier_vm() -> tier_proto::v1::Vm {
         use tier_proto::v1::{Tier, TierKind, Vm};
         let tier = |name: &str, kind: TierKind| Tier {
             name: name.into(),
@@ -851,6 +864,16 @@ mod tests {
             size_bytes: 4096 * PAGE,
             ..Default::default()
         };
+        Vm {
+            id: "vm".into(),
+            tiers: vec![tier("dram", TierKind::Dram), tier("slow", TierKind::Cxl)],
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn passes_are_timed_by_the_sampler_exposure_and_scaled_to_the_interval() {
+        use std::time::Duration;
         let ms = Duration::from_millis;
         let ends = [25, 125, 500, 625, 1000].map(ms);
         // Each pass watched 7 ms less than its length (the walk); pages
@@ -876,11 +899,7 @@ mod tests {
         // Popped from the end: the arming reading first.
         script.reverse();
         script.push(vec![TierReading::default(); 2]);
-        let vm = Vm {
-            id: "vm".into(),
-            tiers: vec![tier("dram", TierKind::Dram), tier("slow", TierKind::Cxl)],
-            ..Default::default()
-        };
+        let vm = two_tier_vm();
         let mut reg = Registry::default();
         reg.insert(Box::new(ScriptedVm(vm, std::sync::Mutex::new(script))));
         let mut agg = Aggregator::default();
@@ -925,6 +944,50 @@ mod tests {
         let u = agg.tick_at(&mut reg, None, 1_000_000_000, t0 + ends[4] * 2);
         assert_eq!(u.stats[0].tiers[0].passes, 0);
         assert!(!agg.windows.contains_key("vm"), "{:?}", agg.windows);
+    }
+
+    /// One pass of the whole interval (hostpte's long pass) fits no
+    /// interval: every page read, the young pages are a firm low end and
+    /// the high end is open; a sampled tier gets none (its scaled share is
+    /// no bound), and its VM's ratio no interval.
+    #[test]
+    fn a_single_whole_pass_gives_a_firm_low_end_and_an_open_high_one() {
+        use std::time::Duration;
+        let vm = two_tier_vm();
+        let reading = |sampled: u64, young: u64| TierReading {
+            sampled_pages: sampled,
+            young_pages: young,
+            exposure: Some(Duration::from_millis(990)),
+        };
+        for (sampled, firm) in [(4096, true), (512, false)] {
+            let script = vec![
+                vec![reading(sampled, 300), reading(sampled, 100)],
+                vec![TierReading::default(); 2],
+            ];
+            let mut reg = Registry::default();
+            reg.insert(Box::new(ScriptedVm(
+                vm.clone(),
+                std::sync::Mutex::new(script),
+            )));
+            let mut agg = Aggregator::default();
+            let t0 = Instant::now();
+            agg.tick_at(&mut reg, None, 1_000_000_000, t0);
+            let u = agg.tick_at(&mut reg, None, 1_000_000_000, t0 + Duration::from_secs(1));
+            let (s, t) = (&u.stats[0], &u.stats[0].tiers);
+            assert_eq!(t[0].passes, 1);
+            if firm {
+                assert_eq!(t[0].accesses_low, Some(300.0), "{:?}", t[0]);
+                assert_eq!(t[1].accesses_low, Some(100.0));
+                assert!(t[0].accesses_high_open && t[1].accesses_high_open);
+                assert!(t[0].estimated_accesses >= 300.0);
+                // Both tiers open above: the ratio may be anything.
+                assert_eq!((s.dram_hit_low, s.dram_hit_high), (Some(0.0), Some(1.0)));
+                assert!(s.dram_hit_low_open && s.dram_hit_high_open);
+            } else {
+                assert_eq!(t[0].accesses_low, None, "{:?}", t[0]);
+                assert_eq!(s.dram_hit_low, None);
+            }
+        }
     }
 
     /// A sampler that refuses every VM (stands in for a backend on a host

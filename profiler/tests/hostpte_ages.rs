@@ -30,6 +30,18 @@ fn interval(agg: &mut Aggregator, reg: &mut Registry, s: &mut HostPte) -> StatsU
     agg.tick(reg, Some(&mut *s), INTERVAL.as_nanos() as u64)
 }
 
+/// A demo VM running `phase`, in a registry of its own.
+fn demo_vm(phase: Phase) -> (std::sync::Arc<DemoTracked>, Registry) {
+    let cfg = DemoVmConfig {
+        phase,
+        ..DemoVmConfig::default()
+    };
+    let vm = std::sync::Arc::new(DemoTracked::new(DemoVm::start(cfg).unwrap(), TierKind::Cxl));
+    let mut reg = Registry::default();
+    reg.insert(Box::new(vm.clone()));
+    (vm, reg)
+}
+
 /// (measured, skipped) intervals; panics on a measured one that misses.
 fn check(u: &StatsUpdate, truth: [u64; 2], what: &str) -> (u32, u32) {
     let (mut measured, mut skipped) = (0, 0);
@@ -84,13 +96,7 @@ fn the_long_pass_reads_the_working_set_of_one_interval() {
         slow_pages: 300,
         slow_repeat: 1,
     };
-    let cfg = DemoVmConfig {
-        phase: a,
-        ..DemoVmConfig::default()
-    };
-    let vm = std::sync::Arc::new(DemoTracked::new(DemoVm::start(cfg).unwrap(), TierKind::Cxl));
-    let mut reg = Registry::default();
-    reg.insert(Box::new(vm.clone()));
+    let (vm, mut reg) = demo_vm(a);
     let mut s = HostPte::new();
     s.set_ages(&AgesConfig {
         horizons: vec![0.4, 10.0],
@@ -135,13 +141,7 @@ fn a_sweep_reads_horizons_beyond_one_interval() {
         slow_pages: 60,
         slow_repeat: 1,
     };
-    let cfg = DemoVmConfig {
-        phase: a,
-        ..DemoVmConfig::default()
-    };
-    let vm = std::sync::Arc::new(DemoTracked::new(DemoVm::start(cfg).unwrap(), TierKind::Cxl));
-    let mut reg = Registry::default();
-    reg.insert(Box::new(vm.clone()));
+    let (_vm, mut reg) = demo_vm(a);
     let mut s = HostPte::new();
     s.set_ages(&AgesConfig {
         horizons: vec![2.0, 30.0],
