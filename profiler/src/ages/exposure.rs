@@ -104,6 +104,17 @@ pub fn working_set(
         .reduce(f64::min)
         .unwrap_or(0.0);
     let part = (slope * d).min(bound);
+    // A window holds at least the pages of any shorter one (the workload
+    // steady, as assumed throughout): a stretched-down point never drops
+    // below a reading of at most `h`, whatever one slow pass did to the
+    // slope.
+    let floor = readings
+        .iter()
+        .chain(recent)
+        .filter(|r| r.exposure > 0.0 && r.exposure <= h)
+        .map(|r| r.young)
+        .fold(0.0, f64::max)
+        .min(near.young);
     Ok(if near.exposure < h {
         Bounded {
             point: (near.young + part).min(pages),
@@ -112,7 +123,7 @@ pub fn working_set(
         }
     } else {
         Bounded {
-            point: (near.young - part).max(0.0),
+            point: (near.young - part).max(floor),
             low: (near.young - edge - bound).max(0.0),
             high: (near.young + edge).min(pages.max(near.young)),
         }
@@ -231,5 +242,25 @@ mod tests {
         }];
         let b = working_set(0.4, &nested, &starved, 4096.0).unwrap();
         assert_eq!(b.point, 202.0, "{b:?}");
+        // Stretched down from 2.2 s to 2 s, the reading just below the
+        // gap starved (30 pages in 1.9 s): the point keeps what a full
+        // second of the same workload saw.
+        let long = [Whole {
+            young: 152.0,
+            exposure: 2.2,
+        }];
+        let before = [
+            Whole {
+                young: 152.0,
+                exposure: 1.0,
+            },
+            Whole {
+                young: 30.0,
+                exposure: 1.9,
+            },
+        ];
+        let b = working_set(2.0, &long, &before, 4096.0).unwrap();
+        assert_eq!(b.point, 152.0, "{b:?}");
+        assert!(b.low <= 152.0 && b.high >= 152.0, "{b:?}");
     }
 }
