@@ -12,7 +12,7 @@ mod scenario;
 
 use proptest::prelude::*;
 use tier_controller::policy::working_set::view;
-use tier_controller::policy::{Config, Controller, Mode, PAGE, Tuning, WorkingSet};
+use tier_controller::policy::{Config, Controller, HitEvidence, Mode, PAGE, Tuning, WorkingSet};
 use tier_controller::sim::ages::AgeSampling;
 use tier_controller::sim::fleet::{FleetSpec, fleet};
 use tier_controller::sim::guest::{Balloon, Guest, SimVm};
@@ -80,10 +80,20 @@ proptest! {
                         // Or the last view within the hysteresis window,
                         // said so (decide::ws_view).
                         let stale = d.detail.contains("; not measured since]");
-                        prop_assert!(
-                            stale || (d.detail.contains("decided in ratio mode") && d.detail.contains(&why)),
-                            "{}: {}", why, d.detail
-                        );
+                        if matches!(o.hit, HitEvidence::Counted(_)) {
+                            // An exact count: ratio mode, said why.
+                            prop_assert!(
+                                stale || (d.detail.contains("decided in ratio mode") && d.detail.contains(&why)),
+                                "{}: {}", why, d.detail
+                            );
+                        } else {
+                            // Nothing measured: held; only limits and the
+                            // budget move it (reason BUDGET).
+                            prop_assert!(
+                                stale || d.reason() == DecisionReason::Budget,
+                                "{}: {:?}: {}", why, d.reason(), d.detail
+                            );
+                        }
                     },
                 }
             }

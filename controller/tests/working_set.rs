@@ -174,7 +174,7 @@ fn warm_dram_goes_only_to_a_vm_short_of_it() {
 }
 
 #[test]
-fn vms_without_ages_or_with_a_pmu_count_stay_in_ratio_mode() {
+fn vms_without_ages_hold_and_with_a_pmu_count_stay_in_ratio_mode() {
     // Ratio 0.5 against target 0.9 (no interval: sampling error 0.01).
     let mut a = vm(
         "a",
@@ -185,14 +185,22 @@ fn vms_without_ages_or_with_a_pmu_count_stay_in_ratio_mode() {
     a.slow.accesses = 1000.0;
     a.hit = HitEvidence::Sampling { error: 0.01 };
     a.dram.ages = None;
-    let p = Controller::new(config(4 * G)).decide(&[a.clone()], 1);
+    // No ages and no count: nothing measured to decide on, held, said once.
+    let mut c = Controller::new(config(4 * G));
+    let p = c.decide(&[a.clone()], 1);
     let d = &p.decisions[0];
-    assert_eq!(d.reason(), DecisionReason::BelowTarget, "{}", d.detail);
+    assert_eq!(d.reason(), DecisionReason::NotMeasured, "{}", d.detail);
+    assert_eq!(d.outcome(), DecisionOutcome::Skipped, "{}", d.detail);
+    assert!(d.changes.is_empty() && p.targets[0].dram == a.dram.balloon_target);
     assert!(
-        d.detail.starts_with("working_set mode, decided in ratio mode: tier dram has no ages (its sampler gives none); dram-hit 50 % +-1.0"),
+        d.detail.starts_with(
+            "working_set mode, not measured: tier dram has no ages (its sampler gives none); held"
+        ),
         "{}",
         d.detail
     );
+    let p = c.decide(&[a.clone()], 2);
+    assert!(p.decisions.is_empty(), "{:?}", p.decisions);
     a.dram.ages = Some(ages([300 * M, 400 * M, 512 * M], 0.02, 0));
     a.hit = HitEvidence::Counted(0.5);
     let p = Controller::new(config(4 * G)).decide(&[a.clone()], 1);
@@ -259,22 +267,25 @@ fn a_horizon_measured_one_interval_in_a_few_does_not_flap_modes() {
             d.detail
         );
     }
-    // Past the hysteresis window (10 intervals after round 1): ratio mode,
-    // saying why. (`decide`'s second argument is a timestamp; rounds count
-    // calls.)
+    // Past the hysteresis window (10 intervals after round 1): not
+    // measured, held, saying why once; never the ratio. (`decide`'s second
+    // argument is a timestamp; rounds count calls.)
     for round in 3..=11 {
         let p = c.decide(&[blind.clone()], round);
         assert!(p.decisions.is_empty(), "round {round}: {:?}", p.decisions);
     }
-    let p = c.decide(&[blind], 12);
-    assert!(!p.decisions.is_empty());
+    let p = c.decide(&[blind.clone()], 12);
+    assert_eq!(p.decisions.len(), 1, "{:?}", p.decisions);
+    let d = &p.decisions[0];
+    assert_eq!(d.reason(), DecisionReason::NotMeasured, "{}", d.detail);
+    assert!(d.changes.is_empty(), "{}", d.detail);
     assert!(
-        p.decisions[0]
-            .detail
-            .contains("decided in ratio mode: tier dram, horizon 10 s: hostpte measures"),
+        d.detail
+            .contains("not measured: tier dram, horizon 10 s: hostpte measures"),
         "{}",
-        p.decisions[0].detail
+        d.detail
     );
+    assert!(c.decide(&[blind], 13).decisions.is_empty());
 }
 
 fn sim_vm(id: &str, given: u64, phases: Vec<Phase>) -> SimVm {

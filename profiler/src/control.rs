@@ -42,7 +42,7 @@ fn config(policy: &Policy, act_on: ActOn) -> Result<Config, ConfigError> {
 }
 use tier_proto::human_bytes;
 use tier_proto::v1::{
-    Actuator, Decision, DecisionOutcome, DecisionReason, Policy, StatsUpdate, Vm, VmStats,
+    Actuator, Decision, DecisionOutcome, DecisionReason, Policy, StatsUpdate, Vm,
 };
 
 use crate::IdMap;
@@ -283,7 +283,7 @@ impl InProcess {
 
     /// Fills the balloon (or zone) state of `o` from its VMM; the reason
     /// if nothing can drive it now.
-    fn readiness(&self, o: &mut VmObs, s: &VmStats, c: &Choice) -> Result<Drive, String> {
+    fn readiness(&self, o: &mut VmObs, c: &Choice) -> Result<Drive, String> {
         let h = self
             .actuation
             .as_ref()
@@ -291,13 +291,8 @@ impl InProcess {
         let Some((h, max_age)) = h else {
             return Err(NO_ACTUATOR.into());
         };
-        // Idle is only known for a tier that has been through an ageing pass.
-        let aged = |name: &str| s.tiers.iter().any(|x| x.tier == name && x.passes > 0);
-        let idle = |t: &mut TierObs| {
-            if aged(&t.name) {
-                t.idle_bytes = t.held().saturating_sub(t.accessed_bytes);
-            }
-        };
+        // Idle bytes are the ages' measured cold bytes (`input::from_proto`),
+        // whatever the actuator makes of the tier's size.
         match c.actuator {
             Actuator::ResizeZone => {
                 let dram = c.dram.clone().ok_or_else(|| c.detail.clone())?;
@@ -314,9 +309,7 @@ impl InProcess {
                     t.granule = z.block;
                 };
                 zone(&mut o.dram, &dram);
-                if dram.plugged.is_some() {
-                    idle(&mut o.dram);
-                } else {
+                if dram.plugged.is_none() {
                     // Upstream: samples cover the boot part only, so what
                     // is idle in plugged memory is unknown, not all of it.
                     o.dram.idle_bytes = 0;
@@ -329,9 +322,6 @@ impl InProcess {
                         o.slow.balloon_actual = 0;
                         o.slow.reach = Some(0);
                     }
-                }
-                if o.slow.size > 0 {
-                    idle(&mut o.slow);
                 }
                 Ok(Drive::Resize {
                     h,
@@ -352,7 +342,6 @@ impl InProcess {
                     if let Some(z) = balloon.zones.iter().find(|z| z.id == t.name) {
                         t.balloon_target = z.target;
                         t.balloon_actual = z.host_ballooned;
-                        idle(t);
                     }
                 };
                 fill(&mut o.dram);
@@ -406,7 +395,7 @@ impl InProcess {
                     .as_mut()
                     .and_then(|a| a.get_mut(i)?.take())
                     .unwrap_or_else(|| self.choice(&o));
-                match self.readiness(&mut o, s, &c) {
+                match self.readiness(&mut o, &c) {
                     Ok(h) => {
                         o.balloon_ok = true;
                         handles.insert(s.vm_id.as_str(), h);

@@ -84,6 +84,10 @@ enum Task {
         /// (needs tierd to fill the per-tier ages; docs/e2e.md).
         #[arg(long)]
         mode: Option<String>,
+        /// Who shares the DRAM budget: `swap` (default: a and b trade
+        /// needs) or `three` (one goes idle, one grows, one shrinks).
+        #[arg(long)]
+        guests: Option<String>,
     },
     /// Chaos soak of the closed loop (tier-soak): faults from a seeded
     /// schedule, invariants checked from outside, a table and a RESULT line.
@@ -167,6 +171,7 @@ fn dispatch(task: Task) -> anyhow::Result<()> {
             ch_bin,
             upstream,
             mode,
+            guests,
         } => e2e(
             ch_src,
             micro_http,
@@ -177,6 +182,7 @@ fn dispatch(task: Task) -> anyhow::Result<()> {
                 ch_bin,
                 upstream,
                 mode,
+                guests,
             },
         ),
         Task::Soak(o) => soak::run(&o),
@@ -352,6 +358,8 @@ struct E2eRun {
     upstream: bool,
     /// Controller mode (`ratio`, `working-set`); None: tier-e2e's default.
     mode: Option<String>,
+    /// `swap` or `three`; None: tier-e2e's default.
+    guests: Option<String>,
 }
 
 fn e2e(
@@ -402,6 +410,9 @@ fn e2e(
     }
     if let Some(m) = &opts.mode {
         cmd.arg("--mode").arg(m);
+    }
+    if let Some(g) = &opts.guests {
+        cmd.arg("--guests").arg(g);
     }
     if let Some(w) = work_dir {
         cmd.arg("--work-dir").arg(w);
@@ -523,6 +534,7 @@ mod tests {
                 ch_bin: None,
                 upstream: false,
                 mode: None,
+                guests: None,
             }
         );
         assert_eq!(
@@ -536,6 +548,7 @@ mod tests {
                 ch_bin: None,
                 upstream: false,
                 mode: Some("working-set".into()),
+                guests: None,
             }
         );
         assert_eq!(parse(&["vmlinux"]).unwrap(), Task::Vmlinux);

@@ -10,6 +10,7 @@ use super::input::VmObs;
 use super::interval::{ActOn, Hit};
 use super::model::Load;
 use super::state::{Dir, Move, Why};
+use super::working_set::View;
 
 /// A VM's wish for its DRAM.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -141,7 +142,14 @@ pub(super) fn whole(raw: u64, granule: u64) -> u64 {
     if raw == 0 { 0 } else { raw.max(granule) }
 }
 
-pub fn classify(vm: &VmObs, load: &Load, ctx: &Ctx, cfg: &Config) -> Want {
+/// Ratio mode: `view` is the VM's working-set view where its ages give
+/// one (`working_set::view`). Releases are only made on what is measured
+/// (a ratio known above the band; idle bytes cold beyond the longest
+/// horizon), and so are grows: a ratio known below the band, or, where the
+/// ratio is not known to be at least the band's low edge, a hot set whose
+/// low end exceeds the DRAM given (`working_set::deficit`). Nothing
+/// measured: hold.
+pub fn classify(vm: &VmObs, load: &Load, ctx: &Ctx, cfg: &Config, view: Option<&View>) -> Want {
     let g = vm.dram.given();
     let granule = vm.dram.granule;
     let step = cfg.max_step;
@@ -204,6 +212,13 @@ pub fn classify(vm: &VmObs, load: &Load, ctx: &Ctx, cfg: &Config) -> Want {
             raw,
             bytes,
         };
+    }
+    // The ratio cannot say the VM has enough: a hot set measured beyond
+    // the DRAM given can.
+    let enough = hit.is_some_and(|h| h.low >= below && !h.low_open);
+    let deficit = view.filter(|_| !enough && !hit.is_some_and(|h| h.below(below, on)));
+    if let Some(w) = deficit.and_then(|v| super::working_set::deficit(vm, v, ctx, cfg)) {
+        return w;
     }
     match hit {
         Some(h) if h.below(below, on) && !flips_back(ctx, Dir::Up) => {
@@ -289,7 +304,7 @@ mod tests {
     }
 
     fn want(v: &VmObs, c: &Ctx) -> Want {
-        classify(v, &Load::of(v), c, &cfg())
+        classify(v, &Load::of(v), c, &cfg(), None)
     }
 
     /// A `Need`/`Release` of `why` for about `raw` bytes (within a page:

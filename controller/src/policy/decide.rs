@@ -3,7 +3,7 @@
 //! changes on the slow tier, and write decisions.
 
 use super::allocate::{Claim, water_fill};
-use super::classify::{Ctx, Want, classify, resume, unplaced};
+use super::classify::{Ctx, Want, classify, limit_want, resume, unplaced};
 use super::config::{Config, Limits, Mode, PAGE};
 use super::decision;
 use super::input::{TierObs, VmObs};
@@ -143,20 +143,31 @@ fn look(
         .vm(&vm.id, &vm.name)
         .and_then(|o| o.target)
         .unwrap_or(cfg.default_target);
-    // Working_set mode where the VM's ages allow it, else ratio mode (and
-    // the decision says why).
-    let (ws, fallback) = match cfg.mode_of(&vm.id, &vm.name) {
-        Mode::Ratio => (None, None),
-        Mode::WorkingSet => match ws_view(cfg, vm, last_view, round) {
-            Ok(v) => (Some(v), None),
-            Err(e) => (None, Some(e)),
-        },
+    // working_set mode where the VM's ages allow it; ratio mode on an exact
+    // PMU count (the decision says why); with neither, nothing is measured
+    // and the VM is held (`unmeasured`), never decided on a vacuous ratio.
+    // In ratio mode the view is evidence for what the ratio cannot place.
+    let counted = matches!(vm.hit, super::interval::HitEvidence::Counted(_));
+    let (ws, fallback, unmeasured, evidence) = match (
+        cfg.mode_of(&vm.id, &vm.name),
+        ws_view(cfg, vm, last_view, round),
+    ) {
+        (Mode::Ratio, v) => (None, None, None, v.ok()),
+        (Mode::WorkingSet, Ok(v)) => (Some(v), None, None, None),
+        (Mode::WorkingSet, Err(e)) if counted => (None, Some(e), None, None),
+        (Mode::WorkingSet, Err(e)) => (None, None, Some(e), None),
     };
-    // A move planned for another target or in the other mode (the policy
-    // or the VM's ages changed) is over.
-    st.moving = st
-        .moving
-        .filter(|m| m.target == target && m.why.is_working_set() == ws.is_some());
+    let view = ws.as_ref().or(evidence.as_ref());
+    // A move planned for another target, or one whose evidence is gone
+    // (the policy or the VM's ages changed), is over.
+    st.moving = st.moving.filter(|m| {
+        m.target == target
+            && if m.why.is_working_set() {
+                view.is_some()
+            } else {
+                ws.is_none() && unmeasured.is_none()
+            }
+    });
     let filling = fill(cfg, vm, st, round);
     let (status, newly_uncooperative) = status(cfg, vm, st, round);
     if matches!(
@@ -187,18 +198,22 @@ fn look(
             short: st.short,
             last_reversed: st.last_reversed,
         };
-        let mut assess = || match &ws {
-            Some(v) => {
+        let mut assess = || match (&ws, &unmeasured) {
+            (Some(v), _) => {
                 let (w, s) = working_set::classify(vm, v, &ctx, cfg);
                 spare = s;
                 w
             }
-            None => classify(vm, &load, &ctx, cfg),
+            (None, Some(_)) => {
+                limit_want(vm.dram.given(), &ctx, cfg.max_step).unwrap_or(Want::Hold)
+            }
+            (None, None) => classify(vm, &load, &ctx, cfg, evidence.as_ref()),
         };
         let next = st.moving.map(|m| {
-            let w = match &ws {
-                Some(v) => working_set::resume(vm, Some(v), &ctx, cfg, &m),
-                None => resume(vm, &load, &ctx, cfg, &m),
+            let w = if m.why.is_working_set() {
+                working_set::resume(vm, view, &ctx, cfg, &m)
+            } else {
+                resume(vm, &load, &ctx, cfg, &m)
             };
             (m, w)
         });
@@ -234,7 +249,8 @@ fn look(
         w => w,
     };
     let held = status == VmStatus::Managed && want == Want::Hold && resumed.is_none();
-    let unplaced = if held && ws.is_none() {
+    let unmeasured = unmeasured.filter(|_| held);
+    let unplaced = if held && ws.is_none() && unmeasured.is_none() {
         unplaced(vm, &load, target, cfg)
     } else {
         None
@@ -258,7 +274,10 @@ fn look(
         was_unplaced: st.unplaced,
         resumed,
         ws,
+        evidence,
         fallback,
+        unmeasured,
+        was_unmeasured: st.unmeasured,
         spare,
     }
 }
@@ -422,7 +441,7 @@ fn grant(works: &mut [Work], pool: u64) -> u64 {
                     _ => 0,
                 };
                 let deficit = w.load.ratio().map_or(0.0, |r| (w.target - r).max(0.0));
-                let weight = match (&w.ws, floor_pass) {
+                let weight = match (w.view_for_want(), floor_pass) {
                     (_, true) => 1.0,
                     (Some(v), false) => working_set::weight(v, cap, w.load.total()),
                     (None, false) => deficit * w.load.total(),
@@ -579,6 +598,7 @@ pub(super) fn run(c: &mut Controller, vms: &[VmObs], now_unix_ns: u64) -> Plan {
             }
             if w.status == VmStatus::Managed {
                 st.unplaced = w.unplaced.is_some();
+                st.unmeasured = w.unmeasured.is_some();
                 st.budget_limited = matches!(
                     w.want,
                     Want::Need {

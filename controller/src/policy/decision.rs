@@ -53,7 +53,7 @@ fn why_text(cfg: &Config, vm: &VmObs, w: &Work, pool: Pool) -> String {
                 Want::Release { bytes, .. } => (bytes, 0),
                 Want::Hold => (0, 0),
             };
-            s = working_set::continuing_text(w.ws.as_ref(), &m, bytes, granted);
+            s = working_set::continuing_text(w.view_for_want(), &m, bytes, granted);
             if let Want::Need { .. } = w.want {
                 let _ = write!(s, "{}", pool_text(pool));
             }
@@ -66,7 +66,7 @@ fn why_text(cfg: &Config, vm: &VmObs, w: &Work, pool: Pool) -> String {
         Want::Need { why, .. } | Want::Release { why, .. } => why.is_working_set(),
         Want::Hold => false,
     };
-    if let (Some(v), true) = (&w.ws, ws_want) {
+    if let (Some(v), true) = (w.view_for_want(), ws_want) {
         s = working_set::why_text(cfg, vm, v, w.want, w.granted);
         if let Want::Need { .. } = w.want {
             s.push_str(&pool_text(pool));
@@ -353,6 +353,21 @@ pub(super) fn record(
         && !w.was_budget_limited;
     // So is a VM held on an interval the point alone would have moved.
     let newly_unplaced = w.unplaced.filter(|_| !w.was_unplaced);
+    // And one held because nothing is measured.
+    if let Some(why) = w
+        .unmeasured
+        .as_ref()
+        .filter(|_| !w.was_unmeasured && changes.is_empty())
+    {
+        d.reason = DecisionReason::NotMeasured as i32;
+        d.outcome = DecisionOutcome::Skipped as i32;
+        d.detail = format!(
+            "working_set mode, not measured: {why}; held (no DRAM given or taken on a ratio \
+             accessed bits cannot place); dram given {}",
+            hb(vm.dram.given())
+        );
+        return Some(d);
+    }
     if changes.is_empty() && !newly_short && newly_unplaced.is_none() {
         return None;
     }
@@ -391,7 +406,7 @@ pub(super) fn record(
         let _ = write!(detail, "; {}", working_set::quote(v));
     }
     let read_ratio = w.ws.is_some()
-        || w.resumed.is_some()
+        || w.resumed.is_some_and(|m| !m.why.is_working_set())
         || w.unplaced.is_some()
         || matches!(
             w.want,

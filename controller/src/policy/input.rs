@@ -20,7 +20,11 @@ pub struct TierObs {
     pub accesses: f64,
     /// Host-sampled bytes touched in the interval.
     pub accessed_bytes: u64,
-    /// Bytes the guest holds in this tier that were not touched.
+    /// Bytes the guest holds in this tier measured idle: not touched
+    /// within the longest horizon of its ages, by the interval's
+    /// conservative (low) end (`idle_from_ages`). 0 where that is not
+    /// measured: "not young in one pass" is no evidence (a page touched
+    /// once a second is missed by a short pass a third of the time).
     pub idle_bytes: u64,
     /// The most the actuator can take from this tier, bytes; `None`: the
     /// whole tier (a balloon). A virtio-mem zone resized with
@@ -108,9 +112,25 @@ pub enum InputError {
     NoStats(String),
 }
 
+/// Idle bytes as measured by a tier's ages: the low end of its cold bytes
+/// (resident, untouched within the longest horizon), whole pages; 0 where
+/// the ages do not measure them this interval.
+pub fn idle_from_ages(ages: Option<&TierAges>) -> u64 {
+    ages.filter(|a| a.not_measured.is_empty())
+        .and_then(|a| a.cold)
+        .map_or(0, |c| {
+            let low = if c.low.is_finite() {
+                c.low.max(0.0)
+            } else {
+                0.0
+            };
+            low as u64 / super::PAGE * super::PAGE
+        })
+}
+
 /// Builds a `VmObs` from the protocol: the first DRAM tier and the first
-/// other tier. Idle bytes = bytes held minus bytes accessed, once the tier
-/// has been through an ageing pass (0 before).
+/// other tier. Idle bytes are the ages' measured cold bytes
+/// (`idle_from_ages`), never what one pass did not find young.
 pub fn from_proto(vm: &Vm, stats: &VmStats) -> Result<VmObs, InputError> {
     if stats.vm_id != vm.id {
         return Err(InputError::NoStats(vm.id.clone()));
@@ -139,12 +159,8 @@ pub fn from_proto(vm: &Vm, stats: &VmStats) -> Result<VmObs, InputError> {
             o.balloon_actual = s.balloon_actual_bytes;
             o.accesses = s.estimated_accesses;
             o.accessed_bytes = s.estimated_accessed_bytes;
-            // No ageing pass yet (a sampler's first interval only arms):
-            // nothing is known to be idle.
-            if s.passes > 0 {
-                o.idle_bytes = o.held().saturating_sub(s.estimated_accessed_bytes);
-            }
             o.ages = s.ages.as_ref().map(TierAges::from_proto);
+            o.idle_bytes = idle_from_ages(o.ages.as_ref());
             o.resident = s.resident_bytes;
         }
         (i, o)
@@ -234,8 +250,9 @@ mod tests {
         let o = from_proto(&vm, &stats).unwrap();
         assert_eq!(o.dram.name, "dram");
         assert_eq!(o.dram.given(), 8 << 20);
-        // Holds 10M (16 - 6 actual), 4M of it touched.
-        assert_eq!(o.dram.idle_bytes, 6 << 20);
+        // Holds 10M (16 - 6 actual), 4M of it touched in a pass: without
+        // ages nothing is measured idle.
+        assert_eq!(o.dram.idle_bytes, 0);
         assert_eq!(o.slow.name, "slow");
         assert_eq!(o.slow.accesses, 0.0);
         assert_eq!(o.ratio(), Some(1.0));
@@ -266,5 +283,18 @@ mod tests {
         });
         let a = from_proto(&vm, &aged).unwrap().dram.ages.unwrap();
         assert_eq!(a.at(10.0).unwrap().bytes.unwrap().low, 2e6);
+        // Idle is the cold bytes' low end, whole pages, when measured.
+        let cold = |ages: &mut tier_proto::v1::TierAges| {
+            ages.cold_bytes = Some(5e6);
+            ages.cold_bytes_low = Some(4e6 + 100.0);
+            ages.cold_bytes_high = Some(6e6);
+        };
+        let mut t = aged.clone();
+        if let Some(a) = t.tiers[0].ages.as_mut() {
+            cold(a);
+        }
+        assert_eq!(from_proto(&vm, &t).unwrap().dram.idle_bytes, 976 * 4096);
+        t.tiers[0].ages.as_mut().unwrap().not_measured = "hostpte: no pass".into();
+        assert_eq!(from_proto(&vm, &t).unwrap().dram.idle_bytes, 0);
     }
 }

@@ -86,13 +86,14 @@ struct Lag {
 }
 
 impl Lag {
-    /// Updates with this round's look: (lagging, grace period over).
+    /// Updates with this round's look: (lagging, grace period over,
+    /// progressed this round).
     ///
     /// Progress is counted over the grace window, not per interval: a guest
     /// that moves its balloon slowly but steadily (a driver that has to
     /// migrate pages first, a guest under emulation) follows its target and
     /// is not marked; one that stops for the whole window is.
-    fn look(&mut self, t: &TierObs, round: u64, tuning: &Tuning) -> (bool, bool) {
+    fn look(&mut self, t: &TierObs, round: u64, tuning: &Tuning) -> (bool, bool, bool) {
         let gap = t.balloon_actual.abs_diff(t.balloon_target);
         let target = t.balloon_target;
         let tol = tuning.balloon_tolerance;
@@ -102,20 +103,22 @@ impl Lag {
                 gap,
                 target,
             };
-            return (false, false);
+            return (false, false, false);
         }
         let progressed = self.gap.saturating_sub(gap) >= progress_min(tol);
         match self.since {
-            Some(since) if !progressed && target == self.target => {
-                (true, round - since >= u64::from(tuning.grace_intervals))
-            }
+            Some(since) if !progressed && target == self.target => (
+                true,
+                round - since >= u64::from(tuning.grace_intervals),
+                false,
+            ),
             _ => {
                 *self = Lag {
                     since: Some(round),
                     gap,
                     target,
                 };
-                (true, tuning.grace_intervals == 0)
+                (true, tuning.grace_intervals == 0, progressed)
             }
         }
     }
@@ -166,6 +169,8 @@ pub struct VmState {
     /// The last round held the VM on an interval that straddled its band
     /// while the point alone would have moved it (`classify::unplaced`).
     pub unplaced: bool,
+    /// The last round held it in working_set mode with nothing measured.
+    pub unmeasured: bool,
     /// The rest of a multi-step move, if one is under way.
     pub moving: Option<Move>,
     /// The last assessment moved in this direction by less than it asked
@@ -229,8 +234,17 @@ impl Fill {
 impl VmState {
     /// Looks at both balloons.
     pub fn track(&mut self, vm: &VmObs, round: u64, tuning: &Tuning) -> Balloons {
-        let (dm, ds) = self.lag[0].look(&vm.dram, round, tuning);
-        let (sm, ss) = self.lag[1].look(&vm.slow, round, tuning);
+        let (dm, mut ds, dp) = self.lag[0].look(&vm.dram, round, tuning);
+        let (sm, mut ss, sp) = self.lag[1].look(&vm.slow, round, tuning);
+        // A guest's driver works through its balloons one at a time (the
+        // test guest migrates a DRAM inflate's pages before it deflates
+        // the slow balloon): progress on one restarts the other's window.
+        for (lag, stuck, other) in [(1, &mut ss, dp), (0, &mut ds, sp)] {
+            if other && self.lag[lag].since.is_some() {
+                self.lag[lag].since = Some(round);
+                *stuck = tuning.grace_intervals == 0;
+            }
+        }
         if ds || ss {
             Balloons::Stuck
         } else if dm || sm {
@@ -269,6 +283,37 @@ mod tests {
         // Less than tolerance / 8 in the whole window is no progress.
         assert_eq!(s.track(&vm(512 * M, M / 4), 4, &tuning), Balloons::Moving);
         assert_eq!(s.track(&vm(512 * M, M / 4), 5, &tuning), Balloons::Stuck);
+    }
+
+    #[test]
+    fn progress_on_one_balloon_restarts_the_others_window() {
+        // The guest inflates DRAM (2M a round) before it deflates slow:
+        // the slow balloon stands still meanwhile and is not stuck.
+        let tuning = Tuning::default(); // 4M tolerance, grace 3
+        let mut s = VmState::default();
+        let both = |dram_actual: u64, slow_actual: u64| {
+            let mut v = vm(32 * M, dram_actual);
+            v.slow = TierObs {
+                size: 1024 * M,
+                balloon_target: 0,
+                balloon_actual: slow_actual,
+                ..Default::default()
+            };
+            v
+        };
+        for (r, d) in (1..=8).zip((8..).step_by(2)) {
+            let got = s.track(&both(d * M, 16 * M), r, &tuning);
+            assert_eq!(got, Balloons::Moving, "round {r}");
+        }
+        // DRAM arrived (within the tolerance); slow still stands: stuck
+        // once its own window, restarted by DRAM's last progress (round
+        // 8), is over.
+        assert_eq!(s.track(&both(30 * M, 16 * M), 9, &tuning), Balloons::Moving);
+        assert_eq!(
+            s.track(&both(30 * M, 16 * M), 10, &tuning),
+            Balloons::Moving
+        );
+        assert_eq!(s.track(&both(30 * M, 16 * M), 11, &tuning), Balloons::Stuck);
     }
 
     #[test]

@@ -35,8 +35,16 @@ pub(super) struct Work {
     pub resumed: Option<Move>,
     /// Decided in working_set mode, on this view.
     pub ws: Option<View>,
+    /// Ratio mode: the VM's working-set view, evidence for what the ratio
+    /// cannot place (a hot set beyond the DRAM given).
+    pub evidence: Option<View>,
     /// Configured for working_set mode but decided in ratio mode: why.
     pub fallback: Option<String>,
+    /// working_set mode with nothing measured (no ages, the hot horizon
+    /// not measured, no PMU count): held, and why. Reported once per
+    /// episode (`was_unmeasured`).
+    pub unmeasured: Option<String>,
+    pub was_unmeasured: bool,
     /// working_set mode: DRAM beyond the hot set this VM can give a VM
     /// short of DRAM this round (`working_set::classify`).
     pub spare: u64,
@@ -48,4 +56,19 @@ pub(super) struct Pool {
     pub budget: u64,
     pub committed: u64,
     pub size: u64,
+}
+
+impl Work {
+    /// The view the want was decided on: working_set mode's, or ratio
+    /// mode's evidence for a want of the working set (a hot-set deficit,
+    /// a move carried on from one).
+    pub fn view_for_want(&self) -> Option<&View> {
+        let ws_want = match self.want {
+            Want::Need { why, .. } | Want::Release { why, .. } => why.is_working_set(),
+            Want::Hold => false,
+        };
+        self.ws
+            .as_ref()
+            .or(self.evidence.as_ref().filter(|_| ws_want))
+    }
 }

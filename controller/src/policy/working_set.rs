@@ -195,6 +195,29 @@ fn surplus(g: u64, v: &View) -> u64 {
     g.saturating_sub(pages_up(v.hot.high))
 }
 
+/// A hot set whose low end exceeds the DRAM given by at least the minimum
+/// step: the `Need` for it (`None`: no deficit), `Hold` where the step,
+/// the ceiling or the flip-back guard leave nothing. Decided on the low end
+/// (known short), sized on the point (as ratio mode's act_on = interval
+/// sizes on the point): sizing on the low end would leave the VM short by
+/// the interval's half-width for good, since the interval then straddles
+/// the DRAM given.
+pub fn deficit(vm: &VmObs, v: &View, ctx: &Ctx, cfg: &Config) -> Option<Want> {
+    let g = vm.dram.given();
+    if v.hot.low - (g as f64) < cfg.min_step() as f64 {
+        return None;
+    }
+    // A zone moves whole blocks: less than one is asked as one (as in
+    // ratio mode), or it would be skipped every interval.
+    let raw = whole(pages_up(v.hot.point - g as f64), vm.dram.granule);
+    let bytes = raw.min(cfg.max_step).min(ctx.hi.saturating_sub(g));
+    if bytes == 0 || flips_back(ctx, Dir::Up) {
+        return Some(Want::Hold);
+    }
+    let why = Why::HotSet;
+    Some(Want::Need { why, raw, bytes })
+}
+
 /// The VM's want in working_set mode, and its *spare*: warm DRAM beyond
 /// the hot set's high end that may go to a VM short of DRAM this round
 /// (after step and floor), 0 unless the want is `Hold`.
@@ -205,22 +228,10 @@ pub fn classify(vm: &VmObs, v: &View, ctx: &Ctx, cfg: &Config) -> (Want, u64) {
         return (w, 0);
     }
     let min = cfg.min_step();
-    // Decided on the low end (known short), sized on the point (as ratio
-    // mode's act_on = interval sizes on the point): sizing on the low end
-    // would leave the VM short by the interval's half-width for good, since
-    // the interval then straddles the DRAM given.
     let deficit = v.hot.low - g as f64;
-    // A zone moves whole blocks: less than one is asked as one (as in
-    // ratio mode), or it would be skipped every interval.
     let granule = vm.dram.granule;
     if deficit >= min as f64 {
-        let raw = whole(pages_up(v.hot.point - g as f64), granule);
-        let bytes = raw.min(step).min(ctx.hi - g);
-        if bytes == 0 || flips_back(ctx, Dir::Up) {
-            return (Want::Hold, 0);
-        }
-        let why = Why::HotSet;
-        return (Want::Need { why, raw, bytes }, 0);
+        return (self::deficit(vm, v, ctx, cfg).unwrap_or(Want::Hold), 0);
     }
     let p = pressure(v, cfg.working_set.promotion_slo);
     if let Pressure::Above(excess) = p {

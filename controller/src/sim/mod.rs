@@ -21,6 +21,7 @@ pub mod estimate;
 pub mod fleet;
 pub mod guest;
 pub mod metrics;
+pub mod passes;
 pub mod rng;
 pub mod workload;
 
@@ -31,6 +32,7 @@ use tier_proto::v1::Decision;
 use crate::policy::{Config, Controller, Mode, TierObs, VmObs, VmStatus};
 use ages::AgeSampling;
 use guest::SimVm;
+use passes::Passes;
 use rng::Rng;
 
 /// From the design note: about 1 GiB/s for the existing balloon.
@@ -54,6 +56,10 @@ pub struct SimConfig {
     /// as from a backend that gives none (working_set VMs fall back to
     /// ratio mode).
     pub ages: Option<AgeSampling>,
+    /// `Some`: what the controller sees is what a sampler reading accessed
+    /// bits in passes sends (`passes`), through `input::from_proto` as in
+    /// tierd; `hot_cap`, `ages` and `noise` are then unused.
+    pub passes: Option<Passes>,
 }
 
 impl Default for SimConfig {
@@ -65,6 +71,7 @@ impl Default for SimConfig {
             seed: 1,
             hot_cap: None,
             ages: None,
+            passes: None,
         }
     }
 }
@@ -211,16 +218,35 @@ impl Sim {
                 t.accessed_bytes = hot;
                 t.idle_bytes = held.saturating_sub(hot);
             }
+            if let Some(pc) = self.config.passes {
+                let seen = passes::observe(
+                    &vm.id,
+                    vm.phase(k),
+                    &passes::Held {
+                        size: [vm.dram_size, vm.slow_size],
+                        target: [vm.dram.target, vm.slow.target],
+                        actual: [vm.dram.actual, vm.slow.actual],
+                    },
+                    &pc,
+                    k,
+                    self.config.interval_s,
+                );
+                if let Ok(o) = crate::policy::input::from_proto(&seen.vm, &seen.stats) {
+                    self.obs[i] = o;
+                }
+            }
             // Convergence is judged on what the guest holds at the end.
             let cfg = self.controller.config();
-            let hot = match (self.config.ages, vm.phase(k)) {
-                (Some(a), Some(p)) if cfg.mode_of(&vm.id, &vm.id) == Mode::WorkingSet => {
+            let hot = match (self.config.ages, self.config.passes, vm.phase(k)) {
+                (Some(a), _, Some(p)) if cfg.mode_of(&vm.id, &vm.id) == Mode::WorkingSet => {
                     let h = match cfg.working_set.hot_horizon {
                         h if h > 0.0 => h,
                         _ => a.horizons[0],
                     };
                     Some(p.working_set(h, self.config.interval_s))
                 }
+                // The whole hot set (and warm pages): what the guest needs.
+                (_, Some(_), Some(p)) => Some(p.hot_bytes + p.warm_bytes),
                 _ => None,
             };
             truth.push((vm.load(k).ratio(), dh, sh, hot));

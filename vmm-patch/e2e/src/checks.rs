@@ -34,7 +34,7 @@ fn verdict(name: &'static str, pass: bool, detail: String) -> Verdict {
 /// says the gap plainly where it is one.
 fn resize_zone(o: &Outcome, out: &mut Vec<Verdict>) {
     const RESIZE_ZONE: i32 = tier_proto::v1::Actuator::ResizeZone as i32;
-    let names = ["a", "b"];
+    let names = names(o);
     let mut seen = Vec::new();
     let mut ok = true;
     for (i, name) in names.iter().enumerate() {
@@ -104,40 +104,111 @@ fn dram(row: &Row, vm: usize) -> (u64, u64) {
     row.vms[vm].balloon.get("dram").copied().unwrap_or_default()
 }
 
-fn within(row: &Row, vm: usize, target: f64, eps: f64) -> bool {
-    row.vms[vm]
-        .host
-        .is_some_and(|(r, _)| (r - target).abs() <= eps + 1e-9)
+/// The guest's exact DRAM-hit ratio around row `k`: the mean of its last
+/// three polls' splits (a poll covers about one interval; one alone
+/// swings with the guest's page moves).
+fn truth_at(o: &Outcome, k: usize, vm: usize) -> Option<f64> {
+    let seen: Vec<f64> = o.rows[..=k]
+        .iter()
+        .rev()
+        .take(3)
+        .filter_map(|r| r.vms[vm].truth)
+        .collect();
+    (!seen.is_empty()).then(|| seen.iter().sum::<f64>() / seen.len() as f64)
 }
 
-/// working_set mode: the DRAM given (zone size - balloon target) covers the
-/// low end of the hot set tierd reports but for the controller's minimum
-/// step (max(4 KiB, step / 64): it gives nothing smaller).
-/// The hot set is the latest one measured at or before row `k` (hostpte
-/// measures the shortest horizon one interval in a few).
-fn fits(o: &Outcome, k: usize, vm: usize) -> bool {
-    let size = o.plan.dram_mib * MIB;
-    let min_step = (o.plan.max_step_mib * MIB / 64).max(4096) as f64;
-    let given = size.saturating_sub(dram(&o.rows[k], vm).0) as f64;
-    let hot = o.rows[..=k].iter().rev().find_map(|r| r.vms[vm].hot);
-    hot.is_some_and(|(low, _)| given + min_step >= low)
-}
-
-/// Whether a VM is at its target in the plan's mode at row `k`.
-fn at_target(o: &Outcome, k: usize, vm: usize) -> bool {
+/// What the guest's exact counts must reach for a VM at its target: in
+/// ratio mode target - epsilon; in working_set mode its hot set in DRAM.
+/// That gives the DRAM-preferring hot set's share of accesses
+/// (`HOT_SHARE`, 0.95) only if every one of its pages sits in DRAM; the
+/// guest's own memory in the zone and its placement (pages moved one at a
+/// time, ~9 ms each here) left 0.87-0.92 with the hot set's measured
+/// bytes given (2026-11-28), so the floor is `HOT_SHARE` less twice
+/// epsilon.
+pub fn truth_floor(o: &Outcome) -> f64 {
     match o.plan.mode {
-        Mode::Ratio => within(&o.rows[k], vm, o.plan.target, o.plan.epsilon),
-        Mode::WorkingSet => fits(o, k, vm),
+        Mode::Ratio => o.plan.target - o.plan.epsilon,
+        Mode::WorkingSet => crate::scenario::HOT_SHARE - 2.0 * o.plan.epsilon,
     }
 }
 
-/// Intervals from `from` until both VMs are at their target (ratio mode:
-/// within epsilon; working_set mode: the hot set in DRAM) and stay so up
-/// to `to` (the simulator's definition).
+/// Whether a VM is at its target at row `k`, by the guest's exact counts
+/// (never by tierd's estimate, which is printed beside).
+fn at_target(o: &Outcome, k: usize, vm: usize) -> bool {
+    truth_at(o, k, vm).is_some_and(|t| t + 1e-9 >= truth_floor(o))
+}
+
+/// The guests' names, in row order.
+fn names(o: &Outcome) -> Vec<&'static str> {
+    o.plan.guests().into_iter().map(|g| g.0).collect()
+}
+
+/// DRAM given to VM `vm` at row `r`, bytes (the zone's size less the
+/// balloon-style target).
+fn given(o: &Outcome, r: &Row, vm: usize) -> u64 {
+    let size = match o.plan.actuator {
+        crate::scenario::Actuator::Balloon => o.plan.dram_mib,
+        crate::scenario::Actuator::ResizeZone => o.plan.boot_mib + o.plan.hotplug_mib,
+    } * MIB;
+    size.saturating_sub(dram(r, vm).0)
+}
+
+/// DRAM moves to the VMs that need it in each phase: a guest whose hot set
+/// (its DRAM-preferring pages, from the plan: the truth) exceeds the DRAM
+/// it was given when the phase began must hold more by the phase's end,
+/// and the others together must hold less.
+fn moves_to_need(o: &Outcome) -> (bool, String) {
+    let names = names(o);
+    let guests = o.plan.guests();
+    let change = o.phase_change.iter().copied().flatten().min();
+    let later = o.phase_change.iter().copied().flatten().max();
+    let Some(last) = o.rows.len().checked_sub(1) else {
+        return (false, "no interval recorded".into());
+    };
+    let phases = [
+        (0, change.map_or(last, |c| c.saturating_sub(1))),
+        (later.unwrap_or(last), last),
+    ];
+    let mut ok = later.is_some();
+    let mut detail = Vec::new();
+    for (p, (from, to)) in phases.into_iter().enumerate() {
+        let (mut gave_from, mut gave_to) = (0, 0);
+        let mut needers = Vec::new();
+        for (i, g) in guests.iter().enumerate() {
+            let pages = u64::from(if p == 0 { g.1 } else { g.2 });
+            let (a, b) = (given(o, &o.rows[from], i), given(o, &o.rows[to], i));
+            if pages * 4096 > a {
+                ok &= b > a;
+                needers.push(format!("{} {} -> {} MiB", names[i], a / MIB, b / MIB));
+            } else {
+                gave_from += a;
+                gave_to += b;
+            }
+        }
+        ok &= !needers.is_empty() && gave_to < gave_from;
+        detail.push(format!(
+            "phase {p}: short of their hot sets: {}; the others {} -> {} MiB",
+            if needers.is_empty() {
+                "none".into()
+            } else {
+                needers.join(", ")
+            },
+            gave_from / MIB,
+            gave_to / MIB
+        ));
+    }
+    if later.is_none() {
+        detail.push("phase 1 never seen in every guest".into());
+    }
+    (ok, detail.join("; "))
+}
+
+/// Intervals from `from` until both VMs are at their target by their
+/// exact counts (`at_target`) and stay so up to `to`.
 pub fn converge(o: &Outcome, from: usize, to: usize) -> Option<usize> {
     let mut first = None;
     for k in (from..to.min(o.rows.len())).rev() {
-        if !(at_target(o, k, 0) && at_target(o, k, 1)) {
+        if !(0..o.rows[k].vms.len()).all(|i| at_target(o, k, i)) {
             break;
         }
         first = Some(k - from);
@@ -208,68 +279,55 @@ pub fn all(o: &Outcome) -> Vec<Verdict> {
     if o.plan.stall.is_some() {
         return stalled(o);
     }
-    let names = ["a", "b"];
+    let names = names(o);
+    let n = names.len();
     let initial = o.plan.initial_dram_target();
     let mut out = Vec::new();
+    let per_vm = |f: &dyn Fn(&Row, usize) -> bool| -> Vec<usize> {
+        (0..n)
+            .map(|i| o.rows.iter().filter(|r| f(r, i)).count())
+            .collect()
+    };
+    let listed = |counts: &[usize]| {
+        names
+            .iter()
+            .zip(counts)
+            .map(|(n, c)| format!("{n} {c}"))
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
 
-    // Stats flow for both VMs.
-    let flowing: Vec<usize> = (0..2)
-        .map(|i| o.rows.iter().filter(|r| r.vms[i].host.is_some()).count())
-        .collect();
+    // Stats flow for every VM.
+    let flowing = per_vm(&|r, i| r.vms[i].host.is_some());
     out.push(verdict(
         "stats_flow",
         flowing.iter().all(|&n| n >= 10),
         format!(
-            "intervals with a host DRAM-hit estimate: a {} b {} of {}",
-            flowing[0],
-            flowing[1],
+            "intervals with a host DRAM-hit estimate: {} of {}",
+            listed(&flowing),
             o.rows.len()
         ),
     ));
 
-    // working_set mode: tierd reports both VMs' hot sets.
+    // working_set mode: tierd reports every VM's hot set.
     if o.plan.mode == Mode::WorkingSet {
-        let aged: Vec<usize> = (0..2)
-            .map(|i| o.rows.iter().filter(|r| r.vms[i].hot.is_some()).count())
-            .collect();
+        let aged = per_vm(&|r, i| r.vms[i].hot.is_some());
         out.push(verdict(
             "ages_flow",
             aged.iter().all(|&n| n >= 10),
             format!(
-                "intervals with a hot set (shortest horizon, both tiers): a {} b {} of {}",
-                aged[0],
-                aged[1],
+                "intervals with a hot set ({} s horizon, both tiers): {} of {}",
+                crate::scenario::HOT_HORIZON_S,
+                listed(&aged),
                 o.rows.len()
             ),
         ));
     }
 
-    // DRAM moves to the VM that needs it, in both phases.
+    // DRAM moves to the VMs that need it, in both phases.
     let change = o.phase_change.iter().copied().flatten().min();
     let later = o.phase_change.iter().copied().flatten().max();
-    let first_phase = &o.rows[..change.unwrap_or(o.rows.len())];
-    let min_t = |rows: &[Row], i| rows.iter().map(|r| dram(r, i).0).min();
-    let max_t = |rows: &[Row], i| rows.iter().map(|r| dram(r, i).0).max();
-    let p0 = (min_t(first_phase, 0), max_t(first_phase, 1));
-    let p0_ok = p0.0.is_some_and(|t| t < initial) && p0.1.is_some_and(|t| t > initial);
-    let (p1_ok, p1_detail) = match (later, o.rows.last()) {
-        (Some(l), Some(last)) => {
-            let at = &o.rows[l.saturating_sub(1)];
-            let (a0, a1) = (dram(at, 0).0, dram(last, 0).0);
-            let (b0, b1) = (dram(at, 1).0, dram(last, 1).0);
-            (
-                a1 > a0 && b1 < b0,
-                format!(
-                    "phase 1: a's dram balloon {} -> {} MiB, b's {} -> {} MiB",
-                    a0 / MIB,
-                    a1 / MIB,
-                    b0 / MIB,
-                    b1 / MIB
-                ),
-            )
-        }
-        _ => (false, "phase 1 never seen in both guests".into()),
-    };
+    let (moved, moved_detail) = moves_to_need(o);
     out.push(Verdict {
         // Upstream: the direction follows accesses tierd cannot see (the
         // guests' hot pages in plugged memory, which it cannot attribute):
@@ -277,12 +335,9 @@ pub fn all(o: &Outcome) -> Vec<Verdict> {
         required: !o.plan.upstream,
         ..verdict(
             "dram_moves_to_the_vm_that_needs_it",
-            p0_ok && p1_ok,
+            moved,
             format!(
-                "phase 0: a's dram balloon went down to {:?} MiB, b's up to {:?} MiB (both started at {} MiB); {p1_detail}{}",
-                p0.0.map(|v| v / MIB),
-                p0.1.map(|v| v / MIB),
-                initial / MIB,
+                "{moved_detail}{}",
                 if o.plan.upstream {
                     " (upstream: steered by accesses outside plugged memory only)"
                 } else {
@@ -404,12 +459,13 @@ pub fn all(o: &Outcome) -> Vec<Verdict> {
         required: !o.plan.upstream,
         ..verdict(
             match o.plan.mode {
-                Mode::Ratio => "ratios_return_within_epsilon",
-                Mode::WorkingSet => "hot_sets_fit_after_phase_change",
+                Mode::Ratio => "truth_reaches_the_band",
+                Mode::WorkingSet => "hot_sets_fit_by_truth",
             },
             conv.is_some(),
             format!(
-                "after the later phase change: {}; from the start (phase 0): {}",
+                "guests' exact DRAM-hit >= {:.2}: after the later phase change: {}; from the start (phase 0): {}",
+                truth_floor(o),
                 conv.map_or_else(|| "never".into(), |k| format!("{k} intervals")),
                 converge(o, 0, change.unwrap_or(o.rows.len()))
                     .map_or_else(|| "not until the end".into(), |k| format!("{k} intervals"))
@@ -421,7 +477,7 @@ pub fn all(o: &Outcome) -> Vec<Verdict> {
 
 /// Upstream: every VM's zone was resized both ways (plugged more and
 /// less) during the run, the actuation alone working there.
-fn both_ways(o: &Outcome, names: &[&str; 2]) -> Verdict {
+fn both_ways(o: &Outcome, names: &[&str]) -> Verdict {
     let mut detail = Vec::new();
     let mut ok = true;
     for (i, name) in names.iter().enumerate() {
@@ -462,66 +518,67 @@ mod tests {
         Row {
             t: 0.0,
             seq: 0,
-            vms: [vm(a_given, a_hot), vm(32 - a_given, b_hot)],
+            vms: vec![vm(a_given, a_hot), vm(32 - a_given, b_hot)],
         }
     }
 
     fn outcome(rows: Vec<Row>) -> Outcome {
         Outcome {
             rows,
-            phase_change: [Some(2), Some(2)],
+            phase_change: vec![Some(2), Some(2)],
             decisions: Vec::new(),
-            initial_rss: [BTreeMap::new(), BTreeMap::new()],
+            initial_rss: vec![BTreeMap::new(), BTreeMap::new()],
             plan: Plan {
                 mode: Mode::WorkingSet,
                 ..Plan::default()
             },
-            dram_hotplug: [None, None],
-            vm_ids: [None, None],
+            dram_hotplug: vec![None, None],
+            vm_ids: vec![None, None],
         }
     }
 
+    /// `row` with the guests' exact DRAM-hit ratios `a` and `b`.
+    fn truth(a: f64, b: f64) -> Row {
+        let mut r = row(24, 24.0, 6.0);
+        r.vms[0].truth = Some(a);
+        r.vms[1].truth = Some(b);
+        r
+    }
+
     #[test]
-    fn working_set_convergence_is_the_hot_set_in_dram() {
-        // a's hot set 24 MiB (low 23): short with 16 given, fits with 24;
-        // b's 6 MiB (low 5) fits in 16 or 8.
-        let short = || row(16, 24.0, 6.0);
-        let fit = || row(24, 24.0, 6.0);
-        assert_eq!(
-            converge(&outcome(vec![short(), fit(), fit()]), 0, 3),
-            Some(1)
-        );
-        assert_eq!(
-            converge(&outcome(vec![fit(), short(), fit()]), 0, 3),
-            Some(2)
-        );
-        assert_eq!(converge(&outcome(vec![fit(), fit(), short()]), 0, 3), None);
-        // Within the minimum step (8 MiB / 64 = 128 KiB) of the low end.
-        let near = row(24, 25.1, 6.0);
-        assert_eq!(converge(&outcome(vec![near]), 0, 1), Some(0));
-        // No ages yet: not at target; an interval without them keeps the
-        // last one measured.
-        let mut none = fit();
-        none.vms[1].hot = None;
-        assert_eq!(converge(&outcome(vec![none.clone()]), 0, 1), None);
-        assert_eq!(converge(&outcome(vec![fit(), none]), 0, 2), Some(0));
+    fn convergence_is_judged_on_the_guests_counts() {
+        // working_set: the hot set's share (0.95) less twice epsilon, 0.85, over
+        // the last three polls; tierd's estimate (0.9 in every row) and
+        // hot set (fitting in every row) are not read.
+        let (low, ok) = (|| truth(0.60, 0.95), || truth(0.88, 0.95));
+        let conv = |rows: Vec<Row>| converge(&outcome(rows), 0, 4);
+        assert_eq!(conv(vec![low(), ok(), ok(), ok()]), Some(2));
+        assert_eq!(conv(vec![ok(), ok(), ok(), low()]), None);
+        // A poll without counts keeps the others' mean.
+        let mut none = ok();
+        none.vms[0].truth = None;
+        assert_eq!(conv(vec![ok(), none, ok(), ok()]), Some(0));
+        // No counts at all: not at target.
+        let mut blind = ok();
+        blind.vms[1].truth = None;
+        assert_eq!(converge(&outcome(vec![blind]), 0, 1), None);
+        // Ratio mode: target 0.85 - epsilon 0.05.
+        let mut o = outcome(vec![truth(0.81, 0.99), truth(0.81, 0.99)]);
+        o.plan.mode = Mode::Ratio;
+        assert_eq!(converge(&o, 0, 2), Some(0));
+        o.rows[1] = truth(0.70, 0.99);
+        assert_eq!(converge(&o, 0, 2), None);
     }
 
     #[test]
     fn working_set_checks_name_the_hot_sets() {
-        let o = outcome(vec![row(24, 24.0, 6.0); 12]);
+        let o = outcome(vec![truth(0.95, 0.95); 12]);
         let v = all(&o);
         let names: Vec<&str> = v.iter().map(|v| v.name).collect();
         assert!(names.contains(&"ages_flow"), "{names:?}");
-        assert!(
-            names.contains(&"hot_sets_fit_after_phase_change"),
-            "{names:?}"
-        );
-        assert!(
-            !names.contains(&"ratios_return_within_epsilon"),
-            "{names:?}"
-        );
-        for name in ["ages_flow", "hot_sets_fit_after_phase_change"] {
+        assert!(names.contains(&"hot_sets_fit_by_truth"), "{names:?}");
+        assert!(!names.contains(&"truth_reaches_the_band"), "{names:?}");
+        for name in ["ages_flow", "hot_sets_fit_by_truth"] {
             let c = v.iter().find(|v| v.name == name).unwrap();
             assert!(c.pass, "{name}: {}", c.detail);
         }

@@ -36,7 +36,9 @@ struct Args {
     #[arg(long, default_value_t = 45)]
     phase_secs: u64,
     /// Seconds watched after the later guest's phase change.
-    #[arg(long, default_value_t = 40)]
+    /// (A guest moves its hot pages into DRAM just given at ~9 ms a page
+    /// here: 4500 pages take some 40 s.)
+    #[arg(long, default_value_t = 60)]
     after_secs: u64,
     /// tierd sampler backend.
     #[arg(long, default_value = "hostpte")]
@@ -59,6 +61,10 @@ struct Args {
     /// hot working set in DRAM (docs/e2e.md, "working_set mode").
     #[arg(long, value_enum, default_value = "ratio")]
     mode: scenario::Mode,
+    /// Who shares the DRAM budget: `swap` (a and b trade needs) or
+    /// `three` (one goes idle, one grows, one shrinks).
+    #[arg(long, value_enum, default_value = "swap")]
+    guests: scenario::Guests,
 }
 
 fn main() -> ExitCode {
@@ -89,6 +95,7 @@ fn run() -> anyhow::Result<bool> {
         upstream: args.upstream,
         stall: args.stall.clone(),
         mode: args.mode,
+        guests: args.guests,
         // Upstream: tierd sees no access to plugged memory, where the
         // guests keep the hot pages that did not fit the boot part, so at
         // 0.85 both VMs can read in or below their band and nothing moves;
@@ -101,6 +108,10 @@ fn run() -> anyhow::Result<bool> {
     anyhow::ensure!(
         args.stall.is_none() || args.actuator == scenario::Actuator::ResizeZone,
         "--stall needs --actuator resize-zone"
+    );
+    anyhow::ensure!(
+        args.stall.is_none() || args.guests == scenario::Guests::Swap,
+        "--stall needs --guests swap"
     );
     anyhow::ensure!(
         !args.upstream || args.actuator == scenario::Actuator::ResizeZone,
@@ -131,7 +142,7 @@ fn run() -> anyhow::Result<bool> {
     let conv = later.and_then(|l| checks::converge(&outcome, l, outcome.rows.len()));
     let resize = args.actuator == scenario::Actuator::ResizeZone;
     println!(
-        "RESULT e2e={} converge_intervals={} intervals={} decisions={} mode={}{}",
+        "RESULT e2e={} converge_intervals={} intervals={} decisions={} mode={} guests={}{}",
         if pass { "pass" } else { "fail" },
         conv.map_or_else(|| "none".into(), |k| k.to_string()),
         outcome.rows.len(),
@@ -140,6 +151,7 @@ fn run() -> anyhow::Result<bool> {
             scenario::Mode::Ratio => "ratio",
             scenario::Mode::WorkingSet => "working_set",
         },
+        outcome.plan.guests().len(),
         if resize {
             format!(
                 " actuator=resize-zone vmm={} attribution={}{}",

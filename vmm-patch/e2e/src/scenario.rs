@@ -17,6 +17,12 @@ use tier_e2e::tierd::Tierd;
 use tier_e2e::vmm::{ChVm, Hotplug, VmSpec};
 
 const MIB: u64 = 1 << 20;
+/// Share of a guest's accesses on its DRAM-preferring hot set (the
+/// cmdline's `phases=95/5`): its exact DRAM-hit ratio with that set in DRAM.
+pub const HOT_SHARE: f64 = 0.95;
+/// The hot horizon, seconds: the guests touch a hot page about once a
+/// second, so one 1 s pass sees some 60 % of a hot set, and 5 s all of it.
+pub const HOT_HORIZON_S: f64 = 5.0;
 
 /// Everything the run needs from outside.
 #[derive(Debug, Clone)]
@@ -56,9 +62,12 @@ pub struct Plan {
     pub epsilon: f64,
     pub max_step_mib: u64,
     pub interval_ms: u64,
-    /// Ageing passes per interval: one here. The guests run emulated, so a
-    /// hot page is touched a few times a second, not millions: a shorter
-    /// pass would find most of a working set idle (docs/e2e.md).
+    /// Ageing passes per interval. hostpte bounds a reading's edges (its
+    /// re-arm and walk) by the young pages of the shortest pass: 50 ms
+    /// passes keep the working set's interval about 1 MiB wide each way
+    /// on these guests, one 1 s pass made it 25 MiB wide. No decision
+    /// reads one pass's young pages as idle any more (docs/controller.md,
+    /// "One standard of evidence").
     pub passes: u32,
     pub backend: String,
     /// What the controller drives: the per-tier balloon, or the dram
@@ -79,6 +88,18 @@ pub struct Plan {
     /// the controller stays stable and keeps serving "a".
     pub stall: Option<String>,
     pub mode: Mode,
+    pub guests: Guests,
+}
+
+/// `--guests`: who shares the host's DRAM.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum Guests {
+    /// a and b: a's hot set outgrows its DRAM while b's shrinks, then
+    /// they swap.
+    #[default]
+    Swap,
+    /// i goes idle, g grows, s shrinks (s needs DRAM first, g after).
+    Three,
 }
 
 /// `--actuator`.
@@ -107,12 +128,12 @@ impl Default for Plan {
             hot_pages: 6000,
             small_pages: 1500,
             phase_secs: 45,
-            after_secs: 40,
+            after_secs: 60,
             target: 0.85,
             epsilon: 0.05,
             max_step_mib: 8,
             interval_ms: 1000,
-            passes: 1,
+            passes: 20,
             backend: "hostpte".into(),
             actuator: Actuator::Balloon,
             boot_mib: 8,
@@ -120,16 +141,33 @@ impl Default for Plan {
             upstream: false,
             stall: None,
             mode: Mode::Ratio,
+            guests: Guests::Swap,
         }
     }
 }
 
 impl Plan {
-    /// VM "a" needs DRAM in phase 0 and little in phase 1; "b" the reverse.
-    pub fn specs(&self) -> [VmSpec; 2] {
+    /// Each guest's name and DRAM-preferring hot pages in phase 0 and 1.
+    pub fn guests(&self) -> Vec<(&'static str, u32, u32)> {
+        let (big, small) = (self.hot_pages, self.small_pages);
+        match self.guests {
+            Guests::Swap => vec![("a", big, small), ("b", small, big)],
+            // An idle guest still runs: its phase touches 64 pages.
+            Guests::Three => vec![("i", small, 64), ("g", small, big), ("s", big, small)],
+        }
+    }
+
+    /// The host DRAM budget: what the guests hold at the start.
+    pub fn budget(&self) -> u64 {
+        self.guests().len() as u64 * (self.dram_mib - self.initial_dram_balloon_mib) * MIB
+    }
+
+    /// The guests' VMs, by `guests`.
+    pub fn specs(&self) -> Vec<VmSpec> {
         let resize = self.actuator == Actuator::ResizeZone;
-        let vmem = |name: &str| match (&self.stall, name) {
-            (Some(mode), "b") => format!(" virtio_mem={mode}"),
+        let stalled = self.guests().get(1).map(|g| g.0);
+        let vmem = |name: &str| match (&self.stall, Some(name) == stalled) {
+            (Some(mode), true) => format!(" virtio_mem={mode}"),
             _ => " virtio_mem=on".into(),
         };
         let spec = |name: &str, first: u32, second: u32| VmSpec {
@@ -155,10 +193,10 @@ impl Plan {
                     .saturating_sub(self.boot_mib),
             }),
         };
-        [
-            spec("a", self.hot_pages, self.small_pages),
-            spec("b", self.small_pages, self.hot_pages),
-        ]
+        self.guests()
+            .into_iter()
+            .map(|(name, first, second)| spec(name, first, second))
+            .collect()
     }
 
     /// The dram tier's balloon-style target at the start, bytes: the
@@ -174,42 +212,43 @@ impl Plan {
     }
 
     fn policy(&self) -> Policy {
-        let held = 2 * (self.dram_mib - self.initial_dram_balloon_mib) * MIB;
         Policy {
             enabled: true,
             dry_run: false,
             default_target: self.target,
             epsilon: self.epsilon,
-            host_dram_budget_bytes: held,
+            host_dram_budget_bytes: self.budget(),
             max_step_bytes: self.max_step_mib * MIB,
             cooldown_intervals: 1,
             // Idle DRAM above a third of what a VM holds goes back first:
             // the VM whose working set shrank is the donor.
             idle_threshold: 0.3,
             vms: Vec::new(),
-            // working_set: the hot set is the shortest horizon's working
-            // set (an emulated guest touches its hot pages a few times a
-            // second); no promotion SLO (the guests do not churn).
+            // The hot set is the working set within 5 s (both modes read
+            // it: working_set decides on it, ratio mode grows on it where
+            // the ratio is not measured); no promotion SLO (the guests do
+            // not churn).
             mode: match self.mode {
                 Mode::Ratio => PolicyMode::Ratio,
                 Mode::WorkingSet => PolicyMode::WorkingSet,
             } as i32,
-            hot_horizon_seconds: 0.0,
+            hot_horizon_seconds: HOT_HORIZON_S,
             promotion_slo: 0.0,
         }
     }
 }
 
-/// The hot set of a VM as tierd's stream has it: the shortest horizon's
-/// working set, both tiers, (low, high) bytes; `None` where a tier has no
-/// measured ages.
+/// The hot set of a VM as tierd's stream has it: the working set within
+/// the hot horizon, both tiers, (low, high) bytes; `None` where a tier has
+/// not measured it this interval.
 pub fn hot_set(s: &VmStats) -> Option<(f64, f64)> {
     let mut sum = (0.0, 0.0);
     for t in &s.tiers {
         let a = t.ages.as_ref().filter(|a| a.not_measured.is_empty())?;
         let w = a
             .working_set
-            .first()
+            .iter()
+            .find(|w| (w.horizon_seconds - HOT_HORIZON_S).abs() < 1e-9)
             .filter(|w| w.not_measured.is_empty())?;
         sum = (sum.0 + w.bytes_low, sum.1 + w.bytes_high);
     }
@@ -247,7 +286,8 @@ pub struct VmRow {
 pub struct Row {
     pub t: f64,
     pub seq: u64,
-    pub vms: [VmRow; 2],
+    /// One per guest, in `Plan::guests` order.
+    pub vms: Vec<VmRow>,
 }
 
 /// What the run saw.
@@ -255,14 +295,14 @@ pub struct Row {
 pub struct Outcome {
     pub rows: Vec<Row>,
     /// Row index at which each guest started phase 1.
-    pub phase_change: [Option<usize>; 2],
+    pub phase_change: Vec<Option<usize>>,
     pub decisions: Vec<Decision>,
-    pub initial_rss: [BTreeMap<String, u64>; 2],
+    pub initial_rss: Vec<BTreeMap<String, u64>>,
     pub plan: Plan,
     /// tierd's tier map of each VM's dram tier: `Tier.hotplug`.
-    pub dram_hotplug: [Option<tier_proto::v1::TierHotplug>; 2],
+    pub dram_hotplug: Vec<Option<tier_proto::v1::TierHotplug>>,
     /// Each VM's id in tierd's stream.
-    pub vm_ids: [Option<String>; 2],
+    pub vm_ids: Vec<Option<String>>,
 }
 
 /// Boots the guests, balloons them to the starting point, runs tierd and
@@ -291,7 +331,8 @@ pub async fn run(plan: &Plan, paths: &Paths) -> anyhow::Result<Outcome> {
         );
     }
     let initial = plan.initial_dram_balloon_mib * MIB;
-    let mut initial_rss = [BTreeMap::new(), BTreeMap::new()];
+    let n = vms.len();
+    let mut initial_rss = vec![BTreeMap::new(); n];
     for (i, vm) in vms.iter().enumerate() {
         let took = match plan.actuator {
             Actuator::Balloon => {
@@ -352,16 +393,17 @@ pub async fn run(plan: &Plan, paths: &Paths) -> anyhow::Result<Outcome> {
         .into_inner();
 
     let pids: Vec<u32> = vms.iter().map(ChVm::pid).collect();
-    let mut ids: [Option<String>; 2] = [None, None];
-    let mut last_acc: [Vec<u64>; 2] = [Vec::new(), Vec::new()];
+    let mut ids: Vec<Option<String>> = vec![None; n];
+    let mut last_acc: Vec<Vec<u64>> = vec![Vec::new(); n];
     let mut rows = Vec::new();
     let mut decisions = Vec::new();
-    let mut phase_change = [None, None];
-    let mut dram_hotplug = [None, None];
-    let mut applied = [0u32; 2];
+    let mut phase_change = vec![None; n];
+    let mut dram_hotplug = vec![None; n];
+    let mut applied = vec![0u32; n];
     let start = Instant::now();
     let deadline = Duration::from_secs(plan.phase_secs * 2 + plan.after_secs + 120);
-    print_header();
+    let names: Vec<&str> = plan.guests().iter().map(|g| g.0).collect();
+    print_header(&names);
     loop {
         let update: StatsUpdate = tokio::select! {
             u = stats.next() => match u {
@@ -388,7 +430,7 @@ pub async fn run(plan: &Plan, paths: &Paths) -> anyhow::Result<Outcome> {
         let mut row = Row {
             t: start.elapsed().as_secs_f64(),
             seq: update.sequence,
-            vms: [VmRow::default(), VmRow::default()],
+            vms: vec![VmRow::default(); n],
         };
         for (i, vm) in vms.iter().enumerate() {
             let r = &mut row.vms[i];
@@ -505,29 +547,23 @@ fn mib(v: u64) -> String {
     format!("{:.0}", v as f64 / MIB as f64)
 }
 
-/// Header of the timeline table.
-pub fn print_header() {
-    println!(
-        "{:>5} {:>4} | {:>2} {:>7} {:>5} {:>5} {:>5} {:>9} {:>5} {:>3} | {:>2} {:>7} {:>5} {:>5} {:>5} {:>9} {:>5} {:>3}",
-        "t_s",
-        "seq",
-        "ph",
-        "a_host%",
-        "truth",
-        "d_tgt",
-        "d_bal",
-        "tierd_t/a",
-        "rss",
-        "dec",
-        "ph",
-        "b_host%",
-        "truth",
-        "d_tgt",
-        "d_bal",
-        "tierd_t/a",
-        "rss",
-        "dec"
-    );
+/// Header of the timeline table, a column group per guest.
+pub fn print_header(names: &[&str]) {
+    let mut line = format!("{:>5} {:>4}", "t_s", "seq");
+    for n in names {
+        line.push_str(&format!(
+            " | {:>2} {:>7} {:>5} {:>5} {:>5} {:>9} {:>5} {:>3}",
+            "ph",
+            format!("{n}_host%"),
+            "truth",
+            "d_tgt",
+            "d_bal",
+            "tierd_t/a",
+            "rss",
+            "dec"
+        ));
+    }
+    println!("{line}");
     println!(
         "      (host%: tierd's DRAM-hit estimate ± bound; truth: the guest's exact split; d_tgt/d_bal: dram balloon target and pages the device holds, MiB; tierd_t/a: the same as tierd's stream has them; rss: dram zone resident MiB; dec: decisions applied)"
     );

@@ -52,6 +52,9 @@ impl Tierd {
              backend = {backend:?}\n\
              [sampler]\n\
              cpu_budget_pct = 0\n\
+             ws_horizons_s = [1, 5]\n\
+             ws_sweep_s = 5\n\
+             ws_sweep_every_s = 10\n\
              [tier_kinds]\n\
              slow = \"cxl\"\n\
              [metrics]\n\

@@ -104,6 +104,7 @@ pub fn reason(r: DecisionReason) -> &'static str {
         DecisionReason::HotSetDeficit => "hotdef",
         DecisionReason::PromotionPressure => "promo",
         DecisionReason::ColdReclaim => "cold",
+        DecisionReason::NotMeasured => "n/m",
     }
 }
 
