@@ -1,0 +1,154 @@
+//! grpc.health.v1 and server reflection beside tier.v1 (docs/grpc.md).
+//!
+//! Health: `tier.v1.TierService` and `""` (the server as a whole) are
+//! NOT_SERVING until the first interval is published; then SERVING while
+//! the intervals carry an active sampler and keep coming. An interval
+//! without one (backend `none` or none available) or no interval for
+//! [`STALE_INTERVALS`] intervals (a stuck or ended sampling loop) turns
+//! both NOT_SERVING again: a probe then sees a tierd that measures nothing.
+
+use std::time::Duration;
+
+use tokio::sync::watch;
+use tokio::time::Instant;
+use tonic_health::ServingStatus;
+use tonic_health::pb::health_server::{Health, HealthServer};
+use tonic_health::server::HealthReporter;
+use tonic_reflection::server::v1::{ServerReflection, ServerReflectionServer};
+
+use tier_proto::v1::tier_service_server::SERVICE_NAME;
+
+/// Intervals without an update after which tierd reports NOT_SERVING.
+pub const STALE_INTERVALS: u32 = 3;
+
+/// What the sampling loop last said, for the health service.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Beat {
+    /// When the last interval was published.
+    pub at: Instant,
+    /// Whether a sampler produced it.
+    pub sampled: bool,
+}
+
+/// The sampling loop's side: one beat per published interval.
+#[derive(Debug)]
+pub struct Heartbeat {
+    tx: watch::Sender<Option<Beat>>,
+}
+
+impl Default for Heartbeat {
+    fn default() -> Heartbeat {
+        Heartbeat {
+            tx: watch::Sender::new(None),
+        }
+    }
+}
+
+impl Heartbeat {
+    /// One interval was published; `sampled`: an active sampler made it.
+    pub fn beat(&self, sampled: bool) {
+        self.tx.send_replace(Some(Beat {
+            at: Instant::now(),
+            sampled,
+        }));
+    }
+
+    fn subscribe(&self) -> watch::Receiver<Option<Beat>> {
+        self.tx.subscribe()
+    }
+}
+
+/// The status a beat (or none yet) means at `now`.
+pub fn status(beat: Option<Beat>, now: Instant, interval: Duration) -> ServingStatus {
+    match beat {
+        Some(b)
+            if b.sampled && now.saturating_duration_since(b.at) < interval * STALE_INTERVALS =>
+        {
+            ServingStatus::Serving
+        }
+        _ => ServingStatus::NotServing,
+    }
+}
+
+/// The health service, NOT_SERVING for now, and the task that keeps it
+/// up to date from `heartbeat` (run it beside the servers).
+pub fn health(
+    heartbeat: &Heartbeat,
+    interval: Duration,
+) -> (
+    HealthServer<impl Health>,
+    impl Future<Output = ()> + Send + 'static,
+) {
+    let (reporter, server) = tonic_health::server::health_reporter();
+    let mut beats = heartbeat.subscribe();
+    let task = async move {
+        let mut shown = None;
+        loop {
+            let now = Instant::now();
+            let beat = *beats.borrow_and_update();
+            let st = status(beat, now, interval);
+            if shown != Some(st) {
+                set(&reporter, st).await;
+                tracing::info!(status = ?st, "grpc.health.v1");
+                shown = Some(st);
+            }
+            // Re-checked each interval even without a beat: staleness.
+            tokio::select! {
+                r = beats.changed() => if r.is_err() { set(&reporter, ServingStatus::NotServing).await; return },
+                _ = tokio::time::sleep(interval) => {}
+            }
+        }
+    };
+    (server, task)
+}
+
+async fn set(reporter: &HealthReporter, st: ServingStatus) {
+    reporter.set_service_status("", st).await;
+    reporter.set_service_status(SERVICE_NAME, st).await;
+}
+
+/// Server reflection (v1) of tier.v1 and grpc.health.v1.
+pub fn reflection() -> Result<ServerReflectionServer<impl ServerReflection>, HealthError> {
+    Ok(tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(tier_proto::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1()?)
+}
+
+/// Reflection could not be built from the descriptor sets.
+#[derive(Debug, thiserror::Error)]
+#[error("server reflection: {0}")]
+pub struct HealthError(#[from] tonic_reflection::server::Error);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn serving_only_after_a_sampled_interval_that_is_recent() {
+        let i = Duration::from_secs(1);
+        let t0 = Instant::now();
+        assert_eq!(status(None, t0, i), ServingStatus::NotServing);
+        let sampled = Beat {
+            at: t0,
+            sampled: true,
+        };
+        assert_eq!(status(Some(sampled), t0, i), ServingStatus::Serving);
+        assert_eq!(status(Some(sampled), t0 + i * 2, i), ServingStatus::Serving);
+        assert_eq!(
+            status(Some(sampled), t0 + i * STALE_INTERVALS, i),
+            ServingStatus::NotServing,
+            "no interval for three: the loop is stuck"
+        );
+        let unsampled = Beat {
+            at: t0,
+            sampled: false,
+        };
+        assert_eq!(status(Some(unsampled), t0, i), ServingStatus::NotServing);
+    }
+
+    #[test]
+    fn reflection_builds_from_the_descriptor_sets() {
+        assert!(reflection().is_ok());
+    }
+}
