@@ -1,11 +1,12 @@
 //! grpc.health.v1 and server reflection beside tier.v1 (docs/grpc.md).
 //!
 //! Health: `tier.v1.TierService` and `""` (the server as a whole) are
-//! NOT_SERVING until the first interval is published; then SERVING while
-//! the intervals carry an active sampler and keep coming. An interval
-//! without one (backend `none` or none available) or no interval for
-//! [`STALE_INTERVALS`] intervals (a stuck or ended sampling loop) turns
-//! both NOT_SERVING again: a probe then sees a tierd that measures nothing.
+//! NOT_SERVING until the first interval is published, and again when no
+//! interval has come for [`STALE_INTERVALS`] intervals (a stuck or ended
+//! sampling loop). `tier.v1.TierService` is also NOT_SERVING while the
+//! intervals carry no active sampler (backend `none` or none available):
+//! tierd then measures nothing, though it runs (what a readiness probe
+//! asks), while `""` says it runs (what a liveness probe asks).
 
 use std::time::Duration;
 
@@ -13,7 +14,6 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 use tonic_health::ServingStatus;
 use tonic_health::pb::health_server::{Health, HealthServer};
-use tonic_health::server::HealthReporter;
 use tonic_reflection::server::v1::{ServerReflection, ServerReflectionServer};
 
 use tier_proto::v1::tier_service_server::SERVICE_NAME;
@@ -58,11 +58,18 @@ impl Heartbeat {
     }
 }
 
-/// The status a beat (or none yet) means at `now`.
-pub fn status(beat: Option<Beat>, now: Instant, interval: Duration) -> ServingStatus {
+/// The status a beat (or none yet) means at `now`; `sampler`: a sampler
+/// must have made it (tier.v1.TierService), or any interval will do ("").
+pub fn status(
+    beat: Option<Beat>,
+    now: Instant,
+    interval: Duration,
+    sampler: bool,
+) -> ServingStatus {
     match beat {
         Some(b)
-            if b.sampled && now.saturating_duration_since(b.at) < interval * STALE_INTERVALS =>
+            if (b.sampled || !sampler)
+                && now.saturating_duration_since(b.at) < interval * STALE_INTERVALS =>
         {
             ServingStatus::Serving
         }
@@ -86,25 +93,24 @@ pub fn health(
         loop {
             let now = Instant::now();
             let beat = *beats.borrow_and_update();
-            let st = status(beat, now, interval);
+            let st = (
+                status(beat, now, interval, false),
+                status(beat, now, interval, true),
+            );
             if shown != Some(st) {
-                set(&reporter, st).await;
-                tracing::info!(status = ?st, "grpc.health.v1");
+                reporter.set_service_status("", st.0).await;
+                reporter.set_service_status(SERVICE_NAME, st.1).await;
+                tracing::info!(server = ?st.0, service = ?st.1, "grpc.health.v1");
                 shown = Some(st);
             }
             // Re-checked each interval even without a beat: staleness.
             tokio::select! {
-                r = beats.changed() => if r.is_err() { set(&reporter, ServingStatus::NotServing).await; return },
+                r = beats.changed() => if r.is_err() { return },
                 _ = tokio::time::sleep(interval) => {}
             }
         }
     };
     (server, task)
-}
-
-async fn set(reporter: &HealthReporter, st: ServingStatus) {
-    reporter.set_service_status("", st).await;
-    reporter.set_service_status(SERVICE_NAME, st).await;
 }
 
 /// Server reflection (v1) of tier.v1 and grpc.health.v1.
@@ -128,15 +134,20 @@ mod tests {
     fn serving_only_after_a_sampled_interval_that_is_recent() {
         let i = Duration::from_secs(1);
         let t0 = Instant::now();
-        assert_eq!(status(None, t0, i), ServingStatus::NotServing);
+        for sampler in [false, true] {
+            assert_eq!(status(None, t0, i, sampler), ServingStatus::NotServing);
+        }
         let sampled = Beat {
             at: t0,
             sampled: true,
         };
-        assert_eq!(status(Some(sampled), t0, i), ServingStatus::Serving);
-        assert_eq!(status(Some(sampled), t0 + i * 2, i), ServingStatus::Serving);
+        assert_eq!(status(Some(sampled), t0, i, true), ServingStatus::Serving);
         assert_eq!(
-            status(Some(sampled), t0 + i * STALE_INTERVALS, i),
+            status(Some(sampled), t0 + i * 2, i, true),
+            ServingStatus::Serving
+        );
+        assert_eq!(
+            status(Some(sampled), t0 + i * STALE_INTERVALS, i, false),
             ServingStatus::NotServing,
             "no interval for three: the loop is stuck"
         );
@@ -144,7 +155,16 @@ mod tests {
             at: t0,
             sampled: false,
         };
-        assert_eq!(status(Some(unsampled), t0, i), ServingStatus::NotServing);
+        assert_eq!(
+            status(Some(unsampled), t0, i, true),
+            ServingStatus::NotServing,
+            "tier.v1 measures nothing"
+        );
+        assert_eq!(
+            status(Some(unsampled), t0, i, false),
+            ServingStatus::Serving,
+            "the server runs"
+        );
     }
 
     #[test]
