@@ -17,8 +17,8 @@ use crate::package::{VERSION, gzip, shared_libs};
 pub const ENTRYPOINT: &str = "/usr/local/bin/tierd";
 
 /// The layout under `out/oci` and the same as one tar (for `ctr images
-/// import`), from the binaries in `bins`.
-pub fn build(bins: &Path, out: &Path) -> anyhow::Result<(PathBuf, PathBuf)> {
+/// import`), from the binaries in `bins`; `fast`: gzip -1 (tests).
+pub fn build(bins: &Path, out: &Path, fast: bool) -> anyhow::Result<(PathBuf, PathBuf)> {
     crate::run::step(
         "package",
         "OCI image layout (tar + gzip + sha256, no daemon)",
@@ -35,7 +35,7 @@ pub fn build(bins: &Path, out: &Path) -> anyhow::Result<(PathBuf, PathBuf)> {
     }
     let tar = layer_tar(&files)?;
     let diff_id = sha256(&tar);
-    let layer = gzip(&tar)?;
+    let layer = gzip(&tar, !fast)?;
 
     let dir = out.join("oci");
     if dir.exists() {

@@ -51,14 +51,17 @@ pub fn run(o: &Options) -> anyhow::Result<()> {
     stage(&target.join(profile), &root)?;
     let deb = out.join(format!("tierd_{VERSION}_amd64.deb"));
     run::step("package", format!("dpkg-deb --build -> {}", deb.display()));
+    // A debug build is for tests: fast compression (xz -6 of its 57 MB
+    // took most of a minute), the release one as small as it gets.
+    let level = if o.debug { "-z1" } else { "-z9" };
     run::status(
         Command::new("dpkg-deb")
-            .args(["--root-owner-group", "--build"])
+            .args(["--root-owner-group", "-Zxz", level, "--build"])
             .arg(&root)
             .arg(&deb),
     )
     .context("dpkg-deb (apt-get install dpkg)")?;
-    let (oci, oci_tar) = crate::oci::build(&root.join("usr/bin"), &out)?;
+    let (oci, oci_tar) = crate::oci::build(&root.join("usr/bin"), &out, o.debug)?;
     for p in [&deb, &oci_tar] {
         let size = std::fs::metadata(p).map(|m| m.len()).unwrap_or(0);
         println!("{} ({:.1} MiB)", p.display(), size as f64 / 1048576.0);
@@ -86,7 +89,7 @@ fn stage(bins: &Path, root: &Path) -> anyhow::Result<()> {
         let man = output(&dst, &["man"])?;
         put(
             &root.join(format!("usr/share/man/man1/{name}.1.gz")),
-            &gzip(&man)?,
+            &gzip(&man, true)?,
             0o644,
         )?;
         for (shell, path) in [
@@ -214,11 +217,17 @@ fn output(bin: &Path, args: &[&str]) -> anyhow::Result<Vec<u8>> {
     Ok(o.stdout)
 }
 
-/// gzip -9n: no name, no time, so the same page gives the same bytes.
-pub fn gzip(data: &[u8]) -> anyhow::Result<Vec<u8>> {
+/// gzip -n (-9 if `best`, else -1): no name, no time, so the same input
+/// gives the same bytes.
+pub fn gzip(data: &[u8], best: bool) -> anyhow::Result<Vec<u8>> {
+    let level = if best {
+        flate2::Compression::best()
+    } else {
+        flate2::Compression::fast()
+    };
     let mut gz = flate2::GzBuilder::new()
         .mtime(0)
-        .write(Vec::new(), flate2::Compression::best());
+        .write(Vec::new(), level);
     gz.write_all(data).context("gzip")?;
     gz.finish().context("gzip")
 }
