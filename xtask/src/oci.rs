@@ -5,13 +5,15 @@
 //! config with tierd as Entrypoint; a manifest; index.json naming it
 //! `tierd:<version>`. Same binaries, same bytes (every time stamp is 0).
 
+use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::process::Command;
 
-use anyhow::Context;
+use anyhow::{Context, bail};
 use serde_json::json;
 use sha2::{Digest, Sha256};
 
-use crate::package::{VERSION, gzip, shared_libs};
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");
 
 /// Where the image puts tierd (the DaemonSet's `command`).
 pub const ENTRYPOINT: &str = "/usr/local/bin/tierd";
@@ -170,4 +172,43 @@ fn blob(blobs: &Path, data: &[u8], media_type: &str) -> anyhow::Result<serde_jso
 
 fn write(path: &Path, data: &[u8]) -> anyhow::Result<()> {
     std::fs::write(path, data).with_context(|| format!("writing {}", path.display()))
+}
+
+/// gzip -n (-9 if `best`, else -1): no name, no time, so the same input
+/// gives the same bytes.
+pub fn gzip(data: &[u8], best: bool) -> anyhow::Result<Vec<u8>> {
+    let level = if best {
+        flate2::Compression::best()
+    } else {
+        flate2::Compression::fast()
+    };
+    let mut gz = flate2::GzBuilder::new().mtime(0).write(Vec::new(), level);
+    gz.write_all(data).context("gzip")?;
+    gz.finish().context("gzip")
+}
+
+/// The shared libraries `bins` load (ldd), by path, the loader included.
+pub fn shared_libs(bins: &[&Path]) -> anyhow::Result<Vec<PathBuf>> {
+    let mut libs = std::collections::BTreeSet::new();
+    for bin in bins {
+        let o = Command::new("ldd")
+            .arg(bin)
+            .output()
+            .with_context(|| format!("ldd {}", bin.display()))?;
+        if !o.status.success() {
+            bail!("ldd {}: {}", bin.display(), o.status);
+        }
+        for line in String::from_utf8_lossy(&o.stdout).lines() {
+            // "libz.so.1 => /lib/x86_64-linux-gnu/libz.so.1 (0x...)" or
+            // "/lib64/ld-linux-x86-64.so.2 (0x...)"; the vDSO has no file.
+            let path = match line.split_once("=>") {
+                Some((_, rest)) => rest.split_whitespace().next(),
+                None => line.split_whitespace().next(),
+            };
+            if let Some(p) = path.filter(|p| p.starts_with('/')) {
+                libs.insert(PathBuf::from(p));
+            }
+        }
+    }
+    Ok(libs.into_iter().collect())
 }

@@ -5,15 +5,13 @@
 //! says why not cargo-deb): every path, the conffile and the maintainer
 //! scripts are in this file, and nothing is installed from crates.io.
 
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use anyhow::{Context, bail};
 
+use crate::oci::{VERSION, gzip, shared_libs};
 use crate::run;
-
-pub const VERSION: &str = env!("CARGO_PKG_VERSION");
 
 #[derive(Debug, Clone, PartialEq, clap::Args)]
 pub struct Options {
@@ -215,47 +213,6 @@ fn output(bin: &Path, args: &[&str]) -> anyhow::Result<Vec<u8>> {
         bail!("{} {} failed: {}", bin.display(), args.join(" "), o.status);
     }
     Ok(o.stdout)
-}
-
-/// gzip -n (-9 if `best`, else -1): no name, no time, so the same input
-/// gives the same bytes.
-pub fn gzip(data: &[u8], best: bool) -> anyhow::Result<Vec<u8>> {
-    let level = if best {
-        flate2::Compression::best()
-    } else {
-        flate2::Compression::fast()
-    };
-    let mut gz = flate2::GzBuilder::new()
-        .mtime(0)
-        .write(Vec::new(), level);
-    gz.write_all(data).context("gzip")?;
-    gz.finish().context("gzip")
-}
-
-/// The shared libraries `bins` load (ldd), by path, the loader included.
-pub fn shared_libs(bins: &[&Path]) -> anyhow::Result<Vec<PathBuf>> {
-    let mut libs = std::collections::BTreeSet::new();
-    for bin in bins {
-        let o = Command::new("ldd")
-            .arg(bin)
-            .output()
-            .with_context(|| format!("ldd {}", bin.display()))?;
-        if !o.status.success() {
-            bail!("ldd {}: {}", bin.display(), o.status);
-        }
-        for line in String::from_utf8_lossy(&o.stdout).lines() {
-            // "libz.so.1 => /lib/x86_64-linux-gnu/libz.so.1 (0x...)" or
-            // "/lib64/ld-linux-x86-64.so.2 (0x...)"; the vDSO has no file.
-            let path = match line.split_once("=>") {
-                Some((_, rest)) => rest.split_whitespace().next(),
-                None => line.split_whitespace().next(),
-            };
-            if let Some(p) = path.filter(|p| p.starts_with('/')) {
-                libs.insert(PathBuf::from(p));
-            }
-        }
-    }
-    Ok(libs.into_iter().collect())
 }
 
 /// `Depends:` from the Debian packages owning the libraries `bins` load;
