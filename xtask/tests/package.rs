@@ -11,7 +11,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly on purpose
 
 use std::io::Read;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Output};
 use std::sync::OnceLock;
 use std::time::Instant;
