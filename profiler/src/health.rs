@@ -98,8 +98,9 @@ pub fn health(
                 status(beat, now, interval, true),
             );
             if shown != Some(st) {
-                reporter.set_service_status("", st.0).await;
+                // The service first: whoever sees "" change sees both.
                 reporter.set_service_status(SERVICE_NAME, st.1).await;
+                reporter.set_service_status("", st.0).await;
                 tracing::info!(server = ?st.0, service = ?st.1, "grpc.health.v1");
                 shown = Some(st);
             }
