@@ -39,6 +39,7 @@ pub struct Config {
     pub demo_slow_kind: String,
     pub log_format: String,
     pub metrics: Metrics,
+    pub health: HealthKeys,
     pub tcp: Tcp,
     pub controller: Controller,
     pub discovery: Discovery,
@@ -199,6 +200,15 @@ pub struct Metrics {
     pub listen: String,
 }
 
+/// `[health]`: grpc.health.v1 alone over plaintext TCP, for probes that
+/// cannot speak TLS or reach the unix socket (Kubernetes' gRPC probes).
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct HealthKeys {
+    /// `address:port`, or "" for none.
+    pub listen: String,
+}
+
 /// `[tcp]`: optional gRPC over TCP with TLS.
 #[derive(Debug, Clone, Default, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
@@ -266,6 +276,7 @@ impl Default for Config {
             demo_slow_kind: "cxl".into(),
             log_format: "text".into(),
             metrics: Metrics::default(),
+            health: HealthKeys::default(),
             tcp: Tcp::default(),
             controller: Controller::default(),
             discovery: Discovery::default(),
@@ -348,6 +359,8 @@ pub struct Settings {
     pub demo_slow_kind: TierKind,
     pub json_logs: bool,
     pub metrics: Option<SocketAddr>,
+    /// `[health] listen`: grpc.health.v1 alone, plaintext.
+    pub health: Option<SocketAddr>,
     pub tcp: Option<TcpSettings>,
     pub controller: bool,
     pub act_on: ActOn,
@@ -521,6 +534,15 @@ impl Config {
                 Some(addr)
             }
         };
+        let health = match self.health.listen.as_str() {
+            "" => None,
+            s => Some(s.parse().map_err(|e| {
+                invalid(
+                    "health.listen",
+                    format!("{s:?}: {e} (expected address:port)"),
+                )
+            })?),
+        };
         let tcp =
             match self.tcp.listen.as_str() {
                 "" => None,
@@ -589,6 +611,7 @@ impl Config {
             demo_slow_kind,
             json_logs,
             metrics,
+            health,
             tcp,
             controller: self.controller.enabled,
             act_on: self.controller.act_on,
@@ -818,6 +841,7 @@ mod tests {
             "passes_per_interval"
         );
         assert_eq!(key_of("backend = \"magic\""), "backend");
+        assert_eq!(key_of("[health]\nlisten = \"nonsense\""), "health.listen");
         assert_eq!(
             key_of("[sampler]\ncpu_budget_pct = -1"),
             "sampler.cpu_budget_pct"

@@ -192,6 +192,19 @@ async fn serve(s: Settings, synthetic: (u32, u32)) -> anyhow::Result<()> {
         }
         None => None,
     };
+    // Health alone, plaintext: it tells only SERVING or not, nothing of
+    // the VMs, so it may face the pod network for the kubelet's probes.
+    let health_listener = match s.health {
+        Some(addr) => {
+            let l = tokio::net::TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("binding health.listen {addr}"))?;
+            let bound: SocketAddr = l.local_addr().context("health local address")?;
+            tracing::info!(%bound, "serving grpc.health.v1 alone, plaintext");
+            Some(l)
+        }
+        None => None,
+    };
 
     let discover = s.discover.then(|| {
         Discoverer::new(
@@ -229,8 +242,15 @@ async fn serve(s: Settings, synthetic: (u32, u32)) -> anyhow::Result<()> {
         let _ = rx.wait_for(|s| *s).await;
     };
     let service = Routes::new(shared.clone());
+    // grpc.health.v1 and reflection beside tier.v1 on every listener.
+    let (health, health_task) = tier_profiler::health::health(shared.heartbeat(), s.interval);
+    let health_task = tokio::spawn(health_task);
+    let reflection = tier_profiler::health::reflection()?;
+    let (health_tcp, health_alone) = (health.clone(), health.clone());
     let unix_server = tonic::transport::Server::builder()
         .add_service(service.clone())
+        .add_service(health)
+        .add_service(reflection.clone())
         .serve_with_incoming_shutdown(UnixListenerStream::new(unix), stopped(stop_rx.clone()));
     let tcp_server = async {
         match tcp {
@@ -238,6 +258,8 @@ async fn serve(s: Settings, synthetic: (u32, u32)) -> anyhow::Result<()> {
                 .tls_config(tls)
                 .context("TLS config")?
                 .add_service(service)
+                .add_service(health_tcp)
+                .add_service(reflection)
                 .serve_with_incoming_shutdown(TcpListenerStream::new(l), stopped(stop_rx.clone()))
                 .await
                 .context("gRPC over TCP"),
@@ -247,10 +269,24 @@ async fn serve(s: Settings, synthetic: (u32, u32)) -> anyhow::Result<()> {
             }
         }
     };
+    let health_server = async {
+        match health_listener {
+            Some(l) => tonic::transport::Server::builder()
+                .add_service(health_alone)
+                .serve_with_incoming_shutdown(TcpListenerStream::new(l), stopped(stop_rx.clone()))
+                .await
+                .context("grpc.health.v1 over TCP"),
+            None => {
+                stopped(stop_rx.clone()).await;
+                Ok(())
+            }
+        }
+    };
     let servers = async {
         tokio::try_join!(
             async { unix_server.await.context("gRPC over unix") },
-            tcp_server
+            tcp_server,
+            health_server
         )
     };
     tokio::pin!(servers);
@@ -271,6 +307,7 @@ async fn serve(s: Settings, synthetic: (u32, u32)) -> anyhow::Result<()> {
         }
     };
     sampling.abort();
+    health_task.abort();
     if let Err(e) = std::fs::remove_file(&s.socket) {
         tracing::warn!(error = %e, "removing the socket");
     }

@@ -15,6 +15,7 @@ pub mod control;
 pub mod demo_vm;
 pub mod discovery;
 pub mod estimate;
+pub mod health;
 pub mod memtier;
 pub mod policy_store;
 pub mod probe;

@@ -44,6 +44,12 @@ enum Cmd {
         #[arg(long)]
         json: bool,
     },
+    /// Print a shell completion script (`cargo xtask package` ships them).
+    #[command(hide = true)]
+    Completions { shell: clap_complete::Shell },
+    /// Print the man page, roff (`cargo xtask package` ships it).
+    #[command(hide = true)]
+    Man,
 }
 
 /// Flags override the config file (docs/config.md has every key).
@@ -184,6 +190,12 @@ fn main() -> ExitCode {
             init_logs(false);
             return report(probe(json));
         }
+        Some(Cmd::Completions { shell }) => {
+            let mut cmd = <Cli as clap::CommandFactory>::command();
+            clap_complete::generate(shell, &mut cmd, "tierd", &mut std::io::stdout());
+            return ExitCode::SUCCESS;
+        }
+        Some(Cmd::Man) => return report(man_page()),
         Some(Cmd::Run(args)) => *args,
         None => cli.run,
     };
@@ -248,6 +260,12 @@ fn report(result: anyhow::Result<()>) -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+fn man_page() -> anyhow::Result<()> {
+    clap_mangen::Man::new(<Cli as clap::CommandFactory>::command())
+        .render(&mut std::io::stdout())
+        .context("writing the man page")
 }
 
 fn probe(json: bool) -> anyhow::Result<()> {

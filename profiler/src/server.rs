@@ -44,6 +44,8 @@ pub struct Shared {
     closing: tokio::sync::watch::Sender<bool>,
     /// VMs whose per-tier balloon tierd can drive (SetBalloonTargets).
     fleet: RwLock<Option<crate::ch::Fleet>>,
+    /// One beat per published interval, for grpc.health.v1.
+    heartbeat: crate::health::Heartbeat,
 }
 
 impl Shared {
@@ -62,6 +64,7 @@ impl Shared {
             policy_write: tokio::sync::Mutex::new(()),
             closing: tokio::sync::watch::Sender::new(false),
             fleet: RwLock::new(None),
+            heartbeat: crate::health::Heartbeat::default(),
         })
     }
 
@@ -99,6 +102,7 @@ impl Shared {
         if !update.vms_unchanged {
             self.set_vms(update.vms.clone());
         }
+        let sampled = update.health.iter().any(|h| h.active);
         let update = Arc::new(update);
         let published = Arc::new(Published::new(update.clone()));
         if let Ok(mut latest) = self.latest.write() {
@@ -106,7 +110,13 @@ impl Shared {
         }
         // No receivers is fine: nobody watches right now.
         let _ = self.stats_tx.send(published);
+        self.heartbeat.beat(sampled);
         update
+    }
+
+    /// What grpc.health.v1 follows (`health::health`).
+    pub fn heartbeat(&self) -> &crate::health::Heartbeat {
+        &self.heartbeat
     }
 
     /// Publishes one controller decision to every decision watcher.

@@ -28,5 +28,10 @@ pub use client::{ConnectError, Endpoint, connect};
 /// Bumped on incompatible changes of `tier.v1`; reported in `DaemonInfo`.
 pub const PROTOCOL_VERSION: u32 = 1;
 
+/// The encoded `FileDescriptorSet` of tier.proto, comments included: what
+/// server reflection hands generic clients (grpcurl) instead of our .proto.
+pub const FILE_DESCRIPTOR_SET: &[u8] =
+    include_bytes!(concat!(env!("OUT_DIR"), "/tier_descriptor.bin"));
+
 /// Default unix socket of tierd.
 pub const DEFAULT_SOCKET: &str = "/run/tierd/tierd.sock";

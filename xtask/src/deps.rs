@@ -84,7 +84,8 @@ pub fn ensure(check_only: bool) -> anyhow::Result<()> {
         .collect();
     if missing.is_empty() {
         eprintln!("deps: all {} packages present", PACKAGES.len());
-        return ensure_components();
+        ensure_components()?;
+        return ensure_grpcurl(check_only);
     }
     for (p, why) in PACKAGES.iter().filter(|(p, _)| missing.contains(p)) {
         eprintln!("deps: missing {p:12} ({why})");
@@ -115,7 +116,49 @@ pub fn ensure(check_only: bool) -> anyhow::Result<()> {
             .env("DEBIAN_FRONTEND", "noninteractive"),
     )
     .context("apt-get install")?;
-    ensure_components()
+    ensure_components()?;
+    ensure_grpcurl(false)
+}
+
+/// Where `go install` puts grpcurl: outside the clone, so a fresh clone on
+/// the same machine reuses it (the grpcurl test looks there too).
+pub const GOPATH: &str = "/root/go";
+
+/// grpcurl, the generic gRPC client of profiler/tests/grpcurl.rs, built
+/// from its Go module through the Go module proxy (needs Go; without Go
+/// the test is reported as ignored with the reason, not failed).
+fn ensure_grpcurl(check_only: bool) -> anyhow::Result<()> {
+    let bin = std::path::Path::new(GOPATH).join("bin/grpcurl");
+    let on_path = Command::new("grpcurl").arg("-version").output().is_ok();
+    if bin.is_file() || on_path {
+        return Ok(());
+    }
+    let go = ["go", "/usr/local/go/bin/go"]
+        .into_iter()
+        .find(|g| Command::new(g).arg("version").output().is_ok());
+    match (go, check_only) {
+        (None, _) => {
+            eprintln!("deps: no Go toolchain: grpcurl not installed (its test will be ignored)");
+            Ok(())
+        }
+        (Some(_), true) => {
+            eprintln!("deps: missing grpcurl (`cargo xtask deps` builds it with go install)");
+            Ok(())
+        }
+        (Some(go), false) => {
+            eprintln!("deps: building grpcurl into {GOPATH}/bin (go install)");
+            crate::run::status(
+                Command::new(go)
+                    .args([
+                        "install",
+                        "github.com/fullstorydev/grpcurl/cmd/grpcurl@latest",
+                    ])
+                    .env("GOPATH", GOPATH)
+                    .env("GOFLAGS", "-mod=mod"),
+            )
+            .context("go install grpcurl")
+        }
+    }
 }
 
 /// rustfmt and clippy are part of `cargo xtask test`.

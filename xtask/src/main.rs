@@ -7,6 +7,8 @@ mod deps;
 #[cfg(test)]
 mod docs;
 mod linux_driver;
+mod oci;
+mod package;
 mod run;
 mod soak;
 mod uml;
@@ -99,6 +101,10 @@ enum Task {
         #[arg(long, default_value_t = 32)]
         target_mib: u64,
     },
+    /// Build the .deb (tierd, tierctl, man pages, completions, the systemd
+    /// unit, /etc/tierd/tierd.toml) and tierd's OCI image layout
+    /// (docs/packaging.md).
+    Package(package::Options),
     /// Regenerate bpf/include/x86_64/vmlinux.h from this kernel's BTF.
     Vmlinux,
     /// Check every BPF object offline against Debian's 6.1 and 6.12 kernels
@@ -187,6 +193,7 @@ fn dispatch(task: Task) -> anyhow::Result<()> {
         ),
         Task::Soak(o) => soak::run(&o),
         Task::Uml { target_mib } => uml::run(target_mib),
+        Task::Package(o) => package::run(&o),
         Task::Vmlinux => vmlinux(),
         Task::Compat {
             kernels,
@@ -552,6 +559,13 @@ mod tests {
             }
         );
         assert_eq!(parse(&["vmlinux"]).unwrap(), Task::Vmlinux);
+        assert_eq!(
+            parse(&["package", "--debug", "--out", "/tmp/p"]).unwrap(),
+            Task::Package(package::Options {
+                debug: true,
+                out: Some("/tmp/p".into()),
+            })
+        );
         assert_eq!(
             parse(&["compat"]).unwrap(),
             Task::Compat {

@@ -61,6 +61,9 @@ pub enum Cmd {
     },
     /// Print a shell completion script, e.g. `tierctl completions bash > /etc/bash_completion.d/tierctl`.
     Completions { shell: Shell },
+    /// Print the man page, roff (`cargo xtask package` ships it).
+    #[command(hide = true)]
+    Man,
 }
 
 #[derive(Debug, Clone, Args)]

@@ -74,3 +74,37 @@ pub fn tool(name: &str, package: &str) -> Command {
     );
     Command::new(name)
 }
+
+/// grpcurl, the generic gRPC client (`cargo xtask deps` builds it with
+/// `go install` into /root/go/bin), or why there is none: `TIERD_GRPCURL`,
+/// then PATH, then `$GOPATH/bin`, `$HOME/go/bin` and `/root/go/bin`.
+pub fn grpcurl() -> Result<PathBuf, String> {
+    if let Some(p) = std::env::var_os("TIERD_GRPCURL") {
+        let p = PathBuf::from(p);
+        return if p.is_file() {
+            Ok(p)
+        } else {
+            Err(format!("TIERD_GRPCURL={} is not a file", p.display()))
+        };
+    }
+    let mut dirs: Vec<PathBuf> = std::env::var_os("PATH")
+        .map(|p| std::env::split_paths(&p).collect())
+        .unwrap_or_default();
+    for var in ["GOPATH", "HOME"] {
+        if let Some(v) = std::env::var_os(var) {
+            let base = PathBuf::from(v);
+            dirs.push(if var == "HOME" {
+                base.join("go/bin")
+            } else {
+                base.join("bin")
+            });
+        }
+    }
+    dirs.push("/root/go/bin".into());
+    dirs.into_iter()
+        .map(|d| d.join("grpcurl"))
+        .find(|p| p.is_file())
+        .ok_or_else(|| {
+            "needs grpcurl (`cargo xtask deps` installs it: go install github.com/fullstorydev/grpcurl/cmd/grpcurl@latest)".to_string()
+        })
+}

@@ -392,3 +392,58 @@ fn decoder_rejects_misspelled_fields() {
     let err = decode("apiVersion: v1\nkind: Secret\nmetadata:\n  name: x\n").unwrap_err();
     assert!(err.contains("Secret"), "{err}");
 }
+
+/// Every probe of tierd is a gRPC probe on the port `[health] listen`
+/// serves (plaintext, health alone: docs/grpc.md); readiness asks for
+/// tier.v1.TierService, which is SERVING only while a sampler measures.
+#[test]
+fn probes_are_grpc_on_the_health_listener() {
+    let m = load();
+    let s = tierd_settings(&m);
+    let health = s.health.expect("[health] listen set for the probes");
+    assert!(
+        health.ip().is_unspecified(),
+        "the kubelet probes the pod IP: {health}"
+    );
+    let pod = pod(only(&m.daemon_sets, "DaemonSet"));
+    let tierd = container(pod, "tierd");
+    let port = tierd
+        .ports
+        .iter()
+        .flatten()
+        .find(|p| p.name.as_deref() == Some("grpc-health"))
+        .expect("a grpc-health port");
+    assert_eq!(port.container_port, i32::from(health.port()));
+    for (what, probe) in [
+        ("startupProbe", &tierd.startup_probe),
+        ("readinessProbe", &tierd.readiness_probe),
+        ("livenessProbe", &tierd.liveness_probe),
+    ] {
+        let grpc = probe
+            .as_ref()
+            .and_then(|p| p.grpc.as_ref())
+            .unwrap_or_else(|| panic!("{what} is not a gRPC probe"));
+        assert_eq!(grpc.port, port.container_port, "{what}");
+        let service = grpc.service.as_deref().unwrap_or("");
+        if what == "readinessProbe" {
+            assert_eq!(service, "tier.v1.TierService");
+        } else {
+            assert_eq!(service, "", "{what}: the server as a whole");
+        }
+    }
+}
+
+/// The image `cargo xtask package` builds (xtask/src/oci.rs), by version.
+#[test]
+fn daemonset_names_the_packaged_image() {
+    let m = load();
+    let tierd = container(pod(only(&m.daemon_sets, "DaemonSet")), "tierd");
+    assert_eq!(
+        tierd.image.as_deref(),
+        Some(format!("tierd:{}", env!("CARGO_PKG_VERSION")).as_str())
+    );
+    assert_eq!(
+        tierd.command,
+        Some(vec!["/usr/local/bin/tierd".to_string()])
+    );
+}

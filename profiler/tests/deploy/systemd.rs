@@ -85,3 +85,36 @@ fn systemd_verify_reports_a_bad_unit() {
         "a missing ExecStart binary passed (ok={ok}):\n{stderr}"
     );
 }
+
+/// The .deb's commented default /etc/tierd/tierd.toml loads and equals the
+/// defaults: every line of it is a comment or a section header.
+#[test]
+fn debian_default_config_is_the_defaults() {
+    let file = deploy_file("debian/tierd.toml");
+    let loaded = tier_profiler::config::Config::load(&file, true)
+        .unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+    assert_eq!(loaded, tier_profiler::config::Config::default());
+    // Each commented `key = value` line, uncommented alone, is valid.
+    let text = read(&file);
+    let mut section = String::new();
+    for line in text.lines() {
+        let Some(l) = line.strip_prefix('#') else {
+            continue;
+        };
+        if l.starts_with('[') {
+            section = l.to_string();
+        } else if l.contains(" = ") && !l.starts_with(' ') {
+            let one = format!("{section}\n{l}\n");
+            let dir = tempfile::tempdir().unwrap();
+            let f = dir.path().join("t.toml");
+            std::fs::write(&f, &one).unwrap();
+            let c = tier_profiler::config::Config::load(&f, true)
+                .unwrap_or_else(|e| panic!("{one}: {e}"));
+            // TLS needs its files, the group must exist on the host; every
+            // other key validates alone.
+            if !section.starts_with("[tcp]") && !l.starts_with("socket_group") {
+                c.validate().unwrap_or_else(|e| panic!("{one}: {e}"));
+            }
+        }
+    }
+}

@@ -20,6 +20,10 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         clap_complete::generate(shell, &mut cmd, "tierctl", &mut std::io::stdout());
         return Ok(());
     }
+    if let Cmd::Man = cli.cmd {
+        clap_mangen::Man::new(Cli::command()).render(&mut std::io::stdout())?;
+        return Ok(());
+    }
     let endpoint = Endpoint::parse(&cli.endpoint)?;
     let (mut client, info) = conn::connect(&endpoint).await?;
     match cli.cmd {
@@ -36,7 +40,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Cmd::Balloon {
             cmd: BalloonCmd::Set { vm, tiers },
         } => balloon::set(&mut client, &vm, &tiers).await?,
-        Cmd::Completions { .. } => {}
+        Cmd::Completions { .. } | Cmd::Man => {}
     }
     Ok(())
 }
