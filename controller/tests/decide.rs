@@ -5,6 +5,7 @@
 
 use std::collections::HashMap;
 
+use tier_controller::policy::ages::{Est, Horizon, TierAges};
 use tier_controller::policy::{
     Config, Controller, Limits, Plan, TierObs, Tuning, VmObs, VmOverride, VmStatus,
 };
@@ -30,6 +31,24 @@ fn config(budget: u64) -> Config {
     }
 }
 
+/// Ages that measure the tier's bytes accessed as its working set (one
+/// 5 s horizon, exact) and what it holds beyond them as cold: the view an
+/// idle reclaim needs (no reclaim into a measured hot set, none without).
+fn aged(t: &mut TierObs) {
+    let hot = t.accessed_bytes as f64;
+    t.ages = Some(TierAges {
+        horizons: vec![Horizon {
+            seconds: 5.0,
+            bytes: Some(Est::exact(hot)),
+            why: String::new(),
+        }],
+        cold: Some(Est::exact(t.idle_bytes as f64)),
+        promoted_per_s: None,
+        history_seconds: 600.0,
+        not_measured: String::new(),
+    });
+}
+
 /// A VM with 2G zones: `given` DRAM (`hot` of it accessed `acc` times),
 /// the rest of 2G total as slow memory (`slow_hot` accessed `slow_acc`).
 fn vm(id: &str, given: u64, hot: u64, acc: f64, slow_hot: u64, slow_acc: f64) -> VmObs {
@@ -46,7 +65,7 @@ fn vm(id: &str, given: u64, hot: u64, acc: f64, slow_hot: u64, slow_acc: f64) ->
         ages: None,
         resident: 0,
     };
-    VmObs {
+    let mut v = VmObs {
         id: id.into(),
         name: id.into(),
         dram: tier("dram", given, hot, acc),
@@ -54,7 +73,10 @@ fn vm(id: &str, given: u64, hot: u64, acc: f64, slow_hot: u64, slow_acc: f64) ->
         balloon_ok: true,
         guest_accesses: None,
         hit: Default::default(),
-    }
+    };
+    aged(&mut v.dram);
+    aged(&mut v.slow);
+    v
 }
 
 fn decision<'a>(p: &'a Plan, id: &str) -> &'a Decision {
@@ -622,13 +644,17 @@ fn a_new_hot_set_lifts_the_flip_back_guard() {
     assert_eq!(run(G), [1, -1, 1]);
 }
 
-/// In the band, with 320M of the 480M held read as idle (above
-/// idle_threshold 0.5): idle reclaim, unless the VM is filling.
+/// In the band, with 320M of the 480M held measured idle (above
+/// idle_threshold 0.5) and a 200M hot set: idle reclaim, unless the VM is
+/// filling.
 fn in_band_mostly_idle(v: &mut VmObs) {
     v.dram.accesses = 750.0;
     v.slow.accesses = 250.0;
     v.dram.accessed_bytes = 160 * M;
     v.dram.idle_bytes = 320 * M;
+    v.slow.accessed_bytes = 40 * M;
+    aged(&mut v.dram);
+    aged(&mut v.slow);
 }
 
 #[test]

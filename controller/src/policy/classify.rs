@@ -59,6 +59,15 @@ pub fn idle_reclaim(held: u64, idle: u64, threshold: f64) -> u64 {
     pages.min(idle / PAGE * PAGE)
 }
 
+/// DRAM given beyond the high end of the measured hot set: what an idle
+/// reclaim may take. DRAM cold by age can still be needed: a guest that has
+/// not yet moved its hot pages into DRAM just given (they are touched in
+/// the slow tier) holds cold DRAM and a hot set larger than it. No hot set
+/// measured: nothing.
+pub(super) fn beyond_hot_set(vm: &VmObs, view: Option<&View>) -> u64 {
+    view.map_or(0, |v| super::working_set::surplus(vm.dram.given(), v))
+}
+
 /// Whether a move in `dir` would undo a recent reversal (hysteresis).
 pub(super) fn flips_back(ctx: &Ctx, dir: Dir) -> bool {
     ctx.reversed_lately && ctx.last_dir.is_some_and(|d| d != dir)
@@ -91,7 +100,14 @@ pub(super) fn limit_want(g: u64, ctx: &Ctx, step: u64) -> Option<Want> {
 /// between before and after, so past there is past now), the VM has no
 /// accesses, or what is left is below the minimum step. An idle reclaim
 /// never takes more than the bytes found idle.
-pub fn resume(vm: &VmObs, load: &Load, ctx: &Ctx, cfg: &Config, mv: &Move) -> Option<Want> {
+pub fn resume(
+    vm: &VmObs,
+    load: &Load,
+    ctx: &Ctx,
+    cfg: &Config,
+    mv: &Move,
+    view: Option<&View>,
+) -> Option<Want> {
     let g = vm.dram.given();
     if g > ctx.hi || g < ctx.lo {
         return None;
@@ -107,7 +123,9 @@ pub fn resume(vm: &VmObs, load: &Load, ctx: &Ctx, cfg: &Config, mv: &Move) -> Op
         // would not start there (`classify`).
         Dir::Down if mv.why == Why::Idle => (
             h.below(ctx.target - cfg.hold_epsilon(), on),
-            (g - ctx.lo).min(vm.dram.idle_bytes),
+            (g - ctx.lo)
+                .min(vm.dram.idle_bytes)
+                .min(beyond_hot_set(vm, view)),
         ),
         Dir::Down => (!h.above(ctx.target, on), g - ctx.lo),
     };
@@ -204,6 +222,7 @@ pub fn classify(vm: &VmObs, load: &Load, ctx: &Ctx, cfg: &Config, view: Option<&
         0
     } else {
         idle_reclaim(vm.dram.held(), vm.dram.idle_bytes, cfg.idle_threshold)
+            .min(beyond_hot_set(vm, view))
     };
     let bytes = whole(raw, granule).min(room_down);
     if bytes >= cfg.min_step() {
@@ -307,6 +326,24 @@ mod tests {
         classify(v, &Load::of(v), c, &cfg(), None)
     }
 
+    /// A working-set view whose hot set (both tiers) is exactly `hot`.
+    fn seen(hot: u64) -> View {
+        use crate::policy::ages::Est;
+        let e = Est::exact(hot as f64);
+        View {
+            horizon: 5.0,
+            hot: e,
+            hot_dram: e,
+            hot_slow: Est::exact(0.0),
+            long_horizon: 5.0,
+            long: Some(e),
+            dram_cold: None,
+            promoted_per_min: None,
+            history: 60.0,
+            stale: None,
+        }
+    }
+
     /// A `Need`/`Release` of `why` for about `raw` bytes (within a page:
     /// the model's fit goes through ln and powf), capped at `cap`.
     fn is(w: Want, want_why: Why, want_raw: u64, cap: u64, release: bool) -> bool {
@@ -371,14 +408,27 @@ mod tests {
         // Within the band, 320M of 400M idle: reclaim (320 - 200) / 0.5 = 240M,
         // capped by the 64M step.
         let v = vm(400 * M, 80 * M, 900.0, 10 * M, 100.0);
+        let with = |hot: u64| classify(&v, &Load::of(&v), &ctx(), &cfg(), Some(&seen(hot)));
         assert_eq!(
-            want(&v, &ctx()),
+            with(90 * M),
             Want::Release {
                 why: Why::Idle,
                 raw: 240 * M,
                 bytes: 64 * M
             }
         );
+        // Never below the measured hot set's high end (cold DRAM a guest
+        // has not moved its hot pages into yet): 350M hot leaves 50M.
+        assert_eq!(
+            with(350 * M),
+            Want::Release {
+                why: Why::Idle,
+                raw: 50 * M,
+                bytes: 50 * M
+            }
+        );
+        // No hot set measured: no idle reclaim.
+        assert_eq!(want(&v, &ctx()), Want::Hold);
     }
 
     #[test]
@@ -464,7 +514,7 @@ mod tests {
             target: 0.9,
             expected: 0.85,
         };
-        let next = |v: &VmObs, cx: &Ctx, m: &Move| resume(v, &Load::of(v), cx, &c, m);
+        let next = |v: &VmObs, cx: &Ctx, m: &Move| resume(v, &Load::of(v), cx, &c, m, None);
         let v = vm(100 * M, 70 * M, 700.0, 30 * M, 300.0);
         assert_eq!(
             next(&v, &ctx(), &up),
@@ -508,8 +558,13 @@ mod tests {
             ..up
         };
         let w = vm(90 * M, 80 * M, 900.0, 10 * M, 100.0);
+        let hot = seen(80 * M);
+        let next_seen =
+            |v: &VmObs, cx: &Ctx, m: &Move| resume(v, &Load::of(v), cx, &c, m, Some(&hot));
+        // (Nor beyond the measured hot set, nor without one.)
+        assert_eq!(next(&w, &ctx(), &idle), None);
         assert_eq!(
-            next(&w, &ctx(), &idle),
+            next_seen(&w, &ctx(), &idle),
             Some(Want::Release {
                 why: Why::Idle,
                 raw: 100 * M,
@@ -518,7 +573,7 @@ mod tests {
         );
         // ... and stops once the VM has fallen below its band (0.5 here).
         let fallen = vm(90 * M, 80 * M, 500.0, 10 * M, 500.0);
-        assert_eq!(next(&fallen, &ctx(), &idle), None);
+        assert_eq!(next_seen(&fallen, &ctx(), &idle), None);
         // A cut stops once the sample is at or below the target.
         let cut = Move {
             dir: Dir::Down,

@@ -213,7 +213,7 @@ fn look(
             let w = if m.why.is_working_set() {
                 working_set::resume(vm, view, &ctx, cfg, &m)
             } else {
-                resume(vm, &load, &ctx, cfg, &m)
+                resume(vm, &load, &ctx, cfg, &m, view)
             };
             (m, w)
         });

@@ -191,7 +191,7 @@ fn pages_down(b: f64) -> u64 {
 }
 
 /// DRAM given beyond the high end of the hot set, in pages.
-fn surplus(g: u64, v: &View) -> u64 {
+pub(super) fn surplus(g: u64, v: &View) -> u64 {
     g.saturating_sub(pages_up(v.hot.high))
 }
 

@@ -105,14 +105,16 @@ fn dram(row: &Row, vm: usize) -> (u64, u64) {
 }
 
 /// The guest's exact DRAM-hit ratio around row `k`: the mean of its last
-/// three polls' splits (a poll covers about one interval; one alone
-/// swings with the guest's page moves).
+/// three polls' splits up to there (a poll covers about one interval; one
+/// alone swings with the guest's page moves; a guest busy moving pages
+/// leaves some polls without new counts: up to 10 rows back).
 fn truth_at(o: &Outcome, k: usize, vm: usize) -> Option<f64> {
     let seen: Vec<f64> = o.rows[..=k]
         .iter()
         .rev()
-        .take(3)
+        .take(10)
         .filter_map(|r| r.vms[vm].truth)
+        .take(3)
         .collect();
     (!seen.is_empty()).then(|| seen.iter().sum::<f64>() / seen.len() as f64)
 }
@@ -554,10 +556,11 @@ mod tests {
         let conv = |rows: Vec<Row>| converge(&outcome(rows), 0, 4);
         assert_eq!(conv(vec![low(), ok(), ok(), ok()]), Some(2));
         assert_eq!(conv(vec![ok(), ok(), ok(), low()]), None);
-        // A poll without counts keeps the others' mean.
+        // A poll without counts keeps the others' mean, however many.
         let mut none = ok();
         none.vms[0].truth = None;
-        assert_eq!(conv(vec![ok(), none, ok(), ok()]), Some(0));
+        assert_eq!(conv(vec![ok(), none.clone(), ok(), ok()]), Some(0));
+        assert_eq!(conv(vec![ok(), none.clone(), none.clone(), none]), Some(0));
         // No counts at all: not at target.
         let mut blind = ok();
         blind.vms[1].truth = None;
