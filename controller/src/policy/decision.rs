@@ -108,7 +108,7 @@ fn why_text(cfg: &Config, vm: &VmObs, w: &Work, pool: Pool) -> String {
             let th = cfg.idle_threshold;
             write!(
                 s,
-                "dram idle {} of {} held = {:.3} > {th:.3} ({q}, not below the band): reclaim ({} - {th:.3} x {}) / (1 - {th:.3}) = {} -> {}",
+                "dram idle (cold beyond the longest horizon, low end) {} of {} held = {:.3} > {th:.3} ({q}, not below the band): reclaim ({} - {th:.3} x {}) / (1 - {th:.3}), at most what the dram given holds beyond the hot set: {} -> {}",
                 hb(idle),
                 hb(held),
                 idle as f64 / held.max(1) as f64,
