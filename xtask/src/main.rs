@@ -1,5 +1,6 @@
 //! `cargo xtask <task>`: everything a fresh machine needs, in one place.
 
+mod ci;
 mod compat;
 mod demo;
 mod demo_ch;
@@ -196,6 +197,10 @@ fn dispatch(task: Task) -> anyhow::Result<()> {
             report_only,
         ),
         Task::VmmPatch {
+            action: vmm_patch::Action::BuildVendored,
+            ..
+        } => ci::build_vendored_cmd(),
+        Task::VmmPatch {
             action,
             ch_src,
             micro_http,
@@ -214,6 +219,7 @@ fn dispatch(task: Task) -> anyhow::Result<()> {
 const TEST_GIB: f64 = 8.0;
 
 fn test() -> anyhow::Result<()> {
+    let started = std::time::Instant::now();
     deps::ensure(false)?;
     let target = run::target_dir()?;
     match run::free_gib(&target) {
@@ -251,9 +257,150 @@ fn test() -> anyhow::Result<()> {
         "building tier_balloon.ko (cargo xtask linux-driver)",
     );
     linux_driver::run(linux_driver::Flavour::All, false).context("cargo xtask linux-driver")?;
+    let mut times: Vec<(String, std::time::Duration)> = Vec::new();
+    let live = live_vmm(&mut times)?;
     run::step("test", "cargo test --workspace --all-targets");
-    run::cargo(&["test", "--workspace", "--all-targets"]).context("tests")?;
+    let mut cmd =
+        std::process::Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+    cmd.args(["test", "--workspace", "--all-targets"])
+        .current_dir(run::workspace_root()?);
+    for (k, v) in &live.env {
+        cmd.env(k, v);
+    }
+    let t = std::time::Instant::now();
+    // Keep going on failure: the e2e runs still say what they say.
+    let mut failed: Vec<String> = Vec::new();
+    if let Err(e) = run::status(&mut cmd) {
+        failed.push(format!("cargo test: {e:#}"));
+    }
+    times.push((
+        "cargo test --workspace (live tests included)".into(),
+        t.elapsed(),
+    ));
+    let mut results = Vec::new();
+    match &live.ch_bin {
+        None => {}
+        Some(bin) => {
+            let runs = ci::selected_runs(std::env::var("TIERD_CI_E2E").ok().as_deref())?;
+            for r in ci::LOOP_RUNS
+                .iter()
+                .filter(|r| !runs.iter().any(|s| s.name == r.name))
+            {
+                run::step(
+                    "test",
+                    format!("e2e {}: not selected (ci::LOOP_RUNS, TIERD_CI_E2E)", r.name),
+                );
+            }
+            for r in &runs {
+                run::step(
+                    "test",
+                    format!(
+                        "e2e {}: --actuator {} --mode {}",
+                        r.name, r.actuator, r.mode
+                    ),
+                );
+                let t = std::time::Instant::now();
+                let (ok, lines) = match ci::e2e(r, bin) {
+                    Ok(x) => x,
+                    Err(e) => (false, vec![format!("(no RESULT: {e:#})")]),
+                };
+                times.push((format!("e2e {}", r.name), t.elapsed()));
+                for l in &lines {
+                    results.push(format!("e2e {}: {l}", r.name));
+                }
+                if !ok {
+                    failed.push(format!("e2e {}", r.name));
+                }
+            }
+        }
+    }
+    eprintln!();
+    run::step("test", "times");
+    for (what, d) in &times {
+        eprintln!("  {:>6}  {what}", ci::mmss(*d));
+    }
+    eprintln!(
+        "  {:>6}  cargo xtask test in all",
+        ci::mmss(started.elapsed())
+    );
+    for l in &results {
+        eprintln!("  {l}");
+    }
+    if let Some(why) = &live.skipped {
+        run::step(
+            "test",
+            format!("live cloud-hypervisor tests and e2e runs skipped: {why}"),
+        );
+    }
+    if !failed.is_empty() {
+        bail!("failed: {}", failed.join("; "));
+    }
     Ok(())
+}
+
+/// What the tests get to run against a live patched cloud-hypervisor.
+#[derive(Debug, Default)]
+struct Live {
+    /// Environment for `cargo test` (TIERD_CH_BIN and friends).
+    env: Vec<(String, PathBuf)>,
+    /// The VMM the e2e runs use.
+    ch_bin: Option<PathBuf>,
+    /// Why there is none.
+    skipped: Option<String>,
+}
+
+/// TIERD_CH_BIN as given, else the VMM built from `../shared/vendor`
+/// (docs/ci.md), else why the live tests skip.
+fn live_vmm(times: &mut Vec<(String, std::time::Duration)>) -> anyhow::Result<Live> {
+    let mut live = Live::default();
+    let given = std::env::var_os("TIERD_CH_BIN").map(PathBuf::from);
+    let bin = match given {
+        Some(bin) => {
+            run::step("test", format!("TIERD_CH_BIN={} (given)", bin.display()));
+            bin
+        }
+        None => {
+            let vendor = ci::vendor_dir()?;
+            match ci::tarballs(&vendor) {
+                Err(why) => {
+                    run::step(
+                        "test",
+                        format!("no patched cloud-hypervisor: {why}; its tests report ignored"),
+                    );
+                    live.skipped = Some(why);
+                    return Ok(live);
+                }
+                Ok((ch, mh)) => {
+                    let t = std::time::Instant::now();
+                    let vmm = ci::build_vendored(&ch, &mh)
+                        .context("building the patched cloud-hypervisor")?;
+                    times.push((
+                        match vmm.built_in {
+                            Some(_) => "patched cloud-hypervisor (built)".into(),
+                            None => "patched cloud-hypervisor (cached)".into(),
+                        },
+                        t.elapsed(),
+                    ));
+                    if std::env::var_os("TIERD_CH_SRC").is_none() {
+                        live.env.push(("TIERD_CH_SRC".into(), vmm.src));
+                    }
+                    vmm.bin
+                }
+            }
+        }
+    };
+    live.env.push(("TIERD_CH_BIN".into(), bin.clone()));
+    if std::env::var_os("TIERD_CH_KERNEL").is_none() {
+        live.env.push((
+            "TIERD_CH_KERNEL".into(),
+            ci::pvh_kernel().context("building the PVH guest for TIERD_CH_KERNEL")?,
+        ));
+    }
+    for (k, v) in &live.env {
+        run::step("test", format!("{k}={}", v.display()));
+    }
+    live.ch_bin = Some(bin);
+    Ok(live)
 }
 
 /// Benchmarks are binaries of the tier-benches crate, built in release.
@@ -361,6 +508,27 @@ fn e2e(
     work_dir: Option<PathBuf>,
     opts: &E2eRun,
 ) -> anyhow::Result<()> {
+    e2e_with(
+        ch_src,
+        micro_http,
+        ch_target_dir,
+        work_dir,
+        opts,
+        &mut |cmd| run::status(cmd).map(|()| true),
+    )
+    .map(|_| ())
+}
+
+/// [`e2e`] with tier-e2e run by `runner` (Ok(false): it failed), so that
+/// `cargo xtask test` can keep going and collect its RESULT lines.
+fn e2e_with(
+    ch_src: Option<PathBuf>,
+    micro_http: Option<PathBuf>,
+    ch_target_dir: Option<PathBuf>,
+    work_dir: Option<PathBuf>,
+    opts: &E2eRun,
+    runner: &mut dyn FnMut(&mut std::process::Command) -> anyhow::Result<bool>,
+) -> anyhow::Result<bool> {
     let ch_bin = match (&opts.ch_bin, ch_src) {
         (Some(bin), _) => {
             if !bin.is_file() {
@@ -410,7 +578,7 @@ fn e2e(
         "e2e",
         "running tier-e2e (two guests, tierd, the controller)",
     );
-    run::status(&mut cmd)
+    runner(&mut cmd)
 }
 
 /// The patched cloud-hypervisor built from `ch_src`; the path of its binary.
@@ -593,6 +761,14 @@ mod tests {
                 action: vmm_patch::Action::Build,
                 ch_src: Some("/src/ch".into()),
                 micro_http: Some("/src/mh".into()),
+            }
+        );
+        assert_eq!(
+            parse(&["vmm-patch", "build-vendored"]).unwrap(),
+            Task::VmmPatch {
+                action: vmm_patch::Action::BuildVendored,
+                ch_src: None,
+                micro_http: None,
             }
         );
         assert_eq!(
