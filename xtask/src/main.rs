@@ -220,6 +220,7 @@ const TEST_GIB: f64 = 8.0;
 
 fn test() -> anyhow::Result<()> {
     let started = std::time::Instant::now();
+    let mut report = Report::default();
     deps::ensure(false)?;
     let target = run::target_dir()?;
     match run::free_gib(&target) {
@@ -236,6 +237,7 @@ fn test() -> anyhow::Result<()> {
         ),
         None => {}
     }
+    let t = std::time::Instant::now();
     run::step("test", "cargo fmt --all --check");
     run::cargo(&["fmt", "--all", "--check"])
         .context("cargo fmt --check (run `cargo fmt --all`)")?;
@@ -249,16 +251,18 @@ fn test() -> anyhow::Result<()> {
         "warnings",
     ])
     .context("clippy")?;
+    report.time("fmt, clippy", t);
     // Before the tests: the UML driver test loads the module it builds
     // (about 30 s from a clean target, 3 s after), and both cloud-amd64
     // kernels must compile it without warnings (about 40 s, once).
+    let t = std::time::Instant::now();
     run::step(
         "test",
         "building tier_balloon.ko (cargo xtask linux-driver)",
     );
     linux_driver::run(linux_driver::Flavour::All, false).context("cargo xtask linux-driver")?;
-    let mut times: Vec<(String, std::time::Duration)> = Vec::new();
-    let live = live_vmm(&mut times)?;
+    report.time("tier_balloon.ko", t);
+    let live = live_vmm(&mut report)?;
     run::step("test", "cargo test --workspace --all-targets");
     let mut cmd =
         std::process::Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
@@ -269,61 +273,23 @@ fn test() -> anyhow::Result<()> {
     }
     let t = std::time::Instant::now();
     // Keep going on failure: the e2e runs still say what they say.
-    let mut failed: Vec<String> = Vec::new();
     if let Err(e) = run::status(&mut cmd) {
-        failed.push(format!("cargo test: {e:#}"));
+        report.failed.push(format!("cargo test: {e:#}"));
     }
-    times.push((
-        "cargo test --workspace (live tests included)".into(),
-        t.elapsed(),
-    ));
-    let mut results = Vec::new();
-    match &live.ch_bin {
-        None => {}
-        Some(bin) => {
-            let runs = ci::selected_runs(std::env::var("TIERD_CI_E2E").ok().as_deref())?;
-            for r in ci::LOOP_RUNS
-                .iter()
-                .filter(|r| !runs.iter().any(|s| s.name == r.name))
-            {
-                run::step(
-                    "test",
-                    format!("e2e {}: not selected (ci::LOOP_RUNS, TIERD_CI_E2E)", r.name),
-                );
-            }
-            for r in &runs {
-                run::step(
-                    "test",
-                    format!(
-                        "e2e {}: --actuator {} --mode {}",
-                        r.name, r.actuator, r.mode
-                    ),
-                );
-                let t = std::time::Instant::now();
-                let (ok, lines) = match ci::e2e(r, bin) {
-                    Ok(x) => x,
-                    Err(e) => (false, vec![format!("(no RESULT: {e:#})")]),
-                };
-                times.push((format!("e2e {}", r.name), t.elapsed()));
-                for l in &lines {
-                    results.push(format!("e2e {}: {l}", r.name));
-                }
-                if !ok {
-                    failed.push(format!("e2e {}", r.name));
-                }
-            }
-        }
+    report.time("cargo test --workspace (live tests included)", t);
+    if let Some(bin) = &live.ch_bin {
+        e2e_runs(bin, &mut report)?;
     }
     eprintln!();
     run::step("test", "times");
-    for (what, d) in &times {
+    for (what, d) in &report.times {
         eprintln!("  {:>6}  {what}", ci::mmss(*d));
     }
     eprintln!(
         "  {:>6}  cargo xtask test in all",
         ci::mmss(started.elapsed())
     );
-    for l in &results {
+    for l in &report.results {
         eprintln!("  {l}");
     }
     if let Some(why) = &live.skipped {
@@ -332,8 +298,73 @@ fn test() -> anyhow::Result<()> {
             format!("live cloud-hypervisor tests and e2e runs skipped: {why}"),
         );
     }
-    if !failed.is_empty() {
-        bail!("failed: {}", failed.join("; "));
+    if !report.failed.is_empty() {
+        bail!("failed: {}", report.failed.join("; "));
+    }
+    Ok(())
+}
+
+/// What `cargo xtask test` prints at its end.
+#[derive(Debug, Default)]
+struct Report {
+    /// Each piece's wall time.
+    times: Vec<(String, std::time::Duration)>,
+    /// RESULT lines of the e2e runs.
+    results: Vec<String>,
+    /// What failed (the run goes on past it).
+    failed: Vec<String>,
+}
+
+impl Report {
+    fn time(&mut self, what: impl Into<String>, since: std::time::Instant) {
+        self.times.push((what.into(), since.elapsed()));
+    }
+}
+
+/// The e2e runs of [`ci::LOOP_RUNS`] against `bin`, each timed.
+fn e2e_runs(bin: &std::path::Path, report: &mut Report) -> anyhow::Result<()> {
+    let runs = ci::selected_runs(std::env::var("TIERD_CI_E2E").ok().as_deref())?;
+    for r in ci::LOOP_RUNS
+        .iter()
+        .filter(|r| !runs.iter().any(|s| s.name == r.name))
+    {
+        run::step(
+            "test",
+            format!("e2e {}: not selected (ci::LOOP_RUNS, TIERD_CI_E2E)", r.name),
+        );
+    }
+    if runs.is_empty() {
+        return Ok(());
+    }
+    // Timed apart from the first run.
+    let t = std::time::Instant::now();
+    if let Err(e) = build_e2e_release() {
+        report
+            .failed
+            .push(format!("release build for the e2e: {e:#}"));
+        return Ok(());
+    }
+    report.time("release build of tierd, tier-e2e", t);
+    for r in &runs {
+        run::step(
+            "test",
+            format!(
+                "e2e {}: --actuator {} --mode {}",
+                r.name, r.actuator, r.mode
+            ),
+        );
+        let t = std::time::Instant::now();
+        let (ok, lines) = match ci::e2e(r, bin) {
+            Ok(x) => x,
+            Err(e) => (false, vec![format!("(no RESULT: {e:#})")]),
+        };
+        report.time(format!("e2e {}", r.name), t);
+        report
+            .results
+            .extend(lines.iter().map(|l| format!("e2e {}: {l}", r.name)));
+        if !ok {
+            report.failed.push(format!("e2e {}", r.name));
+        }
     }
     Ok(())
 }
@@ -351,7 +382,7 @@ struct Live {
 
 /// TIERD_CH_BIN as given, else the VMM built from `../shared/vendor`
 /// (docs/ci.md), else why the live tests skip.
-fn live_vmm(times: &mut Vec<(String, std::time::Duration)>) -> anyhow::Result<Live> {
+fn live_vmm(report: &mut Report) -> anyhow::Result<Live> {
     let mut live = Live::default();
     let given = std::env::var_os("TIERD_CH_BIN").map(PathBuf::from);
     let bin = match given {
@@ -374,13 +405,11 @@ fn live_vmm(times: &mut Vec<(String, std::time::Duration)>) -> anyhow::Result<Li
                     let t = std::time::Instant::now();
                     let vmm = ci::build_vendored(&ch, &mh)
                         .context("building the patched cloud-hypervisor")?;
-                    times.push((
-                        match vmm.built_in {
-                            Some(_) => "patched cloud-hypervisor (built)".into(),
-                            None => "patched cloud-hypervisor (cached)".into(),
-                        },
-                        t.elapsed(),
-                    ));
+                    let what = match vmm.built_in {
+                        Some(_) => "patched cloud-hypervisor (built)",
+                        None => "patched cloud-hypervisor (cached)",
+                    };
+                    report.time(what, t);
                     if std::env::var_os("TIERD_CH_SRC").is_none() {
                         live.env.push(("TIERD_CH_SRC".into(), vmm.src));
                     }
@@ -539,20 +568,7 @@ fn e2e_with(
         }
         (None, src) => e2e_build_ch(src, micro_http, ch_target_dir)?,
     };
-    run::step("e2e", "building tierd and tier-e2e (release)");
-    run::cargo(&[
-        "build",
-        "--release",
-        "-p",
-        "tier-profiler",
-        "-p",
-        "tier-e2e",
-        // `--bin` selects among all the packages named: both binaries.
-        "--bin",
-        "tierd",
-        "--bin",
-        "tier-e2e",
-    ])?;
+    build_e2e_release()?;
     let target = run::target_dir()?.join("release");
     let mut cmd = std::process::Command::new(target.join("tier-e2e"));
     cmd.arg("--ch-bin")
@@ -579,6 +595,24 @@ fn e2e_with(
         "running tier-e2e (two guests, tierd, the controller)",
     );
     runner(&mut cmd)
+}
+
+/// tierd and tier-e2e in release, as the e2e runs them.
+fn build_e2e_release() -> anyhow::Result<()> {
+    run::step("e2e", "building tierd and tier-e2e (release)");
+    run::cargo(&[
+        "build",
+        "--release",
+        "-p",
+        "tier-profiler",
+        "-p",
+        "tier-e2e",
+        // `--bin` selects among all the packages named: both binaries.
+        "--bin",
+        "tierd",
+        "--bin",
+        "tier-e2e",
+    ])
 }
 
 /// The patched cloud-hypervisor built from `ch_src`; the path of its binary.
