@@ -1,5 +1,6 @@
 //! `cargo xtask <task>`: everything a fresh machine needs, in one place.
 
+mod ci;
 mod compat;
 mod demo;
 mod demo_ch;
@@ -209,6 +210,10 @@ fn dispatch(task: Task) -> anyhow::Result<()> {
             report_only,
         ),
         Task::VmmPatch {
+            action: vmm_patch::Action::BuildVendored,
+            ..
+        } => ci::build_vendored_cmd(),
+        Task::VmmPatch {
             action,
             ch_src,
             micro_http,
@@ -227,6 +232,8 @@ fn dispatch(task: Task) -> anyhow::Result<()> {
 const TEST_GIB: f64 = 8.0;
 
 fn test() -> anyhow::Result<()> {
+    let started = std::time::Instant::now();
+    let mut report = Report::default();
     deps::ensure(false)?;
     let target = run::target_dir()?;
     match run::free_gib(&target) {
@@ -243,6 +250,7 @@ fn test() -> anyhow::Result<()> {
         ),
         None => {}
     }
+    let t = std::time::Instant::now();
     run::step("test", "cargo fmt --all --check");
     run::cargo(&["fmt", "--all", "--check"])
         .context("cargo fmt --check (run `cargo fmt --all`)")?;
@@ -256,17 +264,185 @@ fn test() -> anyhow::Result<()> {
         "warnings",
     ])
     .context("clippy")?;
+    report.time("fmt, clippy", t);
     // Before the tests: the UML driver test loads the module it builds
     // (about 30 s from a clean target, 3 s after), and both cloud-amd64
     // kernels must compile it without warnings (about 40 s, once).
+    let t = std::time::Instant::now();
     run::step(
         "test",
         "building tier_balloon.ko (cargo xtask linux-driver)",
     );
     linux_driver::run(linux_driver::Flavour::All, false).context("cargo xtask linux-driver")?;
+    report.time("tier_balloon.ko", t);
+    let live = live_vmm(&mut report)?;
     run::step("test", "cargo test --workspace --all-targets");
-    run::cargo(&["test", "--workspace", "--all-targets"]).context("tests")?;
+    let mut cmd =
+        std::process::Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+    cmd.args(["test", "--workspace", "--all-targets"])
+        .current_dir(run::workspace_root()?);
+    for (k, v) in &live.env {
+        cmd.env(k, v);
+    }
+    let t = std::time::Instant::now();
+    // Keep going on failure: the e2e runs still say what they say.
+    if let Err(e) = run::status(&mut cmd) {
+        report.failed.push(format!("cargo test: {e:#}"));
+    }
+    report.time("cargo test --workspace (live tests included)", t);
+    if let Some(bin) = &live.ch_bin {
+        e2e_runs(bin, &mut report)?;
+    }
+    eprintln!();
+    run::step("test", "times");
+    for (what, d) in &report.times {
+        eprintln!("  {:>6}  {what}", ci::mmss(*d));
+    }
+    eprintln!(
+        "  {:>6}  cargo xtask test in all",
+        ci::mmss(started.elapsed())
+    );
+    for l in &report.results {
+        eprintln!("  {l}");
+    }
+    if let Some(why) = &live.skipped {
+        run::step(
+            "test",
+            format!("live cloud-hypervisor tests and e2e runs skipped: {why}"),
+        );
+    }
+    if !report.failed.is_empty() {
+        bail!("failed: {}", report.failed.join("; "));
+    }
     Ok(())
+}
+
+/// What `cargo xtask test` prints at its end.
+#[derive(Debug, Default)]
+struct Report {
+    /// Each piece's wall time.
+    times: Vec<(String, std::time::Duration)>,
+    /// RESULT lines of the e2e runs.
+    results: Vec<String>,
+    /// What failed (the run goes on past it).
+    failed: Vec<String>,
+}
+
+impl Report {
+    fn time(&mut self, what: impl Into<String>, since: std::time::Instant) {
+        self.times.push((what.into(), since.elapsed()));
+    }
+}
+
+/// The e2e runs of [`ci::LOOP_RUNS`] against `bin`, each timed.
+fn e2e_runs(bin: &std::path::Path, report: &mut Report) -> anyhow::Result<()> {
+    let runs = ci::selected_runs(std::env::var("TIERD_CI_E2E").ok().as_deref())?;
+    for r in ci::LOOP_RUNS
+        .iter()
+        .filter(|r| !runs.iter().any(|s| s.name == r.name))
+    {
+        run::step(
+            "test",
+            format!("e2e {}: not selected (ci::LOOP_RUNS, TIERD_CI_E2E)", r.name),
+        );
+    }
+    if runs.is_empty() {
+        return Ok(());
+    }
+    // Timed apart from the first run.
+    let t = std::time::Instant::now();
+    if let Err(e) = build_e2e_release() {
+        report
+            .failed
+            .push(format!("release build for the e2e: {e:#}"));
+        return Ok(());
+    }
+    report.time("release build of tierd, tier-e2e", t);
+    for r in &runs {
+        run::step(
+            "test",
+            format!(
+                "e2e {}: --actuator {} --mode {}",
+                r.name, r.actuator, r.mode
+            ),
+        );
+        let t = std::time::Instant::now();
+        let (ok, lines) = match ci::e2e(r, bin) {
+            Ok(x) => x,
+            Err(e) => (false, vec![format!("(no RESULT: {e:#})")]),
+        };
+        report.time(format!("e2e {}", r.name), t);
+        report
+            .results
+            .extend(lines.iter().map(|l| format!("e2e {}: {l}", r.name)));
+        if !ok {
+            report.failed.push(format!("e2e {}", r.name));
+        }
+    }
+    Ok(())
+}
+
+/// What the tests get to run against a live patched cloud-hypervisor.
+#[derive(Debug, Default)]
+struct Live {
+    /// Environment for `cargo test` (TIERD_CH_BIN and friends).
+    env: Vec<(String, PathBuf)>,
+    /// The VMM the e2e runs use.
+    ch_bin: Option<PathBuf>,
+    /// Why there is none.
+    skipped: Option<String>,
+}
+
+/// TIERD_CH_BIN as given, else the VMM built from `../shared/vendor`
+/// (docs/ci.md), else why the live tests skip.
+fn live_vmm(report: &mut Report) -> anyhow::Result<Live> {
+    let mut live = Live::default();
+    let given = std::env::var_os("TIERD_CH_BIN").map(PathBuf::from);
+    let bin = match given {
+        Some(bin) => {
+            run::step("test", format!("TIERD_CH_BIN={} (given)", bin.display()));
+            bin
+        }
+        None => {
+            let vendor = ci::vendor_dir()?;
+            match ci::tarballs(&vendor) {
+                Err(why) => {
+                    run::step(
+                        "test",
+                        format!("no patched cloud-hypervisor: {why}; its tests report ignored"),
+                    );
+                    live.skipped = Some(why);
+                    return Ok(live);
+                }
+                Ok((ch, mh)) => {
+                    let t = std::time::Instant::now();
+                    let vmm = ci::build_vendored(&ch, &mh)
+                        .context("building the patched cloud-hypervisor")?;
+                    let what = match vmm.built_in {
+                        Some(_) => "patched cloud-hypervisor (built)",
+                        None => "patched cloud-hypervisor (cached)",
+                    };
+                    report.time(what, t);
+                    if std::env::var_os("TIERD_CH_SRC").is_none() {
+                        live.env.push(("TIERD_CH_SRC".into(), vmm.src));
+                    }
+                    vmm.bin
+                }
+            }
+        }
+    };
+    live.env.push(("TIERD_CH_BIN".into(), bin.clone()));
+    if std::env::var_os("TIERD_CH_KERNEL").is_none() {
+        live.env.push((
+            "TIERD_CH_KERNEL".into(),
+            ci::pvh_kernel().context("building the PVH guest for TIERD_CH_KERNEL")?,
+        ));
+    }
+    for (k, v) in &live.env {
+        run::step("test", format!("{k}={}", v.display()));
+    }
+    live.ch_bin = Some(bin);
+    Ok(live)
 }
 
 /// Benchmarks are binaries of the tier-benches crate, built in release.
@@ -376,6 +552,27 @@ fn e2e(
     work_dir: Option<PathBuf>,
     opts: &E2eRun,
 ) -> anyhow::Result<()> {
+    e2e_with(
+        ch_src,
+        micro_http,
+        ch_target_dir,
+        work_dir,
+        opts,
+        &mut |cmd| run::status(cmd).map(|()| true),
+    )
+    .map(|_| ())
+}
+
+/// [`e2e`] with tier-e2e run by `runner` (Ok(false): it failed), so that
+/// `cargo xtask test` can keep going and collect its RESULT lines.
+fn e2e_with(
+    ch_src: Option<PathBuf>,
+    micro_http: Option<PathBuf>,
+    ch_target_dir: Option<PathBuf>,
+    work_dir: Option<PathBuf>,
+    opts: &E2eRun,
+    runner: &mut dyn FnMut(&mut std::process::Command) -> anyhow::Result<bool>,
+) -> anyhow::Result<bool> {
     let ch_bin = match (&opts.ch_bin, ch_src) {
         (Some(bin), _) => {
             if !bin.is_file() {
@@ -386,20 +583,7 @@ fn e2e(
         }
         (None, src) => e2e_build_ch(src, micro_http, ch_target_dir)?,
     };
-    run::step("e2e", "building tierd and tier-e2e (release)");
-    run::cargo(&[
-        "build",
-        "--release",
-        "-p",
-        "tier-profiler",
-        "-p",
-        "tier-e2e",
-        // `--bin` selects among all the packages named: both binaries.
-        "--bin",
-        "tierd",
-        "--bin",
-        "tier-e2e",
-    ])?;
+    build_e2e_release()?;
     let target = run::target_dir()?.join("release");
     let mut cmd = std::process::Command::new(target.join("tier-e2e"));
     cmd.arg("--ch-bin")
@@ -428,7 +612,25 @@ fn e2e(
         "e2e",
         "running tier-e2e (two guests, tierd, the controller)",
     );
-    run::status(&mut cmd)
+    runner(&mut cmd)
+}
+
+/// tierd and tier-e2e in release, as the e2e runs them.
+fn build_e2e_release() -> anyhow::Result<()> {
+    run::step("e2e", "building tierd and tier-e2e (release)");
+    run::cargo(&[
+        "build",
+        "--release",
+        "-p",
+        "tier-profiler",
+        "-p",
+        "tier-e2e",
+        // `--bin` selects among all the packages named: both binaries.
+        "--bin",
+        "tierd",
+        "--bin",
+        "tier-e2e",
+    ])
 }
 
 /// The patched cloud-hypervisor built from `ch_src`; the path of its binary.
@@ -620,6 +822,14 @@ mod tests {
                 action: vmm_patch::Action::Build,
                 ch_src: Some("/src/ch".into()),
                 micro_http: Some("/src/mh".into()),
+            }
+        );
+        assert_eq!(
+            parse(&["vmm-patch", "build-vendored"]).unwrap(),
+            Task::VmmPatch {
+                action: vmm_patch::Action::BuildVendored,
+                ch_src: None,
+                micro_http: None,
             }
         );
         assert_eq!(

@@ -24,6 +24,9 @@ pub enum Action {
     Apply,
     /// Build the patched tree in release and print where the binaries are.
     Build,
+    /// Unpack `../shared/vendor`'s tarballs into the cache, apply, build
+    /// (or reuse the cached build); print the binary (docs/ci.md).
+    BuildVendored,
 }
 
 const NEEDS: &str = "vmm-patch needs a cloud-hypervisor v53.0 git checkout (tag v53.0, commit 9ed824d6):\n  \
@@ -46,6 +49,8 @@ pub fn run(
     match action {
         Action::Apply => apply(&dir, &patches),
         Action::Build => build(&dir, &patches, micro_http, None).map(|_| ()),
+        // main dispatches it to ci (it needs no checkout).
+        Action::BuildVendored => bail!("vmm-patch build-vendored takes no --ch-src"),
     }
 }
 
@@ -239,18 +244,7 @@ fn apply(dir: &Path, patches: &[PathBuf]) -> anyhow::Result<()> {
         ),
     );
     run::status(git(dir).args(["checkout", "-b", BRANCH]))?;
-    let mut am = git(dir);
-    // git am records a committer: supply one if the user has none.
-    if git_out(dir, &["config", "user.email"])?.is_none() {
-        am.args([
-            "-c",
-            "user.name=tierd xtask",
-            "-c",
-            "user.email=xtask@tierd.invalid",
-        ]);
-    }
-    am.args(["am", "--keep-cr"]).args(patches);
-    if let Err(e) = run::status(&mut am) {
+    if let Err(e) = am_series(dir, patches) {
         // Put the checkout back as it was: v53.0, detached, no branch.
         let _ = git(dir).args(["am", "--abort"]).status();
         let _ = git(dir).args(["checkout", "-q", V53_COMMIT]).status();
@@ -268,6 +262,26 @@ fn apply(dir: &Path, patches: &[PathBuf]) -> anyhow::Result<()> {
     );
     Ok(())
 }
+
+/// `git am --keep-cr` the series onto HEAD of `dir` (`docs/balloon.md`
+/// upstream has CRLF line ends); on failure the am is left in progress.
+pub fn am_series(dir: &Path, patches: &[PathBuf]) -> anyhow::Result<()> {
+    let mut am = git(dir);
+    // git am records a committer: supply one if the user has none.
+    if git_out(dir, &["config", "user.email"])?.is_none() {
+        am.args(IDENTITY);
+    }
+    am.args(["am", "--keep-cr"]).args(patches);
+    run::status(&mut am)
+}
+
+/// The committer `git am` uses where the user has configured none.
+const IDENTITY: [&str; 4] = [
+    "-c",
+    "user.name=tierd xtask",
+    "-c",
+    "user.email=xtask@tierd.invalid",
+];
 
 /// The `--config` value that points micro_http at a local checkout.
 pub fn micro_http_patch(path: &Path) -> String {
@@ -327,6 +341,12 @@ fn build(
             mh.display()
         ),
     }
+    cargo_build(dir, &mh, target_dir)
+}
+
+/// `cargo build --release --bins` of the patched tree `dir` with micro_http
+/// patched to `mh` (absolute); the directory holding the two binaries.
+pub fn cargo_build(dir: &Path, mh: &Path, target_dir: Option<PathBuf>) -> anyhow::Result<PathBuf> {
     run::step(
         "vmm-patch",
         format!(
@@ -337,7 +357,7 @@ fn build(
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let mut cmd = Command::new(cargo);
     cmd.args(["build", "--release", "--bins", "--config"])
-        .arg(micro_http_patch(&mh))
+        .arg(micro_http_patch(mh))
         .current_dir(dir);
     if let Some(t) = &target_dir {
         cmd.env("CARGO_TARGET_DIR", t);
