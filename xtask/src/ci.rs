@@ -365,35 +365,49 @@ pub struct LoopRun {
     pub actuator: &'static str,
     /// tier-e2e's `--mode`.
     pub mode: &'static str,
+    /// tier-e2e's `--guests`.
+    pub guests: &'static str,
     /// Off: listed, skipped with its name (turn on once it passes).
     pub enabled: bool,
 }
 
-/// The e2e runs of CI: both actuators in both policy modes (issue 43).
+/// The e2e runs of CI: both actuators in both policy modes, and three
+/// guests (one going idle, one growing, one shrinking) in the default mode.
 /// `TIERD_CI_E2E=name,name` (or `none`) picks others for one run.
 pub const LOOP_RUNS: &[LoopRun] = &[
     LoopRun {
         name: "balloon-ratio",
         actuator: "balloon",
         mode: "ratio",
+        guests: "swap",
         enabled: true,
     },
     LoopRun {
         name: "balloon-working-set",
         actuator: "balloon",
         mode: "working-set",
+        guests: "swap",
         enabled: true,
     },
     LoopRun {
         name: "resize-zone-ratio",
         actuator: "resize-zone",
         mode: "ratio",
+        guests: "swap",
         enabled: true,
     },
     LoopRun {
         name: "resize-zone-working-set",
         actuator: "resize-zone",
         mode: "working-set",
+        guests: "swap",
+        enabled: true,
+    },
+    LoopRun {
+        name: "balloon-ratio-three",
+        actuator: "balloon",
+        mode: "ratio",
+        guests: "three",
         enabled: true,
     },
 ];
@@ -440,6 +454,7 @@ pub fn e2e(r: &LoopRun, ch_bin: &Path) -> anyhow::Result<(bool, Vec<String>)> {
         ch_bin: Some(ch_bin.to_path_buf()),
         upstream: false,
         mode: Some(r.mode.to_string()),
+        guests: Some(r.guests.to_string()),
     };
     let mut results = Vec::new();
     let ok = crate::e2e_with(None, None, None, Some(work), &opts, &mut |cmd| {
