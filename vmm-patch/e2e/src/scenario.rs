@@ -17,9 +17,6 @@ use tier_e2e::tierd::Tierd;
 use tier_e2e::vmm::{ChVm, Hotplug, VmSpec};
 
 const MIB: u64 = 1 << 20;
-/// Share of a guest's accesses on its DRAM-preferring hot set (the
-/// cmdline's `phases=95/5`): its exact DRAM-hit ratio with that set in DRAM.
-pub const HOT_SHARE: f64 = 0.95;
 /// The hot horizon, seconds: the guests touch a hot page about once a
 /// second, so one 1 s pass sees some 60 % of a hot set, and 5 s all of it.
 pub const HOT_HORIZON_S: f64 = 5.0;
