@@ -10,7 +10,6 @@ use super::input::VmObs;
 use super::interval::{ActOn, Hit};
 use super::model::Load;
 use super::state::{Dir, Move, Why};
-use super::working_set::View;
 
 /// A VM's wish for its DRAM.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -59,13 +58,18 @@ pub fn idle_reclaim(held: u64, idle: u64, threshold: f64) -> u64 {
     pages.min(idle / PAGE * PAGE)
 }
 
-/// DRAM given beyond the high end of the measured hot set: what an idle
-/// reclaim may take. DRAM cold by age can still be needed: a guest that has
-/// not yet moved its hot pages into DRAM just given (they are touched in
-/// the slow tier) holds cold DRAM and a hot set larger than it. No hot set
-/// measured: nothing.
-pub(super) fn beyond_hot_set(vm: &VmObs, view: Option<&View>) -> u64 {
-    view.map_or(0, |v| super::working_set::surplus(vm.dram.given(), v))
+/// What ratio mode reads of the VM's measured hot set
+/// (`working_set::evidence`); the default: none measured.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct HotSet {
+    /// DRAM given beyond the hot set's high end: what an idle reclaim may
+    /// take. DRAM cold by age can still be needed: a guest that has not yet
+    /// moved its hot pages into DRAM just given (they are touched in the
+    /// slow tier) holds cold DRAM and a hot set larger than it.
+    pub beyond: u64,
+    /// The grow a hot set whose low end exceeds the DRAM given asks for
+    /// (`working_set::deficit`).
+    pub deficit: Option<Want>,
 }
 
 /// Whether a move in `dir` would undo a recent reversal (hysteresis).
@@ -106,7 +110,7 @@ pub fn resume(
     ctx: &Ctx,
     cfg: &Config,
     mv: &Move,
-    view: Option<&View>,
+    hot: HotSet,
 ) -> Option<Want> {
     let g = vm.dram.given();
     if g > ctx.hi || g < ctx.lo {
@@ -123,9 +127,7 @@ pub fn resume(
         // would not start there (`classify`).
         Dir::Down if mv.why == Why::Idle => (
             h.below(ctx.target - cfg.hold_epsilon(), on),
-            (g - ctx.lo)
-                .min(vm.dram.idle_bytes)
-                .min(beyond_hot_set(vm, view)),
+            (g - ctx.lo).min(vm.dram.idle_bytes).min(hot.beyond),
         ),
         Dir::Down => (!h.above(ctx.target, on), g - ctx.lo),
     };
@@ -160,14 +162,13 @@ pub(super) fn whole(raw: u64, granule: u64) -> u64 {
     if raw == 0 { 0 } else { raw.max(granule) }
 }
 
-/// Ratio mode: `view` is the VM's working-set view where its ages give
-/// one (`working_set::view`). Releases are only made on what is measured
-/// (a ratio known above the band; idle bytes cold beyond the longest
-/// horizon), and so are grows: a ratio known below the band, or, where the
-/// ratio is not known to be at least the band's low edge, a hot set whose
-/// low end exceeds the DRAM given (`working_set::deficit`). Nothing
-/// measured: hold.
-pub fn classify(vm: &VmObs, load: &Load, ctx: &Ctx, cfg: &Config, view: Option<&View>) -> Want {
+/// Ratio mode: `hot` is what the VM's measured hot set says. Releases are
+/// only made on what is measured (a ratio known above the band; idle bytes
+/// cold beyond the longest horizon, never into the hot set), and so are
+/// grows: a ratio known below the band, or, where the ratio is not known
+/// to be at least the band's low edge, a hot set whose low end exceeds the
+/// DRAM given. Nothing measured: hold.
+pub fn classify(vm: &VmObs, load: &Load, ctx: &Ctx, cfg: &Config, hot: HotSet) -> Want {
     let g = vm.dram.given();
     let granule = vm.dram.granule;
     let step = cfg.max_step;
@@ -221,8 +222,7 @@ pub fn classify(vm: &VmObs, load: &Load, ctx: &Ctx, cfg: &Config, view: Option<&
     let raw = if below_band {
         0
     } else {
-        idle_reclaim(vm.dram.held(), vm.dram.idle_bytes, cfg.idle_threshold)
-            .min(beyond_hot_set(vm, view))
+        idle_reclaim(vm.dram.held(), vm.dram.idle_bytes, cfg.idle_threshold).min(hot.beyond)
     };
     let bytes = whole(raw, granule).min(room_down);
     if bytes >= cfg.min_step() {
@@ -235,8 +235,10 @@ pub fn classify(vm: &VmObs, load: &Load, ctx: &Ctx, cfg: &Config, view: Option<&
     // The ratio cannot say the VM has enough: a hot set measured beyond
     // the DRAM given can.
     let enough = hit.is_some_and(|h| h.low >= below && !h.low_open);
-    let deficit = view.filter(|_| !enough && !hit.is_some_and(|h| h.below(below, on)));
-    if let Some(w) = deficit.and_then(|v| super::working_set::deficit(vm, v, ctx, cfg)) {
+    if let Some(w) = hot
+        .deficit
+        .filter(|_| !enough && !hit.is_some_and(|h| h.below(below, on)))
+    {
         return w;
     }
     match hit {
@@ -323,24 +325,14 @@ mod tests {
     }
 
     fn want(v: &VmObs, c: &Ctx) -> Want {
-        classify(v, &Load::of(v), c, &cfg(), None)
+        classify(v, &Load::of(v), c, &cfg(), HotSet::default())
     }
 
-    /// A working-set view whose hot set (both tiers) is exactly `hot`.
-    fn seen(hot: u64) -> View {
-        use crate::policy::ages::Est;
-        let e = Est::exact(hot as f64);
-        View {
-            horizon: 5.0,
-            hot: e,
-            hot_dram: e,
-            hot_slow: Est::exact(0.0),
-            long_horizon: 5.0,
-            long: Some(e),
-            dram_cold: None,
-            promoted_per_min: None,
-            history: 60.0,
-            stale: None,
+    /// A measured hot set that leaves `beyond` of the DRAM given beyond it.
+    fn seen(beyond: u64) -> HotSet {
+        HotSet {
+            beyond,
+            deficit: None,
         }
     }
 
@@ -408,7 +400,7 @@ mod tests {
         // Within the band, 320M of 400M idle: reclaim (320 - 200) / 0.5 = 240M,
         // capped by the 64M step.
         let v = vm(400 * M, 80 * M, 900.0, 10 * M, 100.0);
-        let with = |hot: u64| classify(&v, &Load::of(&v), &ctx(), &cfg(), Some(&seen(hot)));
+        let with = |hot: u64| classify(&v, &Load::of(&v), &ctx(), &cfg(), seen(400 * M - hot));
         assert_eq!(
             with(90 * M),
             Want::Release {
@@ -514,7 +506,8 @@ mod tests {
             target: 0.9,
             expected: 0.85,
         };
-        let next = |v: &VmObs, cx: &Ctx, m: &Move| resume(v, &Load::of(v), cx, &c, m, None);
+        let next =
+            |v: &VmObs, cx: &Ctx, m: &Move| resume(v, &Load::of(v), cx, &c, m, HotSet::default());
         let v = vm(100 * M, 70 * M, 700.0, 30 * M, 300.0);
         assert_eq!(
             next(&v, &ctx(), &up),
@@ -558,9 +551,9 @@ mod tests {
             ..up
         };
         let w = vm(90 * M, 80 * M, 900.0, 10 * M, 100.0);
-        let hot = seen(80 * M);
+        // 90M given, 80M hot: 10M beyond it.
         let next_seen =
-            |v: &VmObs, cx: &Ctx, m: &Move| resume(v, &Load::of(v), cx, &c, m, Some(&hot));
+            |v: &VmObs, cx: &Ctx, m: &Move| resume(v, &Load::of(v), cx, &c, m, seen(10 * M));
         // (Nor beyond the measured hot set, nor without one.)
         assert_eq!(next(&w, &ctx(), &idle), None);
         assert_eq!(

@@ -198,6 +198,7 @@ fn look(
             short: st.short,
             last_reversed: st.last_reversed,
         };
+        let hot = working_set::evidence(vm, evidence.as_ref(), &ctx, cfg);
         let mut assess = || match (&ws, &unmeasured) {
             (Some(v), _) => {
                 let (w, s) = working_set::classify(vm, v, &ctx, cfg);
@@ -207,13 +208,13 @@ fn look(
             (None, Some(_)) => {
                 limit_want(vm.dram.given(), &ctx, cfg.max_step).unwrap_or(Want::Hold)
             }
-            (None, None) => classify(vm, &load, &ctx, cfg, evidence.as_ref()),
+            (None, None) => classify(vm, &load, &ctx, cfg, hot),
         };
         let next = st.moving.map(|m| {
             let w = if m.why.is_working_set() {
                 working_set::resume(vm, view, &ctx, cfg, &m)
             } else {
-                resume(vm, &load, &ctx, cfg, &m, view)
+                resume(vm, &load, &ctx, cfg, &m, hot)
             };
             (m, w)
         });

@@ -28,7 +28,7 @@ use std::fmt::Write as _;
 use tier_proto::human_bytes as hb;
 
 use super::ages::{Est, TierAges};
-use super::classify::{Ctx, Want, flips_back, limit_want, whole};
+use super::classify::{Ctx, HotSet, Want, flips_back, limit_want, whole};
 use super::config::{Config, PAGE};
 use super::input::{TierObs, VmObs};
 use super::interval::HitEvidence;
@@ -191,7 +191,7 @@ fn pages_down(b: f64) -> u64 {
 }
 
 /// DRAM given beyond the high end of the hot set, in pages.
-pub(super) fn surplus(g: u64, v: &View) -> u64 {
+fn surplus(g: u64, v: &View) -> u64 {
     g.saturating_sub(pages_up(v.hot.high))
 }
 
@@ -216,6 +216,15 @@ pub fn deficit(vm: &VmObs, v: &View, ctx: &Ctx, cfg: &Config) -> Option<Want> {
     }
     let why = Why::HotSet;
     Some(Want::Need { why, raw, bytes })
+}
+
+/// Ratio mode's reading of the VM's hot set (`classify::HotSet`): none
+/// without a view.
+pub fn evidence(vm: &VmObs, v: Option<&View>, ctx: &Ctx, cfg: &Config) -> HotSet {
+    v.map_or_else(HotSet::default, |v| HotSet {
+        beyond: surplus(vm.dram.given(), v),
+        deficit: deficit(vm, v, ctx, cfg),
+    })
 }
 
 /// The VM's want in working_set mode, and its *spare*: warm DRAM beyond
