@@ -279,7 +279,8 @@ fn test() -> anyhow::Result<()> {
     run::step("test", "cargo test --workspace --all-targets");
     let mut cmd =
         std::process::Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
-    cmd.args(["test", "--workspace", "--all-targets"])
+    // Every test binary runs, whichever fails first: one report of all.
+    cmd.args(["test", "--workspace", "--all-targets", "--no-fail-fast"])
         .current_dir(run::workspace_root()?);
     for (k, v) in &live.env {
         cmd.env(k, v);
