@@ -19,7 +19,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use libtest_mimic::{Arguments, Completion, Failed, Trial};
+use libtest_mimic::Arguments;
 use tier_profiler::sampler::pmu::events::{CpuId, EventTable};
 use tier_profiler::sampler::pmu::events_status;
 use tier_proto::v1::*;
@@ -346,18 +346,7 @@ fn main() {
         }
         Err(e) => Err(format!("cpu model: {e}")),
     };
-    let trial = |name: &'static str, needs: Vec<Result<(), String>>, f: fn()| {
-        let ready = needs.into_iter().collect::<Result<Vec<()>, String>>();
-        Trial::ignorable_test(name, move || -> Result<Completion, Failed> {
-            match &ready {
-                Err(reason) => Ok(Completion::ignored_with(reason.clone())),
-                Ok(_) => {
-                    f();
-                    Ok(Completion::Completed)
-                }
-            }
-        })
-    };
+    let trial = tier_test_support::gated;
     let tests = vec![
         trial(
             "tierd_refuses_a_guest_only_data_src_table_at_start",

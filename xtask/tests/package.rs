@@ -16,7 +16,7 @@ use std::process::{Command, Output};
 use std::sync::OnceLock;
 use std::time::Instant;
 
-use libtest_mimic::{Arguments, Completion, Failed, Trial};
+use libtest_mimic::Arguments;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
@@ -236,18 +236,7 @@ fn main() {
     } else {
         Ok(())
     };
-    let trial = |name: &'static str, needs: Vec<Result<(), String>>, f: fn()| {
-        let ready = needs.into_iter().collect::<Result<Vec<()>, String>>();
-        Trial::ignorable_test(name, move || -> Result<Completion, Failed> {
-            match &ready {
-                Err(reason) => Ok(Completion::ignored_with(reason.clone())),
-                Ok(_) => {
-                    f();
-                    Ok(Completion::Completed)
-                }
-            }
-        })
-    };
+    let trial = tier_test_support::gated;
     let tests = vec![
         trial(
             "deb_installs_runs_and_removes",

@@ -108,3 +108,16 @@ pub fn grpcurl() -> Result<PathBuf, String> {
             "needs grpcurl (`cargo xtask deps` installs it: go install github.com/fullstorydev/grpcurl/cmd/grpcurl@latest)".to_string()
         })
 }
+
+/// A trial that runs `f` where every one of `needs` holds, and is reported
+/// as ignored with the first reason where one does not.
+pub fn gated(name: &'static str, needs: Vec<Result<(), String>>, f: fn()) -> libtest_mimic::Trial {
+    let ready = needs.into_iter().collect::<Result<Vec<()>, String>>();
+    libtest_mimic::Trial::ignorable_test(name, move || match &ready {
+        Err(reason) => Ok(libtest_mimic::Completion::ignored_with(reason.clone())),
+        Ok(_) => {
+            f();
+            Ok(libtest_mimic::Completion::Completed)
+        }
+    })
+}

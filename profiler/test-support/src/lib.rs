@@ -20,7 +20,7 @@ pub mod http;
 pub mod stream;
 pub mod tmux;
 
-pub use caps::{ch_bin, ch_kvm, grpcurl, kvm_missing, tmux_missing, tool, tool_missing};
+pub use caps::{ch_bin, ch_kvm, gated, grpcurl, kvm_missing, tmux_missing, tool, tool_missing};
 pub use child::{ChildGuard, spawn_ready_line};
 pub use daemon::{
     bound_in, spawn_listening, spawn_logged, tierd_bin, tierd_isolated, tierd_no_metrics,
