@@ -27,21 +27,11 @@ struct Tierd {
 impl Tierd {
     fn start(config: &str, extra: &[&str]) -> Tierd {
         let dir = tempfile::tempdir().unwrap();
-        let socket = dir.path().join("tierd.sock");
-        let log = dir.path().join("tierd.log");
-        let cfg = dir.path().join("tierd.toml");
-        std::fs::write(&cfg, config).unwrap();
-        // As tier_test_support::tierd_isolated, with a config file.
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_tierd"));
-        cmd.arg("run")
-            .arg("--socket")
-            .arg(&socket)
-            .arg("--config")
-            .arg(&cfg)
-            .args(["--no-discover", "--metrics-listen", ""])
-            .args(extra);
-        let child =
-            tier_test_support::spawn_listening(&mut cmd, &socket, &log, Duration::from_secs(30));
+        let mut args = vec!["--no-discover"];
+        args.extend_from_slice(extra);
+        let bin = Path::new(env!("CARGO_BIN_EXE_tierd"));
+        let (socket, log, child) =
+            tier_test_support::tierd_with_config(bin, dir.path(), config, &args);
         Tierd {
             _child: child,
             socket,

@@ -40,26 +40,10 @@ struct Tierd {
 
 impl Tierd {
     fn start(dir: &Path, config: &str, extra: &[&str]) -> Tierd {
-        let socket = dir.join("tierd.sock");
-        let log = dir.join("tierd.log");
-        let cfg = dir.join("tierd.toml");
-        std::fs::write(&cfg, config).unwrap();
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_tierd"));
-        cmd.arg("run")
-            .arg("--config")
-            .arg(&cfg)
-            .arg("--socket")
-            .arg(&socket)
-            .args([
-                "--metrics-listen",
-                "",
-                "--no-controller",
-                "--interval-ms",
-                "250",
-            ])
-            .args(extra);
-        let child =
-            tier_test_support::spawn_listening(&mut cmd, &socket, &log, Duration::from_secs(30));
+        let mut args = vec!["--no-controller", "--interval-ms", "250"];
+        args.extend_from_slice(extra);
+        let bin = Path::new(env!("CARGO_BIN_EXE_tierd"));
+        let (socket, log, child) = tier_test_support::tierd_with_config(bin, dir, config, &args);
         Tierd {
             _child: child,
             socket,

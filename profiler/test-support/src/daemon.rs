@@ -74,6 +74,33 @@ pub fn tierd_isolated(bin: &Path, socket: &Path) -> Command {
     c
 }
 
+/// `tierd run` with `config` written to `dir/tierd.toml`, on
+/// `dir/tierd.sock`, no metrics endpoint, then `extra`; logging to
+/// `dir/tierd.log`, waited for until it listens. (socket, log, child).
+pub fn tierd_with_config(
+    bin: &Path,
+    dir: &Path,
+    config: &str,
+    extra: &[&str],
+) -> (PathBuf, PathBuf, ChildGuard) {
+    let (socket, log, cfg) = (
+        dir.join("tierd.sock"),
+        dir.join("tierd.log"),
+        dir.join("tierd.toml"),
+    );
+    std::fs::write(&cfg, config).unwrap();
+    let mut cmd = Command::new(bin);
+    cmd.arg("run")
+        .arg("--config")
+        .arg(&cfg)
+        .arg("--socket")
+        .arg(&socket)
+        .args(["--metrics-listen", ""])
+        .args(extra);
+    let child = spawn_listening(&mut cmd, &socket, &log, Duration::from_secs(30));
+    (socket, log, child)
+}
+
 /// `tierd run` on `socket` with no config file and no metrics endpoint:
 /// for runs that are expected to stop at start-up.
 pub fn tierd_no_metrics(bin: &Path, socket: &Path) -> Command {

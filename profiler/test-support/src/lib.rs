@@ -24,7 +24,7 @@ pub use caps::{ch_bin, ch_kvm, gated, grpcurl, kvm_missing, tmux_missing, tool, 
 pub use child::{ChildGuard, spawn_ready_line};
 pub use daemon::{
     bound_in, spawn_listening, spawn_logged, tierd_bin, tierd_isolated, tierd_no_metrics,
-    wait_bound, wait_listening,
+    tierd_with_config, wait_bound, wait_listening,
 };
 pub use http::{http_get, http_get_with};
 pub use stream::{open_watch_stats, watch_stats};
