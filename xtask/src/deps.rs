@@ -51,7 +51,16 @@ pub const PACKAGES: &[(&str, &str)] = &[
         "user-mode-linux",
         "a real Linux 6.1 guest for tier-balloon (cargo xtask uml, tests)",
     ),
-    ("kmod", "insmod in the user-mode-linux guest"),
+    (
+        "kmod",
+        "insmod in the user-mode-linux guest; modinfo for the Linux bed",
+    ),
+    (
+        "qemu-system-x86",
+        "the Linux bed: Debian's kernels under QEMU TCG (cargo xtask linux-bed, tests)",
+    ),
+    ("busybox-static", "the Linux bed's initramfs"),
+    ("cpio", "the Linux bed's initramfs"),
     (
         "prometheus",
         "promtool and a real Prometheus check tierd's metrics, rules and dashboard",

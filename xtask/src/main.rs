@@ -7,6 +7,7 @@ mod demo_ch;
 mod deps;
 #[cfg(test)]
 mod docs;
+mod linux_bed;
 mod linux_driver;
 mod oci;
 mod package;
@@ -135,6 +136,13 @@ enum Task {
         #[arg(long)]
         offline: bool,
     },
+    /// Boot Debian's 6.1 and 6.12 cloud kernels under QEMU TCG with two HMAT
+    /// tiers, virtio-mem and the balloon; check each (docs/linux-bed.md).
+    LinuxBed {
+        /// Use only the kernel .debs cached under <target>/compat/debs.
+        #[arg(long)]
+        offline: bool,
+    },
     /// Apply our patch series to a cloud-hypervisor v53.0 checkout, or build it.
     VmmPatch {
         /// apply: `git am` the series onto a new branch; build: release build of the patched tree.
@@ -209,6 +217,7 @@ fn dispatch(task: Task) -> anyhow::Result<()> {
             },
             report_only,
         ),
+        Task::LinuxBed { offline } => linux_bed::run(offline),
         Task::VmmPatch {
             action: vmm_patch::Action::BuildVendored,
             ..
@@ -276,6 +285,13 @@ fn test() -> anyhow::Result<()> {
     linux_driver::run(linux_driver::Flavour::All, false).context("cargo xtask linux-driver")?;
     report.time("tier_balloon.ko", t);
     let live = live_vmm(&mut report)?;
+    let t = std::time::Instant::now();
+    run::step(
+        "test",
+        "preparing the Linux bed (Debian's kernels, a guest-sized tierd)",
+    );
+    let bed = linux_bed::test_env();
+    report.time("Linux bed kernels", t);
     run::step("test", "cargo test --workspace --all-targets");
     let mut cmd =
         std::process::Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
@@ -283,6 +299,9 @@ fn test() -> anyhow::Result<()> {
     cmd.args(["test", "--workspace", "--all-targets", "--no-fail-fast"])
         .current_dir(run::workspace_root()?);
     for (k, v) in &live.env {
+        cmd.env(k, v);
+    }
+    for (k, v) in bed.iter().flatten() {
         cmd.env(k, v);
     }
     let t = std::time::Instant::now();
@@ -305,6 +324,9 @@ fn test() -> anyhow::Result<()> {
     );
     for l in &report.results {
         eprintln!("  {l}");
+    }
+    if let Err(why) = &bed {
+        run::step("test", format!("Linux bed tests skipped: {why}"));
     }
     if let Some(why) = &live.skipped {
         run::step(

@@ -1,0 +1,218 @@
+//! `cargo xtask linux-bed`: Debian's 6.1 and 6.12 cloud kernels booted
+//! under QEMU TCG with two HMAT tiers, virtio-mem and the balloon; each
+//! checked and summed up in one RESULT line (docs/linux-bed.md).
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use tier_linux_bed::{Bed, Kernel, checks};
+
+use crate::compat::kernel as debs;
+use crate::{deps, run};
+
+const MIB: u64 = 1 << 20;
+
+/// The kernels to boot, unpacked: the newest 6.1 and 6.12 cloud-amd64
+/// packages apt knows (the .debs shared with `cargo xtask compat`).
+pub fn kernels(offline: bool) -> anyhow::Result<Vec<Kernel>> {
+    let target = run::target_dir()?;
+    let cache = target.join("compat/debs");
+    let packages: Vec<String> = if offline {
+        debs::cached_packages(&cache)?
+    } else {
+        debs::default_packages()?
+    };
+    let packages: Vec<String> = packages
+        .into_iter()
+        .filter(|p| p.ends_with("-cloud-amd64"))
+        .collect();
+    if packages.is_empty() {
+        bail!("no linux-image-*-cloud-amd64 package known to apt (run `apt-get update`)");
+    }
+    let mut out = Vec::new();
+    for p in packages {
+        let deb = debs::fetch(&cache, &p, offline)?;
+        let dir = target.join("linux-bed/kernels").join(&p);
+        unpack(&deb, &dir)?;
+        out.push(Kernel::unpacked(&dir).with_context(|| format!("unpacked {p}"))?);
+    }
+    Ok(out)
+}
+
+/// `dpkg-deb -x` once (a `done` marker says it finished).
+fn unpack(deb: &Path, dir: &Path) -> anyhow::Result<()> {
+    if dir.join("done").exists() {
+        return Ok(());
+    }
+    if dir.exists() {
+        std::fs::remove_dir_all(dir).with_context(|| format!("clearing {}", dir.display()))?;
+    }
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    run::status(
+        std::process::Command::new("dpkg-deb")
+            .arg("-x")
+            .arg(deb)
+            .arg(dir),
+    )?;
+    std::fs::write(dir.join("done"), "").context("marking the unpacked kernel")
+}
+
+/// The unpacked kernels' roots joined by `:` (`TIERD_BED_KERNELS` of the
+/// bed's tests).
+pub fn kernels_env(kernels: &[Kernel]) -> String {
+    kernels
+        .iter()
+        .filter_map(|k| {
+            k.vmlinuz
+                .parent()?
+                .parent()
+                .map(|r| r.display().to_string())
+        })
+        .collect::<Vec<_>>()
+        .join(":")
+}
+
+/// What one kernel showed.
+#[derive(Debug)]
+struct Row {
+    release: String,
+    boot_s: f64,
+    tiers: checks::Tiers,
+    grow: checks::Resize,
+    shrink: checks::Resize,
+    balloon: checks::Balloon,
+}
+
+pub fn run(offline: bool) -> anyhow::Result<()> {
+    deps::ensure(false)?;
+    if let Some(why) = tier_linux_bed::missing() {
+        bail!("cannot run the Linux bed: {why}");
+    }
+    let kernels = kernels(offline)?;
+    let work = run::target_dir()?.join("linux-bed/run");
+    let mut rows = Vec::new();
+    for k in &kernels {
+        run::step("linux-bed", format!("booting {} under QEMU TCG", k.release));
+        let dir = work.join(&k.release);
+        rows.push(
+            survey(k, &dir)
+                .with_context(|| format!("{} (files in {})", k.release, dir.display()))?,
+        );
+    }
+    print(&rows);
+    Ok(())
+}
+
+fn survey(k: &Kernel, dir: &Path) -> anyhow::Result<Row> {
+    let (machine, log) = tier_linux_bed::prepare(k, &[], dir)?;
+    let mut bed = Bed::start(&machine, &log, tier_linux_bed::BOOT_TIMEOUT)?;
+    let wait = Duration::from_secs(60);
+    let tiers = checks::tiers(&mut bed)?;
+    let grow = checks::resize(&mut bed, "vmem1", 1, 256 * MIB, wait)?;
+    let shrink = checks::resize(&mut bed, "vmem1", 1, 64 * MIB, wait)?;
+    let balloon = checks::balloon(&mut bed, 64 * MIB, wait)?;
+    let row = Row {
+        release: k.release.clone(),
+        boot_s: bed.boot_time().as_secs_f64(),
+        tiers,
+        grow,
+        shrink,
+        balloon,
+    };
+    bed.shutdown(Duration::from_secs(10))?;
+    Ok(row)
+}
+
+fn print(rows: &[Row]) {
+    let m = checks::mib;
+    println!(
+        "{:<28} {:>6} {:>9} {:>6} {:>18} {:>18} {:>16}",
+        "kernel",
+        "boot s",
+        "HMAT ns",
+        "tiers",
+        "vmem1 128->256",
+        "vmem1 256->64",
+        "balloon -64 MiB"
+    );
+    for r in rows {
+        let lat: Vec<String> = r.tiers.latency_ns.iter().map(u64::to_string).collect();
+        println!(
+            "{:<28} {:>6.1} {:>9} {:>6} {:>18} {:>18} {:>16}",
+            r.release,
+            r.boot_s,
+            lat.join("/"),
+            r.tiers.kernel_tiers(),
+            format!(
+                "{} MiB, node +{}",
+                m(r.grow.plugged_after),
+                m(r.grow.node_after.saturating_sub(r.grow.node_before))
+            ),
+            format!(
+                "{} MiB, node -{}",
+                m(r.shrink.plugged_after),
+                m(r.shrink.node_before.saturating_sub(r.shrink.node_after))
+            ),
+            format!(
+                "total -{} MiB",
+                m(r.balloon.total_before.saturating_sub(r.balloon.total_after))
+            ),
+        );
+    }
+    println!(
+        "tiers: distinct memory tiers the kernel made of the two nodes (6.1 tiers only dax/kmem memory)"
+    );
+    let ok = |f: &dyn Fn(&Row) -> bool| rows.iter().filter(|r| f(r)).count();
+    let tiers_ok = ok(&|r| r.tiers.hmat_ok());
+    let vmem_ok = ok(&|r| {
+        r.grow.plugged_after == r.grow.requested && r.shrink.plugged_after == r.shrink.requested
+    });
+    let balloon_ok = ok(&|r| r.balloon.actual_after <= r.balloon.target);
+    let per: Vec<String> = rows
+        .iter()
+        .map(|r| {
+            format!(
+                "{}:{}",
+                r.release.split('.').take(2).collect::<Vec<_>>().join("."),
+                r.tiers.kernel_tiers()
+            )
+        })
+        .collect();
+    println!(
+        "RESULT kernels={} tiers_ok={tiers_ok} memory_tiers={} virtio_mem_ok={vmem_ok} balloon_ok={balloon_ok}",
+        rows.len(),
+        per.join(","),
+    );
+}
+
+/// The environment of the bed's tests in `cargo xtask test`: the
+/// unpacked kernels and a guest-sized tierd; or why they cannot run.
+pub fn test_env() -> Result<Vec<(String, String)>, String> {
+    if let Some(why) = tier_linux_bed::missing() {
+        return Err(why);
+    }
+    let kernels = kernels(false).map_err(|e| format!("Debian's kernels: {e:#}"))?;
+    run::cargo(&["build", "-p", "tier-profiler", "--bin", "tierd"])
+        .map_err(|e| format!("{e:#}"))?;
+    let tierd = guest_tierd().map_err(|e| format!("{e:#}"))?;
+    Ok(vec![
+        ("TIERD_BED_KERNELS".into(), kernels_env(&kernels)),
+        ("TIERD_BED_TIERD".into(), tierd.display().to_string()),
+    ])
+}
+
+/// The debug `tierd`, stripped (the guest unpacks its initramfs into RAM).
+pub fn guest_tierd() -> anyhow::Result<PathBuf> {
+    let target = run::target_dir()?;
+    let bin = target.join("debug/tierd");
+    let out = target.join("linux-bed/tierd");
+    std::fs::create_dir_all(target.join("linux-bed")).context("creating linux-bed dir")?;
+    run::status(
+        std::process::Command::new("objcopy")
+            .arg("--strip-debug")
+            .arg(&bin)
+            .arg(&out),
+    )?;
+    Ok(out)
+}
