@@ -98,6 +98,99 @@ fn memory_devices_6_12() {
     memory_devices("6.12");
 }
 
+fn program(var: &str) -> Result<PathBuf, String> {
+    let p = std::env::var(var)
+        .map_err(|_| format!("{var} unset (cargo xtask test builds it for the guest)"))?;
+    let p = PathBuf::from(p);
+    if p.is_file() {
+        Ok(p)
+    } else {
+        Err(format!("{var}={} is not a file", p.display()))
+    }
+}
+
+fn needs_program(series: &str, var: &str) -> Vec<Result<(), String>> {
+    let mut n = needs(series);
+    n.push(program(var).map(drop));
+    n
+}
+
+/// tierd's capability probe run by the guest kernel's own verifier: with
+/// kvm.ko loaded, fexit on kvm_age_gfn and the kvm raw tracepoint load and
+/// attach (no KVM vendor module under TCG, so no VM ever fires them).
+fn bpf_probe(series: &str) {
+    let tierd = program("TIERD_BED_TIERD").unwrap();
+    let (mut bed, _work) = boot(series, &[tierd]);
+    let out = bed
+        .sh("tierd probe --json", Duration::from_secs(120))
+        .unwrap();
+    eprintln!("{series}: tierd probe --json:\n{out}");
+    let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    let check = |name: &str| {
+        v["checks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["name"] == name)
+            .cloned()
+            .unwrap()
+    };
+    assert_eq!(check("btf")["available"], true, "{v}");
+    let fexit = check("ept-fexit");
+    assert!(
+        fexit["reason"].as_str().unwrap().contains("attach") || fexit["available"] == true,
+        "fexit on kvm_age_gfn loads in the real kernel: {fexit}"
+    );
+    let raw = check("ept-tracepoint");
+    assert!(
+        raw["reason"]
+            .as_str()
+            .unwrap()
+            .starts_with("raw_tp attaches"),
+        "the kvm raw tracepoint attaches in the real kernel: {raw}"
+    );
+}
+
+fn bpf_probe_6_1() {
+    bpf_probe("6.1");
+}
+fn bpf_probe_6_12() {
+    bpf_probe("6.12");
+}
+
+/// tierd's DAMON driver against the guest's real DAMON (6.12; Debian's 6.1
+/// cloud kernel has no DAMON): one region per page over three quarters of
+/// a buffer a thread keeps touching. Every page with a region is aged
+/// (DAMON marks its folio idle), none without one is, and the driver
+/// leaves no kdamond behind.
+fn damon_ages_every_region_6_12() {
+    let agent = program("TIERD_BED_AGENT").unwrap();
+    let (mut bed, _work) = boot("6.12", &[agent]);
+    let out = bed
+        .sh(
+            "tier-bed-agent damon --pages 2048 --hot 512 --sample-ms 100 --rounds 10",
+            Duration::from_secs(120),
+        )
+        .unwrap();
+    eprintln!("6.12: tier-bed-agent damon: {out}");
+    let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    assert_eq!(v["present"], 2048, "{v}");
+    assert_eq!(
+        v["idle_before"], 0,
+        "nothing is idle before DAMON runs: {v}"
+    );
+    assert_eq!(v["nr_regions"], "1536", "regions kept as given: {v}");
+    assert_eq!(v["idle_covered"], 1536, "every region was aged: {v}");
+    assert_eq!(
+        v["idle_uncovered"], 0,
+        "no page outside the regions was: {v}"
+    );
+    assert_eq!(
+        v["nr_kdamonds_after_drop"], "0",
+        "the driver removed its kdamond: {v}"
+    );
+}
+
 fn main() {
     let args = Arguments::from_args();
     let trials = vec![
@@ -110,6 +203,21 @@ fn main() {
             "tiers_virtio_mem_and_balloon_6_12",
             needs("6.12"),
             memory_devices_6_12,
+        ),
+        gated(
+            "bpf_probe_in_real_kernel_6_1",
+            needs_program("6.1", "TIERD_BED_TIERD"),
+            bpf_probe_6_1,
+        ),
+        gated(
+            "bpf_probe_in_real_kernel_6_12",
+            needs_program("6.12", "TIERD_BED_TIERD"),
+            bpf_probe_6_12,
+        ),
+        gated(
+            "damon_driver_ages_every_region_6_12",
+            needs_program("6.12", "TIERD_BED_AGENT"),
+            damon_ages_every_region_6_12,
         ),
     ];
     libtest_mimic::run(&args, trials).exit();
