@@ -38,7 +38,8 @@ struct Cli {
 enum Cmd {
     /// Serve tier.v1 (the default).
     Run(Box<RunArgs>),
-    /// Print which sampler backends this host supports, and why not the others.
+    /// Print which sampler backends this host supports, and why not the others;
+    /// with --programs, whether each BPF program tierd ships loads and attaches.
     Probe {
         /// Machine-readable output.
         #[arg(long)]
