@@ -38,11 +38,19 @@ struct Cli {
 enum Cmd {
     /// Serve tier.v1 (the default).
     Run(Box<RunArgs>),
-    /// Print which sampler backends this host supports, and why not the others.
+    /// Print which sampler backends this host supports, and why not the others;
+    /// with --programs, whether each BPF program tierd ships loads and attaches.
     Probe {
         /// Machine-readable output.
         #[arg(long)]
         json: bool,
+        /// Instead: load every BPF program tierd ships (ept.bpf.o,
+        /// pmu.bpf.o, probe.bpf.o) alone, attach it and detach it at once,
+        /// and print the kernel's verdict per program (load, attach, the
+        /// error and the verifier log's last lines). Exits 0 when programs
+        /// are refused; non-zero only when bpf() itself is unusable.
+        #[arg(long)]
+        programs: bool,
     },
     /// Print a shell completion script (`cargo xtask package` ships them).
     #[command(hide = true)]
@@ -186,8 +194,11 @@ fn main() -> ExitCode {
     no_huge_pages();
     let cli = Cli::parse();
     let run = match cli.cmd {
-        Some(Cmd::Probe { json }) => {
+        Some(Cmd::Probe { json, programs }) => {
             init_logs(false);
+            if programs {
+                return report(probe_programs(json));
+            }
             return report(probe(json));
         }
         Some(Cmd::Completions { shell }) => {
@@ -280,6 +291,21 @@ fn probe(json: bool) -> anyhow::Result<()> {
             "tierd capability probe (kernel {}):",
             daemon::kernel_release()
         );
+        print!("{}", report.render());
+    }
+    Ok(())
+}
+
+fn probe_programs(json: bool) -> anyhow::Result<()> {
+    let report = tier_profiler::probe::programs::run(daemon::kernel_release())
+        .context("probing the BPF programs")?;
+    if json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&report).context("encoding the report")?
+        );
+    } else {
+        println!("tierd BPF programs (kernel {}):", report.kernel);
         print!("{}", report.render());
     }
     Ok(())

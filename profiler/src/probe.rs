@@ -1,6 +1,8 @@
 //! Capability probe: what this host lets tierd measure, each answer from a
 //! real attempt (BPF load/attach, perf_event_open, files the kernel exposes).
 
+pub mod programs;
+
 use std::mem::MaybeUninit;
 use std::path::Path;
 

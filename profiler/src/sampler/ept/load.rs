@@ -96,16 +96,7 @@ fn open_configure_load(
         .ept_age_test
         .set_autoload(on(EptProgram::AgeTest));
     open.progs.raw_tp_empty.set_autoload(on(EptProgram::Empty));
-    open.maps
-        .heat
-        .set_max_entries(heat_capacity(options).max(1))
-        .map_err(map_err("heat", "set_max_entries"))?;
-    let rodata = open.maps.rodata_data.as_deref_mut().ok_or(EptError::Open {
-        message: "no .rodata in ept.bpf.o".into(),
-    })?;
-    rodata.heat_enabled = options.heat;
-    rodata.accessed_mask = options.masks.accessed;
-    rodata.acc_track_mask = options.masks.access_track;
+    configure(&mut open, options)?;
     open.load().map_err(|e| {
         let (errno, message) = describe(&e);
         match programs {
@@ -130,6 +121,22 @@ fn open_configure_load(
             },
         }
     })
+}
+
+/// Applies `options` to an opened `ept.bpf.o` (heat map size, `.rodata`
+/// constants), as [`EptPrograms::load`] does before loading.
+pub(crate) fn configure(open: &mut OpenEptSkel<'_>, options: &EptOptions) -> Result<(), EptError> {
+    open.maps
+        .heat
+        .set_max_entries(heat_capacity(options).max(1))
+        .map_err(map_err("heat", "set_max_entries"))?;
+    let rodata = open.maps.rodata_data.as_deref_mut().ok_or(EptError::Open {
+        message: "no .rodata in ept.bpf.o".into(),
+    })?;
+    rodata.heat_enabled = options.heat;
+    rodata.accessed_mask = options.masks.accessed;
+    rodata.acc_track_mask = options.masks.access_track;
+    Ok(())
 }
 
 impl EptPrograms {

@@ -37,6 +37,7 @@ pub use error::EptError;
 use error::map_err;
 pub use host::{Ageing, HostMode, HostModeError, Vendor};
 pub use load::ProgramStatus;
+pub(crate) use load::configure;
 pub use owners::ScanGuard;
 pub use ranges::GfnRange;
 
