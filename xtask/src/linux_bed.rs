@@ -193,13 +193,24 @@ pub fn test_env() -> Result<Vec<(String, String)>, String> {
         return Err(why);
     }
     let kernels = kernels(false).map_err(|e| format!("Debian's kernels: {e:#}"))?;
-    run::cargo(&["build", "-p", "tier-profiler", "--bin", "tierd"])
-        .map_err(|e| format!("{e:#}"))?;
-    let tierd = guest_tierd().map_err(|e| format!("{e:#}"))?;
+    run::cargo(&[
+        "build",
+        "-p",
+        "tier-profiler",
+        "--bin",
+        "tierd",
+        "-p",
+        "tier-bed-agent",
+    ])
+    .map_err(|e| format!("{e:#}"))?;
+    let tierd = for_guest("tierd").map_err(|e| format!("{e:#}"))?;
+    let agent = for_guest("tier-bed-agent").map_err(|e| format!("{e:#}"))?;
     Ok(vec![
         ("TIERD_BED_KERNELS".into(), kernels_env(&kernels)),
         ("TIERD_BED_TIERD".into(), tierd.display().to_string()),
+        ("TIERD_BED_AGENT".into(), agent.display().to_string()),
     ])
+}
 }
 
 /// A debug binary, stripped of debug info (the guest unpacks its
