@@ -211,7 +211,6 @@ pub fn test_env() -> Result<Vec<(String, String)>, String> {
         ("TIERD_BED_AGENT".into(), agent.display().to_string()),
     ])
 }
-}
 
 /// A debug binary, stripped of debug info (the guest unpacks its
 /// initramfs into RAM: tierd is 50 MB with it, 34 MB without).
