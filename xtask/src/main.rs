@@ -8,6 +8,7 @@ mod deps;
 #[cfg(test)]
 mod docs;
 mod linux_bed;
+mod linux_bed_plugin;
 mod linux_driver;
 mod oci;
 mod package;
@@ -143,6 +144,9 @@ enum Task {
         #[arg(long)]
         offline: bool,
     },
+    /// Build the Linux bed's exact-truth QEMU plugin; prints the .so path.
+    #[command(hide = true)]
+    LinuxBedPlugin,
     /// Apply our patch series to a cloud-hypervisor v53.0 checkout, or build it.
     VmmPatch {
         /// apply: `git am` the series onto a new branch; build: release build of the patched tree.
@@ -227,6 +231,11 @@ fn dispatch(task: Task) -> anyhow::Result<()> {
             ch_src,
             micro_http,
         } => vmm_patch::run(action, ch_src, micro_http),
+        Task::LinuxBedPlugin => {
+            let so = linux_bed_plugin::build(&run::target_dir()?.join("linux-bed"))?;
+            println!("{}", so.display());
+            Ok(())
+        }
         Task::LinuxDriver { flavour, offline } => {
             deps::ensure(false)?;
             linux_driver::run(flavour, offline)

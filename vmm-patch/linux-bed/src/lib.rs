@@ -12,6 +12,7 @@ pub mod initramfs;
 pub mod kernel;
 pub mod qemu;
 pub mod qmp;
+pub mod truth;
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
