@@ -61,6 +61,11 @@ pub const PACKAGES: &[(&str, &str)] = &[
     ),
     ("busybox-static", "the Linux bed's initramfs"),
     ("cpio", "the Linux bed's initramfs"),
+    ("gcc", "the Linux bed's TCG plugin (tier_truth.so)"),
+    (
+        "libglib2.0-dev",
+        "the Linux bed's TCG plugin includes QEMU's plugin header, which needs glib",
+    ),
     (
         "prometheus",
         "promtool and a real Prometheus check tierd's metrics, rules and dashboard",

@@ -205,7 +205,14 @@ pub fn test_env() -> Result<Vec<(String, String)>, String> {
     .map_err(|e| format!("{e:#}"))?;
     let tierd = for_guest("tierd").map_err(|e| format!("{e:#}"))?;
     let agent = for_guest("tier-bed-agent").map_err(|e| format!("{e:#}"))?;
+    let plugin = crate::linux_bed_plugin::build(
+        &run::target_dir()
+            .map_err(|e| format!("{e:#}"))?
+            .join("linux-bed"),
+    )
+    .map_err(|e| format!("the truth plugin: {e:#}"))?;
     Ok(vec![
+        ("TIERD_TRUTH_PLUGIN".into(), plugin.display().to_string()),
         ("TIERD_BED_KERNELS".into(), kernels_env(&kernels)),
         ("TIERD_BED_TIERD".into(), tierd.display().to_string()),
         ("TIERD_BED_AGENT".into(), agent.display().to_string()),

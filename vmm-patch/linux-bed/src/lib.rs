@@ -82,6 +82,7 @@ pub struct Bed {
     console: Console,
     qmp: Qmp,
     stderr: PathBuf,
+    ram: PathBuf,
     next: u64,
     booted: Duration,
 }
@@ -91,6 +92,18 @@ impl Bed {
     /// commands. QEMU's stderr goes to `stderr_log`.
     pub fn start(machine: &Machine, stderr_log: &Path, timeout: Duration) -> Result<Bed, BedError> {
         let _ = std::fs::remove_file(&machine.qmp);
+        machine.create_backends().map_err(io(format!(
+            "creating backend files in {}",
+            machine.backends.display()
+        )))?;
+        let bed = Bed::boot(machine, stderr_log, timeout);
+        if bed.is_err() {
+            let _ = std::fs::remove_dir_all(&machine.backends);
+        }
+        bed
+    }
+
+    fn boot(machine: &Machine, stderr_log: &Path, timeout: Duration) -> Result<Bed, BedError> {
         let err = std::fs::File::create(stderr_log)
             .map_err(io(format!("creating {}", stderr_log.display())))?;
         let started = Instant::now();
@@ -118,6 +131,7 @@ impl Bed {
             console,
             qmp,
             stderr: stderr_log.into(),
+            ram: machine.backends.clone(),
             next: 0,
             booted: started.elapsed(),
         })
@@ -204,6 +218,7 @@ impl Drop for Bed {
             let _ = self.child.kill();
         }
         let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.ram);
     }
 }
 
@@ -266,8 +281,9 @@ fn wait_ready(
 }
 
 /// A guest of `kernel` with the bed's modules and `programs` (under
-/// `/opt/bin`), its files in `work`: the machine to start (change it
-/// before [`Bed::start`]) and the QEMU stderr log's path.
+/// `/opt/bin`), its files in `work` (guest RAM too, as files: put `work`
+/// on a tmpfs such as /dev/shm): the machine to start (change it before
+/// [`Bed::start`]) and the QEMU stderr log's path.
 pub fn prepare(
     kernel: &Kernel,
     programs: &[PathBuf],
@@ -290,8 +306,17 @@ pub fn prepare(
         },
         &root,
     )?;
-    let machine = Machine::new(&kernel.vmlinuz, &root, &work.join("qmp.sock"));
+    let machine = Machine::new(&kernel.vmlinuz, &root, &work.join("qmp.sock"), &ram_dir());
     Ok((machine, work.join("qemu.stderr")))
+}
+
+/// A fresh directory for a guest's RAM files on /dev/shm (a tmpfs: on a
+/// disk, QEMU's shared file mappings would be written back), removed with
+/// the [`Bed`].
+pub fn ram_dir() -> PathBuf {
+    static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    PathBuf::from(format!("/dev/shm/tierd-bed-{}-{n}", std::process::id()))
 }
 
 /// How long a boot may take: TCG on a loaded 2-core machine boots in

@@ -2,8 +2,11 @@
 //! HMAT latencies and bandwidths put them in two memory tiers (6.12 reads
 //! HMAT into memory tiers; 6.1 shows the figures but keeps one tier), a
 //! virtio-mem device per node, a virtio-balloon, QMP on a unix socket, the
-//! console on stdio. Backends are memfds, so each shows by name
-//! (`/memfd:ID`) in QEMU's maps.
+//! console on stdio. Backends are shared files under [`Machine::backends`]
+//! (a tmpfs), so each shows by path in QEMU's maps and the truth plugin
+//! can tell them apart (`plugin/tier_truth.c`); virtio-mem devices sit at
+//! fixed guest-physical addresses from 4 GiB up, so their pages are known
+//! before the guest boots.
 
 use std::path::{Path, PathBuf};
 
@@ -29,6 +32,8 @@ pub struct Machine {
     pub vmlinuz: PathBuf,
     pub initramfs: PathBuf,
     pub qmp: PathBuf,
+    /// Directory of the backend files (`m0`, `m1`, `vm0`, `vm1`).
+    pub backends: PathBuf,
     pub cpus: u32,
     /// Node 0 (DRAM, with the CPUs) and node 1 (the slow tier).
     pub nodes: [Node; 2],
@@ -43,12 +48,13 @@ impl Machine {
     /// Defaults: 2 vCPUs, 256 MiB per node at 80 / 250 ns and 100 / 30
     /// GB/s (DRAM and a CXL-like tier), a virtio-mem device of up to 512 MiB
     /// per node plugging 0 and 128 MiB, the balloon.
-    pub fn new(vmlinuz: &Path, initramfs: &Path, qmp: &Path) -> Machine {
+    pub fn new(vmlinuz: &Path, initramfs: &Path, qmp: &Path, backends: &Path) -> Machine {
         Machine {
             qemu: PathBuf::from("qemu-system-x86_64"),
             vmlinuz: vmlinuz.into(),
             initramfs: initramfs.into(),
             qmp: qmp.into(),
+            backends: backends.into(),
             cpus: 2,
             nodes: [
                 Node {
@@ -70,6 +76,54 @@ impl Machine {
             plugin: None,
             append: String::new(),
         }
+    }
+
+    /// Each backend: id, guest-physical start, bytes. Boot memory is
+    /// contiguous from 0 (under q35's 2.75 GiB hole); virtio-mem regions
+    /// follow from 4 GiB.
+    pub fn layout(&self) -> Vec<(String, u64, u64)> {
+        let mut out = Vec::new();
+        let mut gpa = 0;
+        for (i, n) in self.nodes.iter().enumerate() {
+            out.push((format!("m{i}"), gpa, n.mib * MIB));
+            gpa += n.mib * MIB;
+        }
+        let mut gpa = DEVICE_MEMORY;
+        for (i, n) in self
+            .nodes
+            .iter()
+            .enumerate()
+            .filter(|(_, n)| n.vmem_max_mib > 0)
+        {
+            out.push((format!("vm{i}"), gpa, n.vmem_max_mib * MIB));
+            gpa += n.vmem_max_mib * MIB;
+        }
+        out
+    }
+
+    /// The backend file of `id`.
+    pub fn backend(&self, id: &str) -> PathBuf {
+        self.backends.join(id)
+    }
+
+    /// Creates the backend files at their sizes (the truth plugin reads
+    /// their sizes when QEMU loads it, before QEMU maps them).
+    pub fn create_backends(&self) -> std::io::Result<()> {
+        std::fs::create_dir_all(&self.backends)?;
+        for (id, _, len) in self.layout() {
+            std::fs::File::create(self.backend(&id))?.set_len(len)?;
+        }
+        Ok(())
+    }
+
+    /// The `-plugin` value that loads tier_truth (`so`) writing to `out`,
+    /// with every backend's guest-physical range.
+    pub fn truth_plugin(&self, so: &Path, out: &Path) -> String {
+        let mut v = format!("{},out={}", so.display(), out.display());
+        for (id, gpa, _) in self.layout() {
+            v += &format!(",ram={gpa:#x}:{}", self.backend(&id).display());
+        }
+        v
     }
 
     /// QEMU's arguments.
@@ -103,10 +157,7 @@ impl Machine {
         );
         push("-smp", self.cpus.to_string());
         for (i, n) in self.nodes.iter().enumerate() {
-            push(
-                "-object",
-                format!("memory-backend-memfd,id=m{i},size={}M", n.mib),
-            );
+            push("-object", self.backend_object(&format!("m{i}"), n.mib));
             let cpus = if i == 0 {
                 format!(",cpus=0-{}", self.cpus.saturating_sub(1))
             } else {
@@ -133,20 +184,14 @@ impl Machine {
                 ),
             );
         }
-        for (i, n) in self
-            .nodes
-            .iter()
-            .enumerate()
-            .filter(|(_, n)| n.vmem_max_mib > 0)
-        {
-            push(
-                "-object",
-                format!("memory-backend-memfd,id=vm{i},size={}M", n.vmem_max_mib),
-            );
+        for (id, gpa, len) in self.layout().into_iter().filter(|l| l.0.starts_with("vm")) {
+            let i = &id[2..];
+            let n = self.nodes[usize::from(i == "1")];
+            push("-object", self.backend_object(&id, len / MIB));
             push(
                 "-device",
                 format!(
-                    "virtio-mem-pci,id=vmem{i},memdev=vm{i},node={i},requested-size={}M",
+                    "virtio-mem-pci,id=vmem{i},memdev={id},node={i},memaddr={gpa:#x},requested-size={}M",
                     n.vmem_mib
                 ),
             );
@@ -175,7 +220,18 @@ impl Machine {
         );
         a
     }
+
+    fn backend_object(&self, id: &str, mib: u64) -> String {
+        format!(
+            "memory-backend-file,id={id},size={mib}M,share=on,mem-path={}",
+            self.backend(id).display()
+        )
+    }
 }
+
+const MIB: u64 = 1 << 20;
+/// Where q35 puts hot-pluggable memory when boot memory is under 4 GiB.
+pub const DEVICE_MEMORY: u64 = 1 << 32;
 
 #[cfg(test)]
 mod tests {
@@ -183,7 +239,12 @@ mod tests {
 
     #[test]
     fn two_nodes_with_hmat_a_vmem_each_and_room_for_them() {
-        let m = Machine::new(Path::new("/k"), Path::new("/i"), Path::new("/q.sock"));
+        let m = Machine::new(
+            Path::new("/k"),
+            Path::new("/i"),
+            Path::new("/q.sock"),
+            Path::new("/b"),
+        );
         let a = m.args().join(" ");
         assert!(a.contains("-m 512M,slots=2,maxmem=1536M"), "{a}");
         assert!(
@@ -196,12 +257,21 @@ mod tests {
             "{a}"
         );
         assert!(
-            a.contains("virtio-mem-pci,id=vmem1,memdev=vm1,node=1,requested-size=128M"),
+            a.contains("id=vmem1,memdev=vm1,node=1,memaddr=0x120000000,requested-size=128M"),
             "{a}"
         );
         assert!(
-            a.contains("virtio-mem-pci,id=vmem0,memdev=vm0,node=0,requested-size=0M"),
+            a.contains("id=vmem0,memdev=vm0,node=0,memaddr=0x100000000,requested-size=0M"),
             "{a}"
+        );
+        assert!(
+            a.contains("memory-backend-file,id=m1,size=256M,share=on,mem-path=/b/m1"),
+            "{a}"
+        );
+        let p = m.truth_plugin(Path::new("/t.so"), Path::new("/o"));
+        assert_eq!(
+            p,
+            "/t.so,out=/o,ram=0x0:/b/m0,ram=0x10000000:/b/m1,ram=0x100000000:/b/vm0,ram=0x120000000:/b/vm1"
         );
         assert!(a.contains("-qmp unix:/q.sock,server=on,wait=off"), "{a}");
         assert!(!a.contains("-plugin"));
@@ -209,7 +279,12 @@ mod tests {
 
     #[test]
     fn a_node_without_vmem_gets_no_device() {
-        let mut m = Machine::new(Path::new("/k"), Path::new("/i"), Path::new("/q"));
+        let mut m = Machine::new(
+            Path::new("/k"),
+            Path::new("/i"),
+            Path::new("/q"),
+            Path::new("/b"),
+        );
         m.nodes[0].vmem_max_mib = 0;
         m.plugin = Some("/p.so,out=/dev/shm/x".into());
         let a = m.args().join(" ");

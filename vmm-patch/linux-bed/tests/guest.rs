@@ -191,6 +191,70 @@ fn damon_ages_every_region_6_12() {
     );
 }
 
+/// tier_truth counts a known write where it lands: 32 MiB written into a
+/// tmpfs bound to node 1 touch at least that many node-1 pages between two
+/// snapshots; the plugin's address check never disagrees; QEMU 7.2's
+/// "physical" address is the GPA for node 0 and GPA + 256 MiB for node 1
+/// (tier_truth.c says why).
+fn truth_counts_node1_writes_6_12() {
+    let plugin = program("TIERD_TRUTH_PLUGIN").unwrap();
+    let k = kernel("6.12").unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let (mut machine, log) = tier_linux_bed::prepare(&k, &[], work.path()).unwrap();
+    let out = machine.backends.with_extension("truth");
+    machine.plugin = Some(machine.truth_plugin(&plugin, &out));
+    let mut bed = Bed::start(&machine, &log, tier_linux_bed::BOOT_TIMEOUT).unwrap();
+    let layout = machine.layout();
+    let t = tier_linux_bed::truth::Truth::open(&out).unwrap();
+    bed.sh(
+        "mkdir -p /mnt && mount -t tmpfs -o size=64m,mpol=bind:1 tmpfs /mnt",
+        Duration::from_secs(60),
+    )
+    .unwrap();
+    let a = t.snapshot();
+    bed.sh(
+        "dd if=/dev/zero of=/mnt/f bs=1M count=32 2>/dev/null",
+        Duration::from_secs(300),
+    )
+    .unwrap();
+    let b = t.snapshot();
+    let d = b.since(&a).unwrap();
+    let range = |id: &str| {
+        layout
+            .iter()
+            .find(|l| l.0 == id)
+            .map(|l| (l.1, l.2))
+            .unwrap()
+    };
+    let (s1, l1) = range("m1");
+    let node1 = d.sum_in(s1, l1);
+    let (v1, vl1) = range("vm1");
+    let vmem1 = d.sum_in(v1, vl1);
+    eprintln!(
+        "6.12 with tier_truth: booted in {:.1} s; dd: node1 {node1:?} vm1 {vmem1:?} insns {}",
+        bed.boot_time().as_secs_f64(),
+        d.counters.instructions
+    );
+    let pages = node1.pages_touched + vmem1.pages_touched;
+    assert!(
+        pages >= 32 * MIB / tier_linux_bed::truth::PAGE,
+        "32 MiB written on node 1: {node1:?} + {vmem1:?}"
+    );
+    assert!(node1.misses <= node1.touches);
+    assert!(d.counters.instructions > 0);
+    let c = t.counters();
+    assert!(c.check_samples > 0);
+    assert_eq!(
+        c.check_mismatches, 0,
+        "phys_addr - host varied within a backend"
+    );
+    let r = t.ranges();
+    assert_eq!(r[0].phys_minus_gpa, Some(0));
+    assert_eq!(r[1].phys_minus_gpa, Some((256 * MIB) as i64));
+    drop(bed);
+    let _ = std::fs::remove_file(&out);
+}
+
 fn main() {
     let args = Arguments::from_args();
     let trials = vec![
@@ -218,6 +282,11 @@ fn main() {
             "damon_driver_ages_every_region_6_12",
             needs_program("6.12", "TIERD_BED_AGENT"),
             damon_ages_every_region_6_12,
+        ),
+        gated(
+            "truth_counts_node1_writes_6_12",
+            needs_program("6.12", "TIERD_TRUTH_PLUGIN"),
+            truth_counts_node1_writes_6_12,
         ),
     ];
     libtest_mimic::run(&args, trials).exit();
