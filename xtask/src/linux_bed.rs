@@ -79,6 +79,11 @@ struct Row {
     release: String,
     boot_s: f64,
     tiers: checks::Tiers,
+    /// BPF programs the kernel refused to load or attach, by name.
+    bpf_refused: Vec<String>,
+    bpf_programs: usize,
+    /// tier-bed-agent damon's answer (None: no DAMON in this kernel).
+    damon: Option<serde_json::Value>,
     grow: checks::Resize,
     shrink: checks::Resize,
     balloon: checks::Balloon,
@@ -90,13 +95,14 @@ pub fn run(offline: bool) -> anyhow::Result<()> {
         bail!("cannot run the Linux bed: {why}");
     }
     let kernels = kernels(offline)?;
+    let programs = guest_programs()?;
     let work = run::target_dir()?.join("linux-bed/run");
     let mut rows = Vec::new();
     for k in &kernels {
         run::step("linux-bed", format!("booting {} under QEMU TCG", k.release));
         let dir = work.join(&k.release);
         rows.push(
-            survey(k, &dir)
+            survey(k, &programs, &dir)
                 .with_context(|| format!("{} (files in {})", k.release, dir.display()))?,
         );
     }
@@ -104,11 +110,29 @@ pub fn run(offline: bool) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn survey(k: &Kernel, dir: &Path) -> anyhow::Result<Row> {
-    let (machine, log) = tier_linux_bed::prepare(k, &[], dir)?;
+fn survey(k: &Kernel, programs: &[PathBuf], dir: &Path) -> anyhow::Result<Row> {
+    let (machine, log) = tier_linux_bed::prepare(k, programs, dir)?;
     let mut bed = Bed::start(&machine, &log, tier_linux_bed::BOOT_TIMEOUT)?;
     let wait = Duration::from_secs(60);
     let tiers = checks::tiers(&mut bed)?;
+    let out = bed.sh("tierd probe --programs --json", Duration::from_secs(120))?;
+    let v: serde_json::Value =
+        serde_json::from_str(out.trim()).context("tierd probe --programs --json")?;
+    let progs = v["programs"].as_array().cloned().unwrap_or_default();
+    let bpf_refused: Vec<String> = progs
+        .iter()
+        .filter(|p| p["loaded"] != true || p["attached"] == false)
+        .map(|p| p["program"].as_str().unwrap_or("?").to_string())
+        .collect();
+    let damon = if k.config_on("CONFIG_DAMON_SYSFS") {
+        let out = bed.sh(
+            "tier-bed-agent damon --pages 2048 --hot 512 --sample-ms 100 --rounds 10",
+            Duration::from_secs(120),
+        )?;
+        Some(serde_json::from_str(out.trim()).context("tier-bed-agent damon")?)
+    } else {
+        None
+    };
     let grow = checks::resize(&mut bed, "vmem1", 1, 256 * MIB, wait)?;
     let shrink = checks::resize(&mut bed, "vmem1", 1, 64 * MIB, wait)?;
     let balloon = checks::balloon(&mut bed, 64 * MIB, wait)?;
@@ -116,6 +140,9 @@ fn survey(k: &Kernel, dir: &Path) -> anyhow::Result<Row> {
         release: k.release.clone(),
         boot_s: bed.boot_time().as_secs_f64(),
         tiers,
+        bpf_refused,
+        bpf_programs: progs.len(),
+        damon,
         grow,
         shrink,
         balloon,
@@ -139,7 +166,7 @@ fn print(rows: &[Row]) {
     for r in rows {
         let lat: Vec<String> = r.tiers.latency_ns.iter().map(u64::to_string).collect();
         println!(
-            "{:<28} {:>6.1} {:>9} {:>6} {:>18} {:>18} {:>16}",
+            "{:<28} {:>6.1} {:>9} {:>6} {:>18} {:>18} {:>16} {:>8} {:>14}",
             r.release,
             r.boot_s,
             lat.join("/"),
@@ -158,7 +185,16 @@ fn print(rows: &[Row]) {
                 "total -{} MiB",
                 m(r.balloon.total_before.saturating_sub(r.balloon.total_after))
             ),
+            format!(
+                "{}/{}",
+                r.bpf_programs - r.bpf_refused.len(),
+                r.bpf_programs
+            ),
+            damon_cell(r.damon.as_ref()),
         );
+        if !r.bpf_refused.is_empty() {
+            println!("  {}: refused {}", r.release, r.bpf_refused.join(", "));
+        }
     }
     println!(
         "tiers: distinct memory tiers the kernel made of the two nodes (6.1 tiers only dax/kmem memory)"
@@ -179,20 +215,38 @@ fn print(rows: &[Row]) {
             )
         })
         .collect();
+    let bpf_failures: usize = rows.iter().map(|r| r.bpf_refused.len()).sum();
+    let damon = match rows
+        .iter()
+        .filter_map(|r| r.damon.as_ref())
+        .map(damon_ok)
+        .collect::<Vec<_>>()
+    {
+        v if v.is_empty() => "absent",
+        v if v.iter().all(|ok| *ok) => "real",
+        _ => "failed",
+    };
     println!(
-        "RESULT kernels={} tiers_ok={tiers_ok} memory_tiers={} virtio_mem_ok={vmem_ok} balloon_ok={balloon_ok}",
+        "RESULT kernels={} tiers_ok={tiers_ok} memory_tiers={} virtio_mem_ok={vmem_ok} balloon_ok={balloon_ok} bpf_load_failures={bpf_failures} damon={damon}",
         rows.len(),
         per.join(","),
     );
 }
 
-/// The environment of the bed's tests in `cargo xtask test`: the
-/// unpacked kernels and a guest-sized tierd; or why they cannot run.
-pub fn test_env() -> Result<Vec<(String, String)>, String> {
-    if let Some(why) = tier_linux_bed::missing() {
-        return Err(why);
+/// Every region aged, nothing outside them (tier-bed-agent damon).
+fn damon_ok(v: &serde_json::Value) -> bool {
+    v["idle_covered"] == v["covered"] && v["idle_uncovered"] == 0 && v["idle_before"] == 0
+}
+
+fn damon_cell(v: Option<&serde_json::Value>) -> String {
+    match v {
+        None => "no DAMON".into(),
+        Some(v) => format!("{}/{} pages", v["idle_covered"], v["covered"]),
     }
-    let kernels = kernels(false).map_err(|e| format!("Debian's kernels: {e:#}"))?;
+}
+
+/// tierd and tier-bed-agent, built and stripped for the guest.
+fn guest_programs() -> anyhow::Result<Vec<PathBuf>> {
     run::cargo(&[
         "build",
         "-p",
@@ -201,21 +255,27 @@ pub fn test_env() -> Result<Vec<(String, String)>, String> {
         "tierd",
         "-p",
         "tier-bed-agent",
-    ])
-    .map_err(|e| format!("{e:#}"))?;
-    let tierd = for_guest("tierd").map_err(|e| format!("{e:#}"))?;
-    let agent = for_guest("tier-bed-agent").map_err(|e| format!("{e:#}"))?;
-    let plugin = crate::linux_bed_plugin::build(
-        &run::target_dir()
-            .map_err(|e| format!("{e:#}"))?
-            .join("linux-bed"),
-    )
-    .map_err(|e| format!("the truth plugin: {e:#}"))?;
+    ])?;
+    Ok(vec![for_guest("tierd")?, for_guest("tier-bed-agent")?])
+}
+
+/// The environment of the bed's tests in `cargo xtask test`: the
+/// unpacked kernels, tierd and the agent built for the guest, the truth
+/// plugin; or why they cannot run.
+pub fn test_env() -> Result<Vec<(String, String)>, String> {
+    if let Some(why) = tier_linux_bed::missing() {
+        return Err(why);
+    }
+    let s = |e: anyhow::Error| format!("{e:#}");
+    let kernels = kernels(false).map_err(|e| format!("Debian's kernels: {e:#}"))?;
+    let programs = guest_programs().map_err(s)?;
+    let plugin = crate::linux_bed_plugin::build(&run::target_dir().map_err(s)?.join("linux-bed"))
+        .map_err(|e| format!("the truth plugin: {e:#}"))?;
     Ok(vec![
-        ("TIERD_TRUTH_PLUGIN".into(), plugin.display().to_string()),
         ("TIERD_BED_KERNELS".into(), kernels_env(&kernels)),
-        ("TIERD_BED_TIERD".into(), tierd.display().to_string()),
-        ("TIERD_BED_AGENT".into(), agent.display().to_string()),
+        ("TIERD_BED_TIERD".into(), programs[0].display().to_string()),
+        ("TIERD_BED_AGENT".into(), programs[1].display().to_string()),
+        ("TIERD_TRUTH_PLUGIN".into(), plugin.display().to_string()),
     ])
 }
 
