@@ -412,7 +412,39 @@ pub const LOOP_RUNS: &[LoopRun] = &[
     },
 ];
 
-/// The runs to make: the enabled ones, or those `TIERD_CI_E2E` names.
+/// The closed loops on the Linux bed (`cargo xtask e2e --vmm qemu`, no
+/// cloud-hypervisor needed): name and `--mode`. About 4 min each under
+/// TCG with the truth plugin, so one mode in CI.
+pub const QEMU_RUNS: &[(&str, &str)] = &[("qemu-working-set", "working-set")];
+
+/// The QEMU runs to make: all of [`QEMU_RUNS`], or those `TIERD_CI_E2E`
+/// names.
+pub fn selected_qemu(env: Option<&str>) -> Vec<(&'static str, &'static str)> {
+    match env.map(str::trim) {
+        None => QEMU_RUNS.to_vec(),
+        Some(list) => QEMU_RUNS
+            .iter()
+            .copied()
+            .filter(|(n, _)| list.split(',').any(|x| x.trim() == *n))
+            .collect(),
+    }
+}
+
+/// One QEMU loop, its log kept under `<target>/ci/e2e-<name>`.
+pub fn e2e_qemu(name: &str, mode: &str) -> anyhow::Result<(bool, Vec<String>)> {
+    let work = run::target_dir()?.join("ci").join(format!("e2e-{name}"));
+    if work.exists() {
+        std::fs::remove_dir_all(&work).with_context(|| format!("removing {}", work.display()))?;
+    }
+    let mut results = Vec::new();
+    let ok = crate::linux_bed::e2e_qemu(Some(mode), Some(work), &mut |cmd| {
+        status_results(cmd, &mut results)
+    })?;
+    Ok((ok, results))
+}
+
+/// The runs to make: the enabled ones, or those `TIERD_CI_E2E` names
+/// (QEMU runs, `qemu-*`, are [`selected_qemu`]'s).
 pub fn selected_runs(env: Option<&str>) -> anyhow::Result<Vec<LoopRun>> {
     let Some(list) = env.map(str::trim) else {
         return Ok(LOOP_RUNS.iter().copied().filter(|r| r.enabled).collect());
@@ -421,6 +453,7 @@ pub fn selected_runs(env: Option<&str>) -> anyhow::Result<Vec<LoopRun>> {
         return Ok(Vec::new());
     }
     list.split(',')
+        .filter(|n| !n.trim().starts_with("qemu-"))
         .map(|n| {
             LOOP_RUNS
                 .iter()

@@ -279,6 +279,67 @@ pub fn test_env() -> Result<Vec<(String, String)>, String> {
     ])
 }
 
+/// The closed loop on the bed (`cargo xtask e2e --vmm qemu`): release
+/// tierd and tier-e2e-qemu, the guest's agent, the truth plugin, 6.12.
+/// `runner` runs tier-e2e-qemu (Ok(false): it failed).
+pub fn e2e_qemu(
+    mode: Option<&str>,
+    work_dir: Option<PathBuf>,
+    runner: &mut dyn FnMut(&mut std::process::Command) -> anyhow::Result<bool>,
+) -> anyhow::Result<bool> {
+    deps::ensure(false)?;
+    if let Some(why) = tier_linux_bed::missing() {
+        bail!("cannot run the Linux bed: {why}");
+    }
+    let kernel = kernels(false)?
+        .into_iter()
+        .find(|k| k.series() == "6.12")
+        .context("no 6.12 cloud kernel known to apt")?;
+    let root = kernel
+        .vmlinuz
+        .parent()
+        .and_then(Path::parent)
+        .context("the kernel's root")?
+        .to_path_buf();
+    let programs = guest_programs()?;
+    let target = run::target_dir()?;
+    let plugin = crate::linux_bed_plugin::build(&target.join("linux-bed"))?;
+    run::step("e2e", "building tierd and tier-e2e-qemu (release)");
+    run::cargo(&[
+        "build",
+        "--release",
+        "-p",
+        "tier-profiler",
+        "-p",
+        "tier-e2e",
+        "--bin",
+        "tierd",
+        "--bin",
+        "tier-e2e-qemu",
+    ])?;
+    let release = target.join("release");
+    let mut cmd = std::process::Command::new(release.join("tier-e2e-qemu"));
+    cmd.arg("--tierd")
+        .arg(release.join("tierd"))
+        .arg("--agent")
+        .arg(&programs[1])
+        .arg("--plugin")
+        .arg(plugin)
+        .arg("--kernel")
+        .arg(root);
+    if let Some(m) = mode {
+        cmd.arg("--mode").arg(m);
+    }
+    if let Some(w) = work_dir {
+        cmd.arg("--work-dir").arg(w);
+    }
+    run::step(
+        "e2e",
+        "running tier-e2e-qemu (two Linux guests under QEMU, tierd, the controller)",
+    );
+    runner(&mut cmd)
+}
+
 /// A debug binary, stripped of debug info (the guest unpacks its
 /// initramfs into RAM: tierd is 50 MB with it, 34 MB without).
 pub fn for_guest(name: &str) -> anyhow::Result<PathBuf> {

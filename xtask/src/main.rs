@@ -93,6 +93,11 @@ enum Task {
         /// needs) or `three` (one goes idle, one grows, one shrinks).
         #[arg(long)]
         guests: Option<String>,
+        /// The VMM: `cloud-hypervisor` (default; the options above) or
+        /// `qemu` (two Debian guests on the Linux bed, judged by the truth
+        /// plugin; needs no checkout; docs/e2e.md).
+        #[arg(long, default_value = "cloud-hypervisor", value_parser = ["cloud-hypervisor", "qemu"])]
+        vmm: String,
     },
     /// Chaos soak of the closed loop (tier-soak): faults from a seeded
     /// schedule, invariants checked from outside, a table and a RESULT line.
@@ -182,6 +187,21 @@ fn dispatch(task: Task) -> anyhow::Result<()> {
         }
         Task::Bench { name, args } => bench(&name, &args),
         Task::E2e {
+            work_dir,
+            mode,
+            vmm,
+            ..
+        } if vmm == "qemu" => linux_bed::e2e_qemu(mode.as_deref(), work_dir, &mut |cmd| {
+            run::status(cmd).map(|()| true)
+        })
+        .and_then(|ok| {
+            if ok {
+                Ok(())
+            } else {
+                bail!("tier-e2e-qemu failed")
+            }
+        }),
+        Task::E2e {
             ch_src,
             micro_http,
             ch_target_dir,
@@ -191,6 +211,7 @@ fn dispatch(task: Task) -> anyhow::Result<()> {
             upstream,
             mode,
             guests,
+            vmm: _,
         } => e2e(
             ch_src,
             micro_http,
@@ -322,6 +343,9 @@ fn test() -> anyhow::Result<()> {
     if let Some(bin) = &live.ch_bin {
         e2e_runs(bin, &mut report)?;
     }
+    if bed.is_ok() {
+        qemu_runs(&mut report);
+    }
     eprintln!();
     run::step("test", "times");
     for (what, d) in &report.times {
@@ -412,6 +436,25 @@ fn e2e_runs(bin: &std::path::Path, report: &mut Report) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// The closed loops on the Linux bed ([`ci::QEMU_RUNS`]), each timed.
+fn qemu_runs(report: &mut Report) {
+    for (name, mode) in ci::selected_qemu(std::env::var("TIERD_CI_E2E").ok().as_deref()) {
+        run::step("test", format!("e2e {name}: --vmm qemu --mode {mode}"));
+        let t = std::time::Instant::now();
+        let (ok, lines) = match ci::e2e_qemu(name, mode) {
+            Ok(x) => x,
+            Err(e) => (false, vec![format!("(no RESULT: {e:#})")]),
+        };
+        report.time(format!("e2e {name}"), t);
+        report
+            .results
+            .extend(lines.iter().map(|l| format!("e2e {name}: {l}")));
+        if !ok {
+            report.failed.push(format!("e2e {name}"));
+        }
+    }
 }
 
 /// What the tests get to run against a live patched cloud-hypervisor.
@@ -781,6 +824,7 @@ mod tests {
                 upstream: false,
                 mode: None,
                 guests: None,
+                vmm: "cloud-hypervisor".into(),
             }
         );
         assert_eq!(
@@ -795,8 +839,14 @@ mod tests {
                 upstream: false,
                 mode: Some("working-set".into()),
                 guests: None,
+                vmm: "cloud-hypervisor".into(),
             }
         );
+        assert!(matches!(
+            parse(&["e2e", "--vmm", "qemu", "--mode", "ratio"]).unwrap(),
+            Task::E2e { vmm, mode: Some(m), .. } if vmm == "qemu" && m == "ratio"
+        ));
+        assert!(parse(&["e2e", "--vmm", "xen"]).is_err());
         assert_eq!(parse(&["vmlinux"]).unwrap(), Task::Vmlinux);
         assert_eq!(
             parse(&["package", "--debug", "--out", "/tmp/p"]).unwrap(),

@@ -246,13 +246,22 @@ fn main() -> anyhow::Result<()> {
             println!("{v}");
             Ok(())
         }
-        Some("touch") => touch::run(
-            usize::try_from(num("--mib", 64)?)?,
-            Duration::from_millis(num("--pause-ms", 0)?),
-        ),
+        Some("touch") => {
+            let hot = args.iter().any(|a| a == "--hot-mib");
+            touch::run(touch::Touch {
+                mib: usize::try_from(num("--mib", 64)?)?,
+                hot_mib: if hot {
+                    Some(usize::try_from(num("--hot-mib", 0)?)?)
+                } else {
+                    None
+                },
+                grow_after: Duration::from_secs(num("--grow-after-s", 0)?),
+                pause: Duration::from_millis(num("--pause-ms", 0)?),
+            })
+        }
         _ => {
             bail!(
-                "usage: tier-bed-agent damon [--pages N] [--hot N] [--sample-ms N] [--rounds N] | touch [--mib N] [--pause-ms N]"
+                "usage: tier-bed-agent damon [--pages N] [--hot N] [--sample-ms N] [--rounds N] | touch [--mib N] [--hot-mib H --grow-after-s T] [--pause-ms N]"
             )
         }
     }

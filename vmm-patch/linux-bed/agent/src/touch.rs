@@ -1,18 +1,34 @@
-//! `tier-bed-agent touch --mib N`: the closed loop's guest workload. Keeps
-//! touching every page of an N MiB anonymous buffer (one write per page
-//! per pass, no THP, so the guest's own tiering moves it page by page)
-//! until killed; `--mib` can be grown by starting a second instance. Says
-//! on stdout when the buffer is populated.
+//! `tier-bed-agent touch --mib N [--hot-mib H --grow-after-s T]`: the
+//! closed loop's guest workload. Populates an N MiB anonymous buffer (no
+//! THP, so the guest's own tiering moves it page by page), then keeps
+//! writing one byte per page of its first H MiB per pass, and of all N MiB
+//! from T seconds after it started: a hot set that grows in place, without
+//! the minute a fresh allocation takes under the truth plugin (every byte
+//! the kernel zeroes is counted). Runs until killed; says on stdout when
+//! the buffer is populated and when the hot set grew.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::bail;
 
 const PAGE: usize = 4096;
 
-/// Touches `mib` MiB forever, sleeping `pause` between passes.
-pub fn run(mib: usize, pause: Duration) -> anyhow::Result<()> {
-    let len = mib << 20;
+/// What to touch.
+#[derive(Debug, Clone, Copy)]
+pub struct Touch {
+    pub mib: usize,
+    /// Hot part before `grow_after`; `None`: all of it.
+    pub hot_mib: Option<usize>,
+    pub grow_after: Duration,
+    pub pause: Duration,
+}
+
+pub fn run(t: Touch) -> anyhow::Result<()> {
+    let len = t.mib << 20;
+    if t.hot_mib.is_some_and(|h| h > t.mib) {
+        bail!("--hot-mib {:?} > --mib {}", t.hot_mib, t.mib);
+    }
+    let started = Instant::now();
     // SAFETY: a fresh private anonymous mapping; nothing else is touched.
     let ptr = unsafe {
         libc::mmap(
@@ -25,21 +41,41 @@ pub fn run(mib: usize, pause: Duration) -> anyhow::Result<()> {
         )
     };
     if ptr == libc::MAP_FAILED {
-        bail!("mmap {mib} MiB: {}", std::io::Error::last_os_error());
+        bail!("mmap {} MiB: {}", t.mib, std::io::Error::last_os_error());
     }
     // SAFETY: ptr/len are the mapping made above.
     unsafe { libc::madvise(ptr, len, libc::MADV_NOHUGEPAGE) };
     let base = ptr.cast::<u8>();
-    let mut pass: u8 = 0;
-    loop {
-        for p in 0..len / PAGE {
+    let write = |pages: usize, v: u8| {
+        for p in 0..pages {
             // SAFETY: p * PAGE < len: inside the mapping.
-            unsafe { std::ptr::write_volatile(base.add(p * PAGE), pass) };
+            unsafe { std::ptr::write_volatile(base.add(p * PAGE), v) };
         }
-        if pass == 0 {
-            println!("touch: {mib} MiB populated");
+    };
+    write(len / PAGE, 1);
+    println!(
+        "touch: {} MiB populated in {:.1?}",
+        t.mib,
+        started.elapsed()
+    );
+    let mut grown = t.hot_mib.is_none();
+    let mut pass: u8 = 2;
+    loop {
+        if !grown && started.elapsed() >= t.grow_after {
+            grown = true;
+            println!(
+                "touch: hot set {} MiB from {:.1?}",
+                t.mib,
+                started.elapsed()
+            );
         }
+        let hot = if grown {
+            t.mib
+        } else {
+            t.hot_mib.unwrap_or(t.mib)
+        };
+        write((hot << 20) / PAGE, pass);
         pass = pass.wrapping_add(1).max(1);
-        std::thread::sleep(pause);
+        std::thread::sleep(t.pause);
     }
 }

@@ -1,0 +1,189 @@
+//! One Linux guest of the QEMU loop: Debian's 6.12 under QEMU TCG on the
+//! Linux bed with the truth plugin, its own tiering on, a workload from
+//! tier-bed-agent, and what it did each interval by the plugin's counts.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::Context;
+use tier_linux_bed::truth::{Snapshot, Truth};
+use tier_linux_bed::{Bed, Kernel, Machine, VirtioMem};
+
+const CMD: Duration = Duration::from_secs(60);
+
+/// The guest's /proc/vmstat counters of its own tiering.
+pub const TIERING: &[&str] = &[
+    "pgpromote_success",
+    "pgdemote_kswapd",
+    "pgdemote_direct",
+    "numa_hint_faults",
+    "oom_kill",
+];
+
+/// One interval of a guest by exact counts.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Split {
+    /// Share of memory accesses that touched DRAM (node 0 pages).
+    pub touch: Option<f64>,
+    /// Share of LLC misses served by DRAM.
+    pub miss: Option<f64>,
+    pub touches: u64,
+    /// Distinct pages touched in the last [`WS_SECS`] seconds (the truth
+    /// of the hot set at the controller's horizon), bytes.
+    pub ws_bytes: u64,
+}
+
+/// The hot horizon the truth's working set is taken over.
+pub const WS_SECS: f64 = 5.0;
+
+#[derive(Debug)]
+pub struct Guest {
+    pub name: String,
+    pub bed: Bed,
+    pub machine: Machine,
+    truth: Truth,
+    truth_file: PathBuf,
+    last: Snapshot,
+    /// Recent snapshots and when they were taken, oldest first.
+    history: std::collections::VecDeque<(std::time::Instant, Snapshot)>,
+}
+
+impl Guest {
+    /// Boots `kernel` with tier-bed-agent and the truth plugin; `machine`
+    /// edits the bed's default machine first.
+    pub fn boot(
+        name: &str,
+        kernel: &Kernel,
+        agent: &Path,
+        plugin: &Path,
+        work: &Path,
+        machine: impl FnOnce(&mut Machine),
+    ) -> anyhow::Result<Guest> {
+        let (mut m, log) = tier_linux_bed::prepare(kernel, &[agent.to_path_buf()], work)
+            .with_context(|| format!("guest {name}: preparing"))?;
+        machine(&mut m);
+        let truth_file = m.backends.with_extension("truth");
+        m.plugin = Some(m.truth_plugin(plugin, &truth_file));
+        let bed = Bed::start(&m, &log, tier_linux_bed::BOOT_TIMEOUT)
+            .with_context(|| format!("guest {name}: booting"))?;
+        let truth = Truth::open(&truth_file).with_context(|| format!("guest {name}: truth"))?;
+        let last = truth.snapshot();
+        Ok(Guest {
+            name: name.into(),
+            bed,
+            machine: m,
+            truth,
+            truth_file,
+            last,
+            history: std::collections::VecDeque::new(),
+        })
+    }
+
+    /// The guest's own tiering: demotion to node 1 and NUMA-balancing
+    /// promotion of hot node-1 pages into free node-0 memory.
+    pub fn enable_tiering(&mut self) -> anyhow::Result<()> {
+        self.bed
+            .sh(
+                "echo 1 > /sys/kernel/mm/numa/demotion_enabled && \
+                 echo 2 > /proc/sys/kernel/numa_balancing",
+                CMD,
+            )
+            .map(drop)
+            .context("enabling the guest's tiering")
+    }
+
+    /// Starts touching `mib` MiB in the background; with `grow`, only
+    /// `grow.0` MiB of it until `grow.1` seconds from now.
+    pub fn touch(&mut self, mib: u64, grow: Option<(u64, u64)>) -> anyhow::Result<()> {
+        let g = grow.map_or(String::new(), |(h, s)| {
+            format!(" --hot-mib {h} --grow-after-s {s}")
+        });
+        self.bed
+            .sh(
+                &format!("tier-bed-agent touch --mib {mib}{g} > /tmp/touch-{mib}.log 2>&1 &"),
+                CMD,
+            )
+            .map(drop)
+            .context("starting the workload")
+    }
+
+    /// Whether a workload instance still runs (none was OOM-killed).
+    pub fn workload_alive(&mut self) -> anyhow::Result<bool> {
+        let (rc, _) = self.bed.sh_rc("pidof tier-bed-agent", CMD)?;
+        Ok(rc == 0)
+    }
+
+    /// Bytes of guest-physical memory of each backend id (layout).
+    fn ranges(&self, prefix: &str) -> Vec<(u64, u64)> {
+        self.machine
+            .layout()
+            .into_iter()
+            .filter(|(id, _, _)| id.ends_with(prefix))
+            .map(|(_, gpa, len)| (gpa, len))
+            .collect()
+    }
+
+    /// What the guest did since the previous call, by exact counts.
+    pub fn interval(&mut self) -> anyhow::Result<Split> {
+        let now = self.truth.snapshot();
+        let d = now.since(&self.last).context("truth snapshot")?;
+        let at = std::time::Instant::now();
+        while self
+            .history
+            .get(1)
+            .is_some_and(|(t, _)| at.duration_since(*t).as_secs_f64() >= WS_SECS)
+        {
+            self.history.pop_front();
+        }
+        let ws_bytes = match self.history.front() {
+            Some((_, old)) => {
+                now.since(old)
+                    .context("truth snapshot")?
+                    .total()
+                    .pages_touched
+                    * tier_linux_bed::truth::PAGE
+            }
+            None => 0,
+        };
+        self.history.push_back((at, now.clone()));
+        self.last = now;
+        let sum = |node: &str| {
+            self.ranges(node)
+                .into_iter()
+                .map(|(g, l)| d.sum_in(g, l))
+                .fold((0u64, 0u64), |a, s| (a.0 + s.touches, a.1 + s.misses))
+        };
+        let (dt, dm) = sum("0");
+        let (st, sm) = sum("1");
+        let share = |a: u64, b: u64| (a + b > 0).then(|| a as f64 / (a + b) as f64);
+        Ok(Split {
+            touch: share(dt, st),
+            miss: share(dm, sm),
+            touches: dt + st,
+            ws_bytes,
+        })
+    }
+
+    /// The virtio-mem devices as QEMU reports them.
+    pub fn devices(&mut self) -> anyhow::Result<Vec<VirtioMem>> {
+        Ok(self.bed.qmp().virtio_mem()?)
+    }
+
+    /// The guest's tiering counters ([`TIERING`]).
+    pub fn vmstat(&mut self) -> anyhow::Result<BTreeMap<String, u64>> {
+        let out = self.bed.sh("cat /proc/vmstat", CMD)?;
+        Ok(out
+            .lines()
+            .filter_map(|l| l.split_once(' '))
+            .filter(|(k, _)| TIERING.contains(k))
+            .filter_map(|(k, v)| Some((k.to_string(), v.trim().parse().ok()?)))
+            .collect())
+    }
+}
+
+impl Drop for Guest {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.truth_file);
+    }
+}
