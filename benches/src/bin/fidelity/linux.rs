@@ -1,0 +1,380 @@
+//! `--source linux` (issue 44): real Linux workloads in the Linux bed
+//! (Debian 6.12 under QEMU TCG, two NUMA nodes, exact truth from the
+//! tier_truth plugin), sampled by tierd's hostpte backend on QEMU through
+//! tierd's own pipeline (registry, aggregator, passes per interval), as
+//! the other sources are. One guest runs every workload in turn.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use tier_benches::progress::Progress;
+use tier_benches::workload::linux::{self, LinuxBed, LinuxWorkload};
+use tier_benches::workload::linux_truth::{IntervalSums, PageHistory};
+use tier_profiler::aggregate::{Aggregator, pass_ends};
+use tier_profiler::registry::Registry;
+use tier_profiler::sampler::Sampler;
+use tier_proto::v1::StatsUpdate;
+
+use crate::run::{Host, readings};
+use crate::ws::{WsPoint, points};
+
+/// What the run was asked to do.
+pub struct Opts {
+    pub interval: Duration,
+    pub passes: u32,
+    pub warmup: usize,
+    pub scored: usize,
+    /// Workload names to run (None: all).
+    pub only: Option<Vec<String>>,
+}
+
+/// One interval of one workload.
+#[derive(Debug, Clone)]
+pub struct LRecord {
+    pub workload: usize,
+    pub index: usize,
+    pub warmup: bool,
+    pub t_s: f64,
+    pub sums: IntervalSums,
+    pub instructions: u64,
+    pub host: Option<Host>,
+    pub ws: Vec<WsPoint>,
+}
+
+/// The plugin's cost: the same fixed work with and without it.
+#[derive(Debug, Clone, Copy)]
+pub struct Cost {
+    pub with_s: f64,
+    pub without_s: f64,
+    pub boot_with_s: f64,
+    pub boot_without_s: f64,
+}
+
+pub struct Output {
+    pub workloads: Vec<LinuxWorkload>,
+    pub records: Vec<LRecord>,
+    pub cost: Option<Cost>,
+    /// Guest instructions per second over the scored intervals, with the plugin.
+    pub insn_rate: f64,
+    pub tier_pages: [u64; 2],
+    pub interval_s: f64,
+}
+
+/// `--source linux`: runs, prints the tables and the RESULT line, writes
+/// the CSVs. `--linux-warmup N` (5) unscored and `--linux-intervals N`
+/// (40) scored intervals per workload; `--workloads a,b` runs those only.
+pub fn bench(
+    interval: Duration,
+    passes: u32,
+    ages: &tier_profiler::ages::AgesConfig,
+) -> anyhow::Result<()> {
+    let defaults = tier_profiler::config::Config::default();
+    let args: Vec<String> = std::env::args().collect();
+    let val = |k: &str| {
+        args.iter()
+            .position(|a| a == k)
+            .and_then(|i| args.get(i + 1))
+    };
+    let num = |k: &str, d: usize| -> anyhow::Result<usize> {
+        val(k).map_or(Ok(d), |v| v.parse().with_context(|| format!("{k} {v:?}")))
+    };
+    let opts = Opts {
+        interval,
+        passes,
+        warmup: num("--linux-warmup", 5)?,
+        scored: num("--linux-intervals", 40)?,
+        only: val("--workloads").map(|v| v.split(',').map(String::from).collect()),
+    };
+    let probe = tier_profiler::probe::run();
+    let mut sampler = tier_profiler::sampler::select(
+        "hostpte",
+        &probe,
+        defaults.ept_sample_stride,
+        Duration::from_millis(defaults.damon_sample_ms),
+        tier_profiler::sampler::budget::Budget::new(
+            defaults.sampler.cpu_budget_pct,
+            interval,
+            passes,
+            u64::from(defaults.ept_sample_stride),
+        ),
+    )
+    .context("selecting hostpte")?
+    .context("hostpte: no sampler")?;
+    sampler.set_ages(ages);
+    println!(
+        "fidelity: source linux: Debian 6.12 cloud kernel under QEMU TCG ({} vCPU), node 0 = DRAM tier (m0 + vm0), node 1 = slow tier (m1 + vm1, 128 MiB plugged); backend hostpte on QEMU",
+        linux::VCPUS
+    );
+    println!(
+        "  interval {} ms, {passes} passes per interval (tierd defaults: {} ms, {}); hostpte sweep {} s every {} s (tierd: {} s every {} s); {} warm-up + {} scored intervals per workload",
+        interval.as_millis(),
+        defaults.interval_ms,
+        defaults.passes_per_interval,
+        ages.sweep_s,
+        ages.sweep_every_s,
+        defaults.sampler.ws_sweep_s,
+        defaults.sampler.ws_sweep_every_s,
+        opts.warmup,
+        opts.scored
+    );
+    println!(
+        "  truth: tier_truth per guest-physical page (touches = guest loads/stores; misses = those missing a 32 MiB 16-way LLC model), snapshot right before each tick"
+    );
+    let out = run(&opts, sampler.as_mut())?;
+    println!("workloads:");
+    for w in &out.workloads {
+        println!("  {:<13} {}; placement: {}", w.name, w.what, w.placement);
+    }
+    truth_summary(&out);
+    let rows = crate::linux_score::rows(&out);
+    println!();
+    println!(
+        "hostpte against tier_truth, scored intervals (cover = share whose ~95 % interval holds the truth; w = interval width, pp for ratios, % of the truth for working sets; 1side = one open end; vacu = 0-100 % / 0-all; err_p95 = point error; none = no estimate: hostpte's sweep, or not measured):"
+    );
+    print!("{}", crate::linux_score::table(&rows));
+    let dir = tier_benches::sys::out_dir("fidelity/linux").context("results folder")?;
+    let files = [
+        ("summary-linux.csv", crate::linux_score::csv(&rows)),
+        (
+            "intervals-linux.csv",
+            crate::linux_score::intervals_csv(&out),
+        ),
+        ("ws-linux.csv", crate::linux_score::ws_csv(&out)),
+    ];
+    println!("files:");
+    for (name, body) in files {
+        let p = dir.join(name);
+        std::fs::write(&p, body).with_context(|| format!("writing {}", p.display()))?;
+        println!("  {}", p.display());
+    }
+    let f = |x: Option<f64>| x.map_or("na".to_string(), |x| format!("{x:.2}"));
+    let mut pairs: Vec<(String, String)> = vec![
+        ("source".into(), "linux".into()),
+        (
+            "linux_rows".into(),
+            rows.iter().filter(|r| r.n > 0).count().to_string(),
+        ),
+    ];
+    for m in ["hit_miss", "hit_touch", "ws_1s", "ws_10s"] {
+        let (cov, width, n) = crate::linux_score::pooled(&rows, m);
+        pairs.push((format!("cov_{m}"), f(cov)));
+        pairs.push((format!("wmed_{m}"), f(width)));
+        pairs.push((format!("n_{m}"), n.to_string()));
+    }
+    if let Some(c) = out.cost {
+        println!(
+            "plugin cost: `{}` took {:.1} s with tier_truth, {:.1} s without ({:.1}x); boot {:.1} s vs {:.1} s; guest instructions with the plugin: {:.1} M/s over scored intervals",
+            linux::COST_WORK,
+            c.with_s,
+            c.without_s,
+            c.with_s / c.without_s.max(1e-9),
+            c.boot_with_s,
+            c.boot_without_s,
+            out.insn_rate / 1e6
+        );
+        pairs.push((
+            "plugin_slowdown".into(),
+            f(Some(c.with_s / c.without_s.max(1e-9))),
+        ));
+    }
+    pairs.push(("plugin_minsn_s".into(), f(Some(out.insn_rate / 1e6))));
+    let refs: Vec<(&str, String)> = pairs.iter().map(|(k, v)| (k.as_str(), v.clone())).collect();
+    println!("{}", tier_benches::result_line(&refs));
+    Ok(())
+}
+
+/// Per workload: the truth's rates and footprint over scored intervals.
+fn truth_summary(out: &Output) {
+    println!(
+        "truth per scored interval (median): touches/s, LLC misses/s, pages touched, per tier dram|slow; guest instructions/s:"
+    );
+    for (wi, w) in out.workloads.iter().enumerate() {
+        let rs: Vec<&LRecord> = out
+            .records
+            .iter()
+            .filter(|r| r.workload == wi && !r.warmup)
+            .collect();
+        let med = |g: &dyn Fn(&LRecord) -> u64| {
+            let v: Vec<f64> = rs.iter().map(|r| g(r) as f64).collect();
+            tier_benches::Summary::of(&v).map_or(0.0, |s| s.median)
+        };
+        let s = out.interval_s;
+        println!(
+            "  {:<13} touches {:.2}M|{:.2}M  misses {:.0}k|{:.0}k  pages {:.0}|{:.0}  insns {:.1}M",
+            w.name,
+            med(&|r| r.sums.touches[0]) / 1e6 / s,
+            med(&|r| r.sums.touches[1]) / 1e6 / s,
+            med(&|r| r.sums.misses[0]) / 1e3 / s,
+            med(&|r| r.sums.misses[1]) / 1e3 / s,
+            med(&|r| r.sums.pages[0]),
+            med(&|r| r.sums.pages[1]),
+            med(&|r| r.instructions) / 1e6 / s,
+        );
+    }
+}
+
+fn sleep_until(t: Instant) {
+    let now = Instant::now();
+    if t > now {
+        std::thread::sleep(t - now);
+    }
+}
+
+/// Boots the bed with the plugin, runs each workload through the
+/// pipeline, then times the plugin's cost.
+pub fn run(opts: &Opts, sampler: &mut dyn Sampler) -> anyhow::Result<Output> {
+    let kernel = linux::kernel()?;
+    let plugin = linux::env_path("TIERD_TRUTH_PLUGIN")?;
+    let mut programs: Vec<PathBuf> = linux::PROGRAMS
+        .iter()
+        .map(|p| linux::which(p))
+        .collect::<Result<_, _>>()?;
+    programs.push(linux::env_path("TIERD_BED_KV")?);
+    let workloads: Vec<LinuxWorkload> = linux::workloads()
+        .into_iter()
+        .filter(|w| {
+            opts.only
+                .as_ref()
+                .is_none_or(|o| o.iter().any(|n| n == w.name))
+        })
+        .collect();
+    anyhow::ensure!(!workloads.is_empty(), "--workloads: no such workload");
+    eprintln!("booting the Linux bed with tier_truth ...");
+    let mut bed = LinuxBed::boot(&kernel, &programs, Some(&plugin)).context("booting the bed")?;
+    let boot_with = bed.boot_time().as_secs_f64();
+    eprintln!("  booted in {boot_with:.1} s; QEMU pid {}", bed.pid());
+    let nodes = bed.sh("numactl -H | head -n 8", Duration::from_secs(60))?;
+    println!("guest NUMA layout at boot (numactl -H):");
+    for l in nodes.lines() {
+        println!("  {l}");
+    }
+    let vm = bed.tracked()?;
+    let vm_id = tier_profiler::registry::TrackedVm::vm(&vm).id.clone();
+    let tier_pages = [0, 1].map(|t| {
+        tier_profiler::registry::TrackedVm::vm(&vm)
+            .tiers
+            .get(t)
+            .map_or(0, |t| t.size_bytes / 4096)
+    });
+    let mut reg = Registry::default();
+    reg.insert(Box::new(vm));
+    let mut agg = Aggregator::default();
+    let truth = bed.truth().context("no truth file")?;
+    let mut history = PageHistory::new(truth.snapshot(), Instant::now(), &bed.node_ranges());
+    let started = Instant::now();
+    let per = opts.warmup + opts.scored;
+    let progress = Progress::bar("fidelity", (per * workloads.len()) as u64);
+    let mut records = Vec::new();
+    let (mut insns, mut insn_s) = (0u64, 0f64);
+    for (wi, w) in workloads.iter().enumerate() {
+        progress.item(format!("{} ({}/{})", w.name, wi + 1, workloads.len()));
+        progress.suspend(|| eprintln!("  workload {}: {}", w.name, w.what));
+        bed.start(w)?;
+        let t0 = Instant::now();
+        for k in 0..per {
+            let start = t0 + opts.interval * u32::try_from(k).context("intervals")?;
+            let truth = bed.truth().context("no truth file")?;
+            let (snap, read, update) = interval(
+                &mut agg,
+                &mut reg,
+                sampler,
+                start,
+                opts.interval,
+                opts.passes,
+                || truth.snapshot(),
+            )?;
+            let sums = history.push(snap, read);
+            let (_, host) = readings(&update, &vm_id);
+            let ws = points(&update, &vm_id, read, &|at, h| {
+                history.touched_within(at, Duration::try_from_secs_f64(h).ok()?)
+            });
+            let warmup = k < opts.warmup;
+            if !warmup {
+                insns += sums.instructions;
+                insn_s += opts.interval.as_secs_f64();
+            }
+            records.push(LRecord {
+                workload: wi,
+                index: k,
+                warmup,
+                t_s: started.elapsed().as_secs_f64(),
+                sums,
+                instructions: sums.instructions,
+                host,
+                ws,
+            });
+            progress.inc();
+        }
+        let tail = bed.stop()?;
+        progress.suspend(|| {
+            for l in tail.lines().filter(|l| !l.trim().is_empty()).take(12) {
+                eprintln!("    guest: {l}");
+            }
+        });
+    }
+    progress.finish();
+    eprintln!("timing the plugin's cost: {}", linux::COST_WORK);
+    let cost = plugin_cost(&mut bed, boot_with, &kernel, &programs)?;
+    Ok(Output {
+        workloads,
+        records,
+        cost: Some(cost),
+        insn_rate: if insn_s > 0.0 {
+            insns as f64 / insn_s
+        } else {
+            0.0
+        },
+        tier_pages,
+        interval_s: opts.interval.as_secs_f64(),
+    })
+}
+
+/// The same fixed work in this guest (plugin on) and in a fresh one
+/// booted without the plugin.
+fn plugin_cost(
+    bed: &mut LinuxBed,
+    boot_with_s: f64,
+    kernel: &tier_linux_bed::Kernel,
+    programs: &[PathBuf],
+) -> anyhow::Result<Cost> {
+    let limit = Duration::from_secs(600);
+    let with_s = bed.time(linux::COST_WORK, limit)?.as_secs_f64();
+    let mut plain = LinuxBed::boot(kernel, programs, None).context("booting without the plugin")?;
+    let boot_without_s = plain.boot_time().as_secs_f64();
+    let without_s = plain.time(linux::COST_WORK, limit)?.as_secs_f64();
+    Ok(Cost {
+        with_s,
+        without_s,
+        boot_with_s,
+        boot_without_s,
+    })
+}
+
+/// One interval's passes (as `tierd run` makes them), the truth snapshot
+/// taken right before tierd's tick: the snapshot, the instant right after
+/// the tick (the working set's horizons end there) and the update.
+fn interval<S>(
+    agg: &mut Aggregator,
+    reg: &mut Registry,
+    sampler: &mut dyn Sampler,
+    start: Instant,
+    interval: Duration,
+    passes: u32,
+    snapshot: impl FnOnce() -> S,
+) -> anyhow::Result<(S, Instant, StatsUpdate)> {
+    let interval_ns = u64::try_from(interval.as_nanos()).unwrap_or(u64::MAX);
+    let ends = pass_ends(interval, passes);
+    let last = ends.len();
+    for (k, end) in ends.into_iter().enumerate() {
+        sleep_until(start + end);
+        if k + 1 < last {
+            agg.pass(reg, Some(&mut *sampler));
+        } else {
+            let snap = snapshot();
+            let update = agg.tick(reg, Some(&mut *sampler), interval_ns);
+            return Ok((snap, Instant::now(), update));
+        }
+    }
+    anyhow::bail!("passes_per_interval is 0")
+}
