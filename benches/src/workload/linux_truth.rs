@@ -17,6 +17,17 @@ pub struct IntervalSums {
     pub instructions: u64,
 }
 
+impl IntervalSums {
+    /// Adds a part of the interval (one pass's sums).
+    pub fn add(&mut self, o: &IntervalSums) {
+        for t in 0..2 {
+            self.touches[t] += o.touches[t];
+            self.misses[t] += o.misses[t];
+        }
+        self.instructions += o.instructions;
+    }
+}
+
 /// Snapshot history reduced to what the metrics need.
 #[derive(Debug)]
 pub struct PageHistory {
@@ -51,7 +62,8 @@ impl PageHistory {
         }
     }
 
-    /// Closes an interval at `at` with `now`: its sums per tier.
+    /// Closes an interval (or a pass) at `at` with `now`: its sums per
+    /// tier (pages: distinct pages touched in it; not additive).
     pub fn push(&mut self, now: Snapshot, at: Instant) -> IntervalSums {
         let k = u32::try_from(self.ends.len()).unwrap_or(u32::MAX);
         let mut s = IntervalSums {
@@ -77,6 +89,23 @@ impl PageHistory {
         self.ends.push(at);
         self.prev = now;
         s
+    }
+
+    /// Parts closed so far: [`PageHistory::pages_since`] of it counts the
+    /// pages touched in the parts closed after this call.
+    pub fn mark(&self) -> u32 {
+        u32::try_from(self.ends.len().saturating_sub(1)).unwrap_or(u32::MAX)
+    }
+
+    /// Distinct pages per tier touched since `mark`.
+    pub fn pages_since(&self, mark: u32) -> [u64; 2] {
+        let mut out = [0; 2];
+        for (i, &j) in self.last.iter().enumerate() {
+            if let Some(t) = self.tier[i].map(usize::from).filter(|_| j > mark) {
+                out[t] += 1;
+            }
+        }
+        out
     }
 
     /// Pages per tier touched within `horizon` before `at` (the latest
@@ -155,6 +184,8 @@ mod tests {
         let w = h.touched_within(t0 + 2 * s, s.mul_f64(1.5)).unwrap();
         assert_eq!(w, [(1, 2), (1, 2)]);
         assert_eq!(h.touched_within(t0 + 2 * s, 2 * s), Some([(2, 2), (2, 2)]));
+        assert_eq!(h.pages_since(1), [1, 1]);
+        assert_eq!(h.pages_since(0), [2, 2]);
         // Longer than the history: unknown.
         assert_eq!(h.touched_within(t0 + 2 * s, 3 * s), None);
     }

@@ -275,16 +275,18 @@ pub fn run(opts: &Opts, sampler: &mut dyn Sampler) -> anyhow::Result<Output> {
         for k in 0..per {
             let start = t0 + opts.interval * u32::try_from(k).context("intervals")?;
             let truth = bed.truth().context("no truth file")?;
-            let (snap, read, update) = interval(
+            let mut sums = IntervalSums::default();
+            let mark = history.mark();
+            let (read, update) = interval(
                 &mut agg,
                 &mut reg,
                 sampler,
                 start,
                 opts.interval,
                 opts.passes,
-                || truth.snapshot(),
+                || sums.add(&history.push(truth.snapshot(), Instant::now())),
             )?;
-            let sums = history.push(snap, read);
+            sums.pages = history.pages_since(mark);
             let (_, host) = readings(&update, &vm_id);
             let ws = points(&update, &vm_id, read, &|at, h| {
                 history.touched_within(at, Duration::try_from_secs_f64(h).ok()?)
@@ -351,29 +353,31 @@ fn plugin_cost(
     })
 }
 
-/// One interval's passes (as `tierd run` makes them), the truth snapshot
-/// taken right before tierd's tick: the snapshot, the instant right after
-/// the tick (the working set's horizons end there) and the update.
-fn interval<S>(
+/// One interval's passes (as `tierd run` makes them), `at_pass` called
+/// right before each pass's read (the truth's snapshot: per pass, so
+/// the working set's truth has a pass's resolution, not an interval's);
+/// returns the instant right after tierd's tick (the working set's
+/// horizons end there) and the update.
+fn interval(
     agg: &mut Aggregator,
     reg: &mut Registry,
     sampler: &mut dyn Sampler,
     start: Instant,
     interval: Duration,
     passes: u32,
-    snapshot: impl FnOnce() -> S,
-) -> anyhow::Result<(S, Instant, StatsUpdate)> {
+    mut at_pass: impl FnMut(),
+) -> anyhow::Result<(Instant, StatsUpdate)> {
     let interval_ns = u64::try_from(interval.as_nanos()).unwrap_or(u64::MAX);
     let ends = pass_ends(interval, passes);
     let last = ends.len();
     for (k, end) in ends.into_iter().enumerate() {
         sleep_until(start + end);
+        at_pass();
         if k + 1 < last {
             agg.pass(reg, Some(&mut *sampler));
         } else {
-            let snap = snapshot();
             let update = agg.tick(reg, Some(&mut *sampler), interval_ns);
-            return Ok((snap, Instant::now(), update));
+            return Ok((Instant::now(), update));
         }
     }
     anyhow::bail!("passes_per_interval is 0")
