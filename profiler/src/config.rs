@@ -176,10 +176,19 @@ pub struct Discovery {
     pub ch_timeout_ms: u64,
     /// Also track any other process holding a kvm-vm fd (by its memfds).
     pub kvm_fd: bool,
+    /// QEMU QMP sockets: absolute paths, `*` / `?` within a component.
+    pub qemu_qmp: Vec<String>,
+    /// Per-step timeout of QMP calls.
+    pub qemu_timeout_ms: u64,
 }
 
 /// Where cloud-hypervisor API sockets are looked for unless configured.
 pub const DEFAULT_CH_API_DIR: &str = "/run/cloud-hypervisor";
+
+/// Where QMP sockets for tierd are looked for unless configured: not
+/// libvirt's own monitor (libvirt holds its one connection), a second
+/// `-qmp` added for tierd (docs/discovery.md).
+pub const DEFAULT_QEMU_QMP: &str = "/run/tierd/qmp/*.sock";
 
 impl Default for Discovery {
     fn default() -> Discovery {
@@ -188,6 +197,8 @@ impl Default for Discovery {
             ch_cmdline: true,
             ch_timeout_ms: 2000,
             kvm_fd: true,
+            qemu_qmp: vec![DEFAULT_QEMU_QMP.into()],
+            qemu_timeout_ms: 2000,
         }
     }
 }
@@ -371,7 +382,7 @@ pub struct Settings {
     pub ch: ChSettings,
 }
 
-/// Validated `[discovery]` keys for cloud-hypervisor.
+/// Validated `[discovery]` keys (cloud-hypervisor, QEMU, kvm-fd).
 #[derive(Debug, Clone, PartialEq)]
 pub struct ChSettings {
     /// `None`: no directory scan.
@@ -380,6 +391,9 @@ pub struct ChSettings {
     pub timeout: Duration,
     /// `[discovery] kvm_fd`.
     pub kvm_fd: bool,
+    /// `[discovery] qemu_qmp` (and `--qmp`).
+    pub qemu_qmp: Vec<PathBuf>,
+    pub qemu_timeout: Duration,
 }
 
 /// Validated `[tcp]`.
@@ -657,11 +671,32 @@ impl Discovery {
                 format!("{} is not in [50, 60000]", self.ch_timeout_ms),
             ));
         }
+        let mut qemu_qmp = Vec::new();
+        for (i, q) in self.qemu_qmp.iter().enumerate() {
+            let p = PathBuf::from(q);
+            if !p.is_absolute() || p.file_name().is_none() {
+                return Err(invalid(
+                    "discovery.qemu_qmp",
+                    format!(
+                        "[{i}] {q:?} is not an absolute path to a socket (a glob may use * and ?)"
+                    ),
+                ));
+            }
+            qemu_qmp.push(p);
+        }
+        if !(50..=60_000).contains(&self.qemu_timeout_ms) {
+            return Err(invalid(
+                "discovery.qemu_timeout_ms",
+                format!("{} is not in [50, 60000]", self.qemu_timeout_ms),
+            ));
+        }
         Ok(ChSettings {
             api_dir,
             cmdline: self.ch_cmdline,
             timeout: Duration::from_millis(self.ch_timeout_ms),
             kvm_fd: self.kvm_fd,
+            qemu_qmp,
+            qemu_timeout: Duration::from_millis(self.qemu_timeout_ms),
         })
     }
 }
@@ -703,6 +738,31 @@ mod tests {
         assert!(s.ch.cmdline);
         assert_eq!(s.ch.timeout, Duration::from_secs(2));
         assert!(s.ch.kvm_fd);
+        assert_eq!(s.ch.qemu_qmp, vec![PathBuf::from(DEFAULT_QEMU_QMP)]);
+    }
+
+    #[test]
+    fn qemu_keys() {
+        let s = Config::parse(
+            "[discovery]\nqemu_qmp = [\"/run/q/*.sock\", \"/var/lib/vm1/qmp\"]\nqemu_timeout_ms = 700",
+            "t.toml",
+        )
+        .unwrap()
+        .validate()
+        .unwrap();
+        assert_eq!(s.ch.qemu_qmp.len(), 2);
+        assert_eq!(s.ch.qemu_timeout, Duration::from_millis(700));
+        let none = Config::parse("[discovery]\nqemu_qmp = []", "t.toml").unwrap();
+        assert!(none.validate().unwrap().ch.qemu_qmp.is_empty());
+        for bad in [
+            "qemu_qmp = [\"run/q.sock\"]",
+            "qemu_qmp = [\"/\"]",
+            "qemu_timeout_ms = 10",
+        ] {
+            let c = Config::parse(&format!("[discovery]\n{bad}"), "t.toml").unwrap();
+            let e = c.validate().unwrap_err().to_string();
+            assert!(e.contains("discovery.qemu_"), "{bad}: {e}");
+        }
     }
 
     #[test]

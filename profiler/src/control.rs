@@ -48,6 +48,7 @@ use tier_proto::v1::{
 use crate::IdMap;
 use crate::actuator::{self, Choice, Preferences};
 use crate::ch::{ChHandle, Fleet};
+use crate::qemu::QemuHandle;
 
 /// A VM's target DRAM-hit ratio and its hold band.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -64,15 +65,36 @@ const NO_ACTUATOR: &str = "no per-tier balloon tierd can drive on this VM (needs
 
 struct Actuation {
     fleet: Fleet,
+    qemu: crate::qemu::Fleet,
     sink: DecisionSink,
     max_age: Duration,
+}
+
+/// A VM's VMM as the controller reaches it.
+#[derive(Clone)]
+enum Handle {
+    Ch(Arc<ChHandle>),
+    Qemu(Arc<QemuHandle>),
+}
+
+impl Handle {
+    /// Resizes tier `zone` to `desired_ram` bytes (boot + plugged).
+    async fn resize_zone(&self, zone: &str, desired_ram: u64) -> Result<(), String> {
+        match self {
+            Handle::Ch(h) => h
+                .resize_zone(zone, desired_ram)
+                .await
+                .map_err(|e| e.to_string()),
+            Handle::Qemu(h) => h.resize_zone(zone, desired_ram).await,
+        }
+    }
 }
 
 /// How a VM is driven this interval.
 enum Drive {
     Balloon(Arc<ChHandle>),
     Resize {
-        h: Arc<ChHandle>,
+        h: Handle,
         dram: ResizableZone,
         slow: Option<ResizableZone>,
     },
@@ -193,13 +215,19 @@ impl InProcess {
         });
     }
 
+    /// The VMM handle of VM `id`, and how old its state may be.
+    fn handle(&self, id: &str) -> Option<(Handle, Duration)> {
+        let a = self.actuation.as_ref()?;
+        let h = match a.fleet.get(id) {
+            Some(h) => Handle::Ch(h),
+            None => Handle::Qemu(a.qemu.get(id)?),
+        };
+        Some((h, a.max_age))
+    }
+
     /// The actuator of one VM now.
     fn choice(&self, o: &VmObs) -> Choice {
-        let h = self
-            .actuation
-            .as_ref()
-            .and_then(|a| a.fleet.get(&o.id).map(|h| (h, a.max_age)));
-        let Some((h, max_age)) = h else {
+        let Some((h, max_age)) = self.handle(&o.id) else {
             return Choice {
                 actuator: Actuator::None,
                 detail: NO_ACTUATOR.into(),
@@ -208,13 +236,13 @@ impl InProcess {
             };
         };
         let slow = (o.slow.size > 0).then_some(o.slow.name.as_str());
-        actuator::choose(
-            self.prefs.of(&o.id, &o.name),
-            &h.snapshot(),
-            max_age,
-            &o.dram.name,
-            slow,
-        )
+        let pref = self.prefs.of(&o.id, &o.name);
+        match h {
+            Handle::Ch(h) => actuator::choose(pref, &h.snapshot(), max_age, &o.dram.name, slow),
+            Handle::Qemu(h) => {
+                crate::qemu::choose::choose(pref, &h, &h.snapshot(), max_age, &o.dram.name, slow)
+            }
+        }
     }
 
     /// The actuator each VM had at the last step.
@@ -228,9 +256,19 @@ impl InProcess {
     pub fn with_actuation(mut self, fleet: Fleet, sink: DecisionSink, max_age: Duration) -> Self {
         self.actuation = Some(Actuation {
             fleet,
+            qemu: crate::qemu::Fleet::default(),
             sink,
             max_age,
         });
+        self
+    }
+
+    /// Also drives the QEMU VMs in `fleet` (their virtio-mem devices);
+    /// after [`InProcess::with_actuation`].
+    pub fn with_qemu(mut self, fleet: crate::qemu::Fleet) -> Self {
+        if let Some(a) = self.actuation.as_mut() {
+            a.qemu = fleet;
+        }
         self
     }
 
@@ -284,11 +322,7 @@ impl InProcess {
     /// Fills the balloon (or zone) state of `o` from its VMM; the reason
     /// if nothing can drive it now.
     fn readiness(&self, o: &mut VmObs, c: &Choice) -> Result<Drive, String> {
-        let h = self
-            .actuation
-            .as_ref()
-            .and_then(|a| a.fleet.get(&o.id).map(|h| (h, a.max_age)));
-        let Some((h, max_age)) = h else {
+        let Some((h, max_age)) = self.handle(&o.id) else {
             return Err(NO_ACTUATOR.into());
         };
         // Idle bytes are the ages' measured cold bytes (`input::from_proto`),
@@ -330,6 +364,9 @@ impl InProcess {
                 })
             }
             Actuator::TierBalloon => {
+                let Handle::Ch(h) = h else {
+                    return Err(c.detail.clone());
+                };
                 let snap = h.snapshot();
                 let mut tiers = vec![o.dram.name.as_str()];
                 if o.slow.size > 0 {
@@ -533,7 +570,7 @@ fn not_following(dram: &ResizableZone, slow: Option<&ResizableZone>) -> String {
 
 /// One decision's zone resizes and what they need.
 struct Resize {
-    h: Arc<ChHandle>,
+    h: Handle,
     dram: ResizableZone,
     slow: Option<ResizableZone>,
     holds: Holds,
@@ -573,7 +610,7 @@ impl Resize {
                 continue;
             }
             if let Err(e) = self.h.resize_zone(&z.id, desired).await {
-                error = Some(e.to_string());
+                error = Some(e);
                 break;
             }
             c.new_target_bytes = z.target_of(desired);

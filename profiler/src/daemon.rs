@@ -127,6 +127,9 @@ async fn serve(s: Settings, synthetic: (u32, u32)) -> anyhow::Result<()> {
     // and SetBalloonTargets drive their per-tier balloons.
     let fleet = tier_profiler::ch::Fleet::default();
     shared.set_fleet(fleet.clone());
+    // QEMU VMs found through QMP: their virtio-mem devices, resized.
+    let qemu_fleet = tier_profiler::qemu::Fleet::default();
+    shared.set_qemu_fleet(qemu_fleet.clone());
     let metrics = Arc::new(Mutex::new(Metrics::new()));
     let metrics_served = s.metrics.is_some();
     if let Some(addr) = s.metrics {
@@ -139,14 +142,15 @@ async fn serve(s: Settings, synthetic: (u32, u32)) -> anyhow::Result<()> {
         let sink: tier_profiler::control::DecisionSink =
             Arc::new(move |d| publish_decision(&sink_shared, &sink_metrics, d));
         // A vm.info older than three intervals (plus a slow answer) is stale.
-        let max_age = s.interval * 3 + s.ch.timeout * 2;
+        let max_age = s.interval * 3 + (s.ch.timeout * 2).max(s.ch.qemu_timeout * 3);
         let c = InProcess::acting_on(&shared.policy(), s.act_on.into())
             .context("the policy in force at start")?
             .with_actuation(fleet.clone(), sink, max_age)
+            .with_qemu(qemu_fleet.clone())
             .with_actuators(s.actuators.clone(), s.interval);
         tracing::info!(
             actuator = s.actuators.default.name(),
-            "controller runs in-process; it drives the per-tier balloons (or virtio-mem zones, vm.resize-zone) of cloud-hypervisor VMs found through their API sockets"
+            "controller runs in-process; it drives the per-tier balloons (or virtio-mem zones, vm.resize-zone) of cloud-hypervisor VMs found through their API sockets, and the virtio-mem devices of QEMU VMs found through QMP"
         );
         Some(c)
     } else {
@@ -219,6 +223,14 @@ async fn serve(s: Settings, synthetic: (u32, u32)) -> anyhow::Result<()> {
                 memtier_root: tier_profiler::memtier::SYSFS.into(),
             },
             fleet.clone(),
+        )
+        .with_qemu(
+            tier_profiler::qemu::QemuConfig {
+                sockets: s.ch.qemu_qmp.clone(),
+                timeout: s.ch.qemu_timeout,
+                memtier_root: tier_profiler::memtier::SYSFS.into(),
+            },
+            qemu_fleet.clone(),
         )
         .with_kvm_fd(s.ch.kvm_fd)
     });

@@ -259,8 +259,8 @@ impl TrackedVm for ProcessVm {
 }
 
 /// Finds VMs in other processes each interval and adds the new ones:
-/// cloud-hypervisor VMs by their API sockets (`crate::ch`) when enabled,
-/// then every other process holding a kvm-vm fd.
+/// cloud-hypervisor VMs by their API sockets (`crate::ch`) and QEMU VMs by
+/// their QMP sockets (`crate::qemu`) when enabled, then every other process holding a kvm-vm fd.
 #[derive(Debug)]
 pub struct Discoverer {
     proc_root: PathBuf,
@@ -268,6 +268,7 @@ pub struct Discoverer {
     /// kvm-vm fds that hold no memfd memory: reported once, not re-read.
     skipped: HashSet<KvmFd>,
     ch: Option<crate::ch::ChDiscovery>,
+    qemu: Option<crate::qemu::QemuDiscovery>,
     /// Track processes by their kvm-vm fd (`[discovery] kvm_fd`).
     kvm_fd: bool,
 }
@@ -279,6 +280,7 @@ impl Discoverer {
             overrides,
             skipped: HashSet::new(),
             ch: None,
+            qemu: None,
             kvm_fd: true,
         }
     }
@@ -306,19 +308,39 @@ impl Discoverer {
         self
     }
 
+    /// Also finds QEMU VMs through their QMP sockets; their handles go to
+    /// `fleet`.
+    pub fn with_qemu(
+        mut self,
+        cfg: crate::qemu::QemuConfig,
+        fleet: crate::qemu::Fleet,
+    ) -> Discoverer {
+        self.qemu = Some(crate::qemu::QemuDiscovery::new(
+            cfg,
+            &self.proc_root,
+            self.overrides.clone(),
+            fleet,
+        ));
+        self
+    }
+
     /// Adds VMs not yet in `reg`; tierd's own process is skipped (its demo
     /// VM is registered directly), and so are processes whose VM is
     /// tracked through its cloud-hypervisor API.
     pub fn run(&mut self, reg: &mut Registry) {
         let me = std::process::id();
         let found = scan(&self.proc_root);
-        let claimed = match self.ch.as_mut() {
+        let mut claimed = match self.ch.as_mut() {
             Some(ch) => {
                 ch.run(reg, &found);
                 ch.claimed_pids()
             }
             None => HashSet::new(),
         };
+        if let Some(q) = self.qemu.as_mut() {
+            q.run(reg);
+            claimed.extend(q.claimed_pids());
+        }
         self.skipped.retain(|k| found.contains(k));
         if !self.kvm_fd {
             return;

@@ -20,6 +20,7 @@ pub mod memtier;
 pub mod policy_store;
 pub mod probe;
 pub mod publish;
+pub mod qemu;
 pub mod registry;
 pub mod sampler;
 pub mod server;

@@ -93,6 +93,9 @@ pub struct RunArgs {
     /// Do not look for VMs in other processes [discover = false].
     #[arg(long)]
     pub no_discover: bool,
+    /// A QEMU VM's QMP socket, repeatable; added to [discovery.qemu_qmp].
+    #[arg(long = "qmp", value_name = "PATH")]
+    pub qmp: Vec<PathBuf>,
     /// Kind of a tier by name, e.g. `--tier-kind slow=cxl`, repeatable [tier_kinds].
     #[arg(long = "tier-kind", value_parser = parse_pair)]
     pub tier_kinds: Vec<(String, String)>,
@@ -159,6 +162,11 @@ impl RunArgs {
         }
         c.discover &= !self.no_discover;
         c.tier_kinds.extend(self.tier_kinds.iter().cloned());
+        // Relative paths are the caller's: made absolute here.
+        let cwd = std::env::current_dir().unwrap_or_default();
+        c.discovery
+            .qemu_qmp
+            .extend(self.qmp.iter().map(|p| cwd.join(p).display().to_string()));
         c.demo_vm |= self.demo_vm;
         if let Some(v) = &self.demo_slow_kind {
             c.demo_slow_kind = v.clone();

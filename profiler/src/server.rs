@@ -44,6 +44,8 @@ pub struct Shared {
     closing: tokio::sync::watch::Sender<bool>,
     /// VMs whose per-tier balloon tierd can drive (SetBalloonTargets).
     fleet: RwLock<Option<crate::ch::Fleet>>,
+    /// QEMU VMs whose virtio-mem devices SetBalloonTargets resizes.
+    qemu_fleet: RwLock<crate::qemu::Fleet>,
     /// One beat per published interval, for grpc.health.v1.
     heartbeat: crate::health::Heartbeat,
 }
@@ -64,6 +66,7 @@ impl Shared {
             policy_write: tokio::sync::Mutex::new(()),
             closing: tokio::sync::watch::Sender::new(false),
             fleet: RwLock::new(None),
+            qemu_fleet: RwLock::new(Default::default()),
             heartbeat: crate::health::Heartbeat::default(),
         })
     }
@@ -73,6 +76,17 @@ impl Shared {
         if let Ok(mut f) = self.fleet.write() {
             *f = Some(fleet);
         }
+    }
+
+    /// The QEMU VMs SetBalloonTargets may resize.
+    pub fn set_qemu_fleet(&self, fleet: crate::qemu::Fleet) {
+        if let Ok(mut f) = self.qemu_fleet.write() {
+            *f = fleet;
+        }
+    }
+
+    fn qemu(&self, vm_id: &str) -> Option<Arc<crate::qemu::QemuHandle>> {
+        self.qemu_fleet.read().ok()?.get(vm_id)
     }
 
     fn actuator(&self, vm_id: &str) -> Option<Arc<crate::ch::ChHandle>> {
@@ -437,6 +451,9 @@ impl TierService for TierServer {
             .find(|v| v.id == req.vm_id)
             .ok_or_else(|| Status::not_found(format!("no VM with id {:?}", req.vm_id)))?;
         check_balloon_targets(vm, &req.targets)?;
+        if let Some(h) = self.shared.qemu(&vm.id) {
+            return crate::qemu::targets::set_targets(vm, &h, &req.targets).await;
+        }
         let Some(h) = self.shared.actuator(&vm.id) else {
             return Err(Status::failed_precondition(format!(
                 "VM {} has no per-tier balloon tierd can drive (needs the patched cloud-hypervisor or the vhost-user balloon backend); nothing was changed",

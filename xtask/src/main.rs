@@ -742,6 +742,11 @@ mod tests {
             Task::Deps { check: true }
         );
         assert_eq!(parse(&["test"]).unwrap(), Task::Test);
+        assert_eq!(
+            parse(&["linux-bed", "--offline"]).unwrap(),
+            Task::LinuxBed { offline: true }
+        );
+        assert_eq!(parse(&["linux-bed-plugin"]).unwrap(), Task::LinuxBedPlugin);
         // ch_bin may also come from TIERD_CH_BIN in the environment.
         assert!(matches!(
             parse(&["demo"]).unwrap(),

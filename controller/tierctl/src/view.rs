@@ -554,6 +554,7 @@ pub fn source_name(s: VmSource) -> &'static str {
         VmSource::CloudHypervisor => "cloud-hypervisor",
         VmSource::KvmFd => "kvm-fd",
         VmSource::Demo => "demo",
+        VmSource::Qemu => "qemu",
     }
 }
 

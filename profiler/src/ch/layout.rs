@@ -165,7 +165,7 @@ fn numa_nodes_in(numa_maps: &str, vmas: &[MapsVma], start: u64, len: u64) -> BTr
 }
 
 /// Kind of a zone and why.
-fn zone_kind(
+pub(crate) fn zone_kind(
     id: &str,
     nodes: &BTreeSet<u32>,
     overrides: &HashMap<String, TierKind>,

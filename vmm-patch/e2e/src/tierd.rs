@@ -43,7 +43,6 @@ impl Tierd {
         extra: &str,
     ) -> anyhow::Result<Tierd> {
         let socket = dir.join("tierd.sock");
-        let config = dir.join("tierd.toml");
         let text = format!(
             "socket = {socket:?}\n\
              socket_mode = \"0600\"\n\
@@ -69,6 +68,14 @@ impl Tierd {
             socket = socket.display().to_string(),
             ch_dir = ch_dir.display().to_string(),
         );
+        Tierd::with_config(bin, dir, &text)
+    }
+
+    /// Starts `bin run` with `text` as its config file in `dir` (its
+    /// `socket` must be `dir/tierd.sock`), logging to `dir/tierd.log`.
+    pub fn with_config(bin: &Path, dir: &Path, text: &str) -> anyhow::Result<Tierd> {
+        let socket = dir.join("tierd.sock");
+        let config = dir.join("tierd.toml");
         std::fs::write(&config, text).context("writing tierd.toml")?;
         let log = dir.join("tierd.log");
         // Appended: a restarted tierd keeps the earlier lines.

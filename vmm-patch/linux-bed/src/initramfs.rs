@@ -43,16 +43,7 @@ pub fn init_script(modules: &[String]) -> String {
     for m in modules {
         s += &format!("insmod /mod/{m}.ko || echo \"@@\"\"fail insmod {m}\"\n");
     }
-    s += "echo \"@@\"\"ready\"\n\
-          while IFS= read -r line; do\n\
-          \x20 id=${line%% *}\n\
-          \x20 echo \"@@\"\"begin $id\"\n\
-          \x20 echo \"${line#* }\" | base64 -d | sh 2>&1\n\
-          \x20 echo \"@@\"\"rc $id $?\"\n\
-          done\n\
-          echo o > /proc/sysrq-trigger\n\
-          sleep 30\n";
-    s
+    s + tier_uml::console::SERVE
 }
 
 /// Builds the initramfs at `out` from a staging directory beside it.

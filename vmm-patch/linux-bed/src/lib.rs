@@ -157,16 +157,7 @@ impl Bed {
 
     /// Runs `cmd` with the guest's sh; a non-zero exit is an error.
     pub fn sh(&mut self, cmd: &str, timeout: Duration) -> Result<String, BedError> {
-        let (rc, out) = self.sh_rc(cmd, timeout)?;
-        if rc != 0 {
-            return Err(UmlError::Command {
-                cmd: cmd.into(),
-                rc,
-                output: out,
-            }
-            .into());
-        }
-        Ok(out)
+        Ok(console::succeeded(cmd, self.sh_rc(cmd, timeout)?)?)
     }
 
     /// Like [`Bed::sh`], returning the exit status instead of failing on it.

@@ -42,6 +42,9 @@ pub struct Machine {
     pub plugin: Option<String>,
     /// Kernel command line beyond the console and panic settings.
     pub append: String,
+    /// More QEMU arguments (e.g. a second `-qmp` for tierd: the bed keeps
+    /// its own QMP connection, and QEMU serves one client per socket).
+    pub extra_args: Vec<String>,
 }
 
 impl Machine {
@@ -74,6 +77,7 @@ impl Machine {
             ],
             balloon: true,
             plugin: None,
+            extra_args: Vec::new(),
             append: String::new(),
         }
     }
@@ -218,6 +222,7 @@ impl Machine {
             .trim()
             .to_string(),
         );
+        a.extend(self.extra_args.iter().cloned());
         a
     }
 

@@ -27,16 +27,31 @@ pub fn init_script(modules: &[PathBuf]) -> String {
         let m = m.display();
         s += &format!("insmod {m} || {{ echo \"@@\"\"fail insmod {m}\"; }}\n");
     }
-    s += "echo \"@@\"\"ready\"\n\
-          while IFS= read -r line; do\n\
-          \x20 id=${line%% *}\n\
-          \x20 echo \"@@\"\"begin $id\"\n\
-          \x20 echo \"${line#* }\" | base64 -d | sh 2>&1\n\
-          \x20 echo \"@@\"\"rc $id $?\"\n\
-          done\n\
-          echo o > /proc/sysrq-trigger\n\
-          sleep 30\n";
-    s
+    s + SERVE
+}
+
+/// The end of an init script: says ready, runs one base64-encoded command
+/// per console line, and powers off when the console closes.
+pub const SERVE: &str = "echo \"@@\"\"ready\"\n\
+     while IFS= read -r line; do\n\
+     \x20 id=${line%% *}\n\
+     \x20 echo \"@@\"\"begin $id\"\n\
+     \x20 echo \"${line#* }\" | base64 -d | sh 2>&1\n\
+     \x20 echo \"@@\"\"rc $id $?\"\n\
+     done\n\
+     echo o > /proc/sysrq-trigger\n\
+     sleep 30\n";
+
+/// `(rc, output)` of `cmd` as a result: a non-zero exit is an error.
+pub fn succeeded(cmd: &str, (rc, output): (i32, String)) -> Result<String, UmlError> {
+    if rc != 0 {
+        return Err(UmlError::Command {
+            cmd: cmd.into(),
+            rc,
+            output,
+        });
+    }
+    Ok(output)
 }
 
 /// The console line that runs `cmd` as command `id`.

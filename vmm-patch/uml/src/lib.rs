@@ -262,15 +262,7 @@ impl Uml {
     /// Runs `cmd` with the guest's /bin/sh and returns its output; a
     /// non-zero exit is an error.
     pub fn sh(&mut self, cmd: &str, timeout: Duration) -> Result<String, UmlError> {
-        let (rc, out) = self.sh_rc(cmd, timeout)?;
-        if rc != 0 {
-            return Err(UmlError::Command {
-                cmd: cmd.into(),
-                rc,
-                output: out,
-            });
-        }
-        Ok(out)
+        console::succeeded(cmd, self.sh_rc(cmd, timeout)?)
     }
 
     /// Like [`Uml::sh`], returning the exit status instead of failing on it.

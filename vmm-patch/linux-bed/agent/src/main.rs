@@ -15,6 +15,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
+
+mod touch;
 use serde_json::json;
 use tier_profiler::sampler::damon::{ADMIN, Kdamonds, RealSysfs, Sysfs};
 
@@ -244,8 +246,14 @@ fn main() -> anyhow::Result<()> {
             println!("{v}");
             Ok(())
         }
+        Some("touch") => touch::run(
+            usize::try_from(num("--mib", 64)?)?,
+            Duration::from_millis(num("--pause-ms", 0)?),
+        ),
         _ => {
-            bail!("usage: tier-bed-agent damon [--pages N] [--hot N] [--sample-ms N] [--rounds N]")
+            bail!(
+                "usage: tier-bed-agent damon [--pages N] [--hot N] [--sample-ms N] [--rounds N] | touch [--mib N] [--pause-ms N]"
+            )
         }
     }
 }

@@ -1,0 +1,274 @@
+//! tierd and a real QEMU: Debian's 6.12 cloud kernel on the Linux bed
+//! (docs/linux-bed.md; TCG, two guest NUMA nodes, virtio-mem on each). The
+//! bed keeps its own QMP connection, so the guest gets a second `-qmp`
+//! for tierd, as a libvirt host would (docs/discovery.md).
+//!
+//! Needs `TIERD_BED_KERNELS` (`cargo xtask test` unpacks the kernels) and
+//! QEMU; each test is reported as ignored with the reason otherwise.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly on purpose
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use libtest_mimic::Arguments;
+use tier_linux_bed::{Bed, Kernel, checks};
+use tier_proto::v1::*;
+use tier_test_support::gated;
+use tokio_stream::StreamExt;
+
+const M: u64 = 1 << 20;
+
+fn kernel() -> Result<Kernel, String> {
+    let list = std::env::var("TIERD_BED_KERNELS").map_err(|_| {
+        "TIERD_BED_KERNELS unset (cargo xtask test unpacks Debian's kernels and sets it)"
+            .to_string()
+    })?;
+    list.split(':')
+        .filter(|p| !p.is_empty())
+        .filter_map(|p| Kernel::unpacked(Path::new(p)).ok())
+        .find(|k| k.series() == "6.12")
+        .ok_or_else(|| format!("no 6.12 kernel in TIERD_BED_KERNELS={list}"))
+}
+
+fn needs() -> Vec<Result<(), String>> {
+    vec![
+        tier_linux_bed::missing().map_or(Ok(()), Err),
+        kernel().map(drop),
+    ]
+}
+
+/// A booted guest with a QMP socket for tierd at `work/tierd.qmp`.
+fn boot(work: &Path) -> (Bed, PathBuf) {
+    let (mut machine, log) = tier_linux_bed::prepare(&kernel().unwrap(), &[], work).unwrap();
+    let qmp = work.join("tierd.qmp");
+    machine.extra_args = vec![
+        "-qmp".into(),
+        format!("unix:{},server=on,wait=off", qmp.display()),
+    ];
+    let bed = Bed::start(&machine, &log, tier_linux_bed::BOOT_TIMEOUT).unwrap();
+    eprintln!("guest booted in {:.1} s", bed.boot_time().as_secs_f64());
+    (bed, qmp)
+}
+
+fn config(qmp_glob: &str) -> String {
+    format!(
+        "backend = \"hostpte\"\ninterval_ms = 500\n[discovery]\nch_api_dir = \"\"\nqemu_qmp = [{qmp_glob}]\n[tier_kinds]\nnode0 = \"dram\"\nm1 = \"cxl\"\n"
+    )
+}
+
+fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+/// The next update whose stats of `vm` satisfy `ok`, within `timeout`.
+async fn until(
+    s: &mut tonic::Streaming<StatsUpdate>,
+    vm: &str,
+    timeout: Duration,
+    ok: impl Fn(&VmStats) -> bool,
+) -> VmStats {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let u = tokio::time::timeout(left, s.next())
+            .await
+            .unwrap_or_else(|_| panic!("no matching stats of {vm} within {timeout:?}"))
+            .unwrap()
+            .unwrap();
+        if let Some(v) = u.stats.iter().find(|v| v.vm_id == vm)
+            && ok(v)
+        {
+            return v.clone();
+        }
+    }
+}
+
+fn tier<'a>(v: &'a VmStats, name: &str) -> &'a TierSample {
+    v.tiers.iter().find(|t| t.tier == name).unwrap()
+}
+
+/// tierd (a config glob, hostpte) finds the bed's QEMU through QMP with a
+/// tier per guest node, node 1 with its virtio-mem region; reports
+/// per-tier stats; drops the VM when QEMU dies.
+fn qmp_discovery_two_tiers_6_12() {
+    let work = tempfile::tempdir().unwrap();
+    let (mut bed, _qmp) = boot(work.path());
+    let glob = format!("\"{}/*.qmp\"", work.path().display());
+    let (sock, log, _tierd) = tier_test_support::tierd_with_config(
+        Path::new(env!("CARGO_BIN_EXE_tierd")),
+        work.path(),
+        &config(&glob),
+        &["--no-controller"],
+    );
+    let id = format!("qemu:{}", bed.pid());
+    let rt = rt();
+    let (mut client, mut s) = rt.block_on(tier_test_support::open_watch_stats(&sock));
+    // The guest keeps touching 32 MiB of page cache while tierd samples.
+    bed.sh(
+        "dd if=/dev/urandom of=/tmp/hot bs=1M count=32 2>/dev/null; (while true; do cat /tmp/hot > /dev/null; done) &",
+        Duration::from_secs(60),
+    )
+    .unwrap();
+    let v = rt.block_on(until(&mut s, &id, Duration::from_secs(60), |v| {
+        v.tiers.len() == 2 && v.tiers.iter().any(|t| t.young_pages > 0)
+    }));
+    let vms = rt
+        .block_on(client.list_vms(ListVmsRequest::default()))
+        .unwrap()
+        .into_inner()
+        .vms;
+    let vm = vms.iter().find(|v| v.id == id).unwrap();
+    for t in &vm.tiers {
+        eprintln!(
+            "tier {} {:?} {} bytes ranges {:x?}\n  {}",
+            t.name,
+            t.kind(),
+            t.size_bytes,
+            t.ranges
+                .iter()
+                .map(|r| (r.gpa_start, r.length, r.hva_start))
+                .collect::<Vec<_>>(),
+            t.derivation
+        );
+    }
+    for t in &v.tiers {
+        eprintln!(
+            "stats {}: sampled {} young {} resident {} plugged {:?} source {:?}",
+            t.tier,
+            t.sampled_pages,
+            t.young_pages,
+            t.resident_bytes,
+            t.hotplug_plugged_bytes,
+            t.source()
+        );
+    }
+    assert_eq!(vm.source(), VmSource::Qemu);
+    assert_eq!(vm.vmm_pid, bed.pid());
+    assert_eq!(vm.vcpus, 2);
+    let names: Vec<&str> = vm.tiers.iter().map(|t| t.name.as_str()).collect();
+    assert_eq!(names, ["node0", "node1"]);
+    assert_eq!(vm.tiers[0].kind(), TierKind::Dram);
+    assert_eq!(vm.tiers[1].kind(), TierKind::Cxl);
+    let n1 = &vm.tiers[1];
+    assert_eq!(n1.size_bytes, 256 * M + 512 * M, "boot + virtio-mem region");
+    assert_eq!(n1.ranges[0].gpa_start, 256 * M);
+    assert_eq!(n1.ranges[1].gpa_start, (1 << 32) + 512 * M);
+    assert!(
+        vm.tiers
+            .iter()
+            .flat_map(|t| &t.ranges)
+            .all(|r| r.hva_start != 0)
+    );
+    assert_eq!(n1.hotplug.unwrap().region_bytes, 512 * M);
+    assert_eq!(tier(&v, "node1").hotplug_plugged_bytes, Some(128 * M));
+    assert_eq!(tier(&v, "node0").hotplug_plugged_bytes, Some(0));
+    assert!(tier(&v, "node0").sampled_pages > 0, "{v:?}");
+    assert!(tier(&v, "node0").resident_bytes > 0, "{v:?}");
+
+    drop(bed);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    rt.block_on(async {
+        loop {
+            let u = tokio::time::timeout(Duration::from_secs(10), s.next())
+                .await
+                .unwrap()
+                .unwrap()
+                .unwrap();
+            if u.departed_vm_ids.contains(&id) {
+                break;
+            }
+            assert!(Instant::now() < deadline, "{id} not departed");
+        }
+    });
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(text.contains("QEMU VM discovered"), "{text}");
+}
+
+/// SetBalloonTargets on node 1 resizes its virtio-mem device (targets are
+/// bytes not requested): the guest plugs 256 MiB, then unplugs to 64 MiB,
+/// and tierd's stream reports what QEMU says is plugged.
+fn virtio_mem_resize_both_ways_6_12() {
+    let work = tempfile::tempdir().unwrap();
+    let (mut bed, qmp) = boot(work.path());
+    let (sock, _log, _tierd) = tier_test_support::tierd_with_config(
+        Path::new(env!("CARGO_BIN_EXE_tierd")),
+        work.path(),
+        &config(""),
+        &["--no-controller", "--qmp", qmp.to_str().unwrap()],
+    );
+    let id = format!("qemu:{}", bed.pid());
+    let rt = rt();
+    let (mut client, mut s) = rt.block_on(tier_test_support::open_watch_stats(&sock));
+    rt.block_on(until(&mut s, &id, Duration::from_secs(60), |v| {
+        tier(v, "node1").hotplug_plugged_bytes == Some(128 * M)
+    }));
+    for (plug, grow) in [(256 * M, true), (64 * M, false)] {
+        let before = checks::node_bytes(&mut bed, 1).unwrap();
+        let r = rt
+            .block_on(client.set_balloon_targets(SetBalloonTargetsRequest {
+                vm_id: id.clone(),
+                targets: vec![BalloonTarget {
+                    tier: "node1".into(),
+                    target_bytes: 512 * M - plug,
+                }],
+            }))
+            .unwrap()
+            .into_inner();
+        assert_eq!(r.targets[0].target_bytes, 512 * M - plug, "{r:?}");
+        let v = rt.block_on(until(&mut s, &id, Duration::from_secs(90), |v| {
+            tier(v, "node1").hotplug_plugged_bytes == Some(plug)
+        }));
+        let t = tier(&v, "node1");
+        let mut after = checks::node_bytes(&mut bed, 1).unwrap();
+        let settle = Instant::now();
+        while after == before && settle.elapsed() < Duration::from_secs(20) {
+            std::thread::sleep(Duration::from_millis(500));
+            after = checks::node_bytes(&mut bed, 1).unwrap();
+        }
+        eprintln!(
+            "node1 plugged {:?} requested {:?}; guest node1 MemTotal {} -> {} MiB",
+            t.hotplug_plugged_bytes,
+            t.hotplug_requested_bytes,
+            before / M,
+            after / M
+        );
+        assert_eq!(t.hotplug_requested_bytes, Some(plug));
+        if grow {
+            assert!(after >= before + 120 * M, "{before} -> {after}");
+        } else {
+            assert!(before >= after + 180 * M, "{before} -> {after}");
+        }
+    }
+    // More than the device holds is refused, nothing sent.
+    let e = rt
+        .block_on(client.set_balloon_targets(SetBalloonTargetsRequest {
+            vm_id: id.clone(),
+            targets: vec![BalloonTarget {
+                tier: "node0".into(),
+                target_bytes: 600 * M,
+            }],
+        }))
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::OutOfRange, "{e}");
+}
+
+fn main() {
+    let args = Arguments::from_args();
+    let trials = vec![
+        gated(
+            "qmp_discovery_two_tiers_6_12",
+            needs(),
+            qmp_discovery_two_tiers_6_12,
+        ),
+        gated(
+            "virtio_mem_resize_both_ways_6_12",
+            needs(),
+            virtio_mem_resize_both_ways_6_12,
+        ),
+    ];
+    libtest_mimic::run(&args, trials).exit();
+}
