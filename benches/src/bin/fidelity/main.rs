@@ -17,6 +17,7 @@
 mod coverage;
 mod csv;
 mod linux;
+mod linux_main;
 mod linux_score;
 mod matrix;
 mod report;
@@ -113,7 +114,7 @@ fn main() -> anyhow::Result<()> {
         "need 1 <= passes <= 64 and a shortest pass of at least 5 ms (tierd's limits)"
     );
     if linux_source {
-        return linux::bench(interval, passes, &ages);
+        return linux_main::bench(interval, passes, &ages);
     }
     let ch = ch_bin()?;
     let matrix = match ch {
