@@ -7,11 +7,16 @@
 //! the raw-KVM demo VM in this process ([`DemoSource`]: exact counters) and
 //! the PVH test guest under the patched cloud-hypervisor
 //! ([`TestGuestSource`]: the balloon stats queue, as tierd reads it).
+//! The Linux bed (`linux`) runs real programs instead of shapes and has a
+//! run loop of its own in the fidelity bench.
 
 mod demo;
 pub mod guest_plan;
 pub mod guest_truth;
 pub mod guest_ws;
+pub mod linux;
+pub mod linux_map;
+pub mod linux_truth;
 pub mod serial;
 pub mod testguest;
 
@@ -161,6 +166,8 @@ pub enum WorkloadError {
     Params(#[from] tier_testguest::params::ParamsError),
     #[error("test guest: {0}")]
     Guest(String),
+    #[error("Linux bed: {0}")]
+    Linux(String),
 }
 
 /// A guest with a `dram` and a `slow` tier whose work the bench sets.

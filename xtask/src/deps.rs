@@ -60,6 +60,26 @@ pub const PACKAGES: &[(&str, &str)] = &[
         "the Linux bed: Debian's kernels under QEMU TCG (cargo xtask linux-bed, tests)",
     ),
     ("busybox-static", "the Linux bed's initramfs"),
+    (
+        "redis-server",
+        "bench fidelity --source linux: redis-server as a guest workload",
+    ),
+    (
+        "redis-tools",
+        "bench fidelity --source linux: redis-benchmark drives redis-server in the guest",
+    ),
+    (
+        "stress-ng",
+        "bench fidelity --source linux: stress-ng --vm as a guest workload",
+    ),
+    (
+        "sysbench",
+        "bench fidelity --source linux: sysbench memory as a guest workload",
+    ),
+    (
+        "numactl",
+        "bench fidelity --source linux: places guest workloads on both NUMA nodes",
+    ),
     ("cpio", "the Linux bed's initramfs"),
     ("gcc", "the Linux bed's TCG plugin (tier_truth.so)"),
     (

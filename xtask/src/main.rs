@@ -8,6 +8,7 @@ mod deps;
 #[cfg(test)]
 mod docs;
 mod linux_bed;
+mod linux_bed_fidelity;
 mod linux_bed_plugin;
 mod linux_driver;
 mod oci;
@@ -594,6 +595,16 @@ fn bench(name: &str, args: &[String]) -> anyhow::Result<()> {
     // Benches may start tierd itself: build it in release beside them.
     run::step("bench", "building tierd (release)");
     run::cargo(&["build", "--release", "-p", "tier-profiler"])?;
+    // The Linux source needs the bed's kernels, plugin and guest programs.
+    let env = if name == "fidelity" && linux_bed_fidelity::wanted(args) {
+        run::step(
+            "bench",
+            "preparing the Linux bed (kernels, truth plugin, kv_zipf)",
+        );
+        linux_bed_fidelity::env()?
+    } else {
+        Vec::new()
+    };
     run::step("bench", format!("building and running {name} (release)"));
     let mut cmd = vec![
         "run",
@@ -605,7 +616,7 @@ fn bench(name: &str, args: &[String]) -> anyhow::Result<()> {
         "--",
     ];
     cmd.extend(args.iter().map(String::as_str));
-    run::cargo(&cmd)
+    run::cargo_env(&cmd, &env)
 }
 
 /// What `e2e` passes on to tier-e2e.

@@ -54,6 +54,17 @@ pub fn cargo(args: &[&str]) -> anyhow::Result<()> {
     )
 }
 
+/// [`cargo`] with `env` added to its environment.
+pub fn cargo_env(args: &[&str], env: &[(String, String)]) -> anyhow::Result<()> {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    status(
+        Command::new(cargo)
+            .args(args)
+            .envs(env.iter().map(|(k, v)| (k, v)))
+            .current_dir(workspace_root()?),
+    )
+}
+
 /// Runs a command to completion; non-zero exit is an error naming it.
 pub fn status(cmd: &mut Command) -> anyhow::Result<()> {
     let shown = format!("{cmd:?}");

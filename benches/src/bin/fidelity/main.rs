@@ -10,9 +10,15 @@
 //! else the raw-KVM demo VM. Options: `--interval-ms N`, `--passes N`
 //! (defaults: tierd's), `--kinds footprint,rate,phases,skew,ages` (rows of
 //! these kinds only; default all but `ages`, the long working-set rows).
+//! `--source linux`: real Linux workloads in the Linux bed instead
+//! (`linux.rs`; run it through `cargo xtask bench fidelity -- --source
+//! linux`, which prepares the bed's kernel, plugin and programs).
 
 mod coverage;
 mod csv;
+mod linux;
+mod linux_main;
+mod linux_score;
 mod matrix;
 mod report;
 mod run;
@@ -39,6 +45,18 @@ fn arg(name: &str) -> anyhow::Result<Option<u64>> {
     }
 }
 
+/// `--source NAME` (only `linux` so far; without it: the test guest or
+/// the demo VM, as below).
+fn source_arg() -> anyhow::Result<Option<String>> {
+    let args: Vec<String> = std::env::args().collect();
+    let Some(i) = args.iter().position(|a| a == "--source") else {
+        return Ok(None);
+    };
+    let v = args.get(i + 1).context("--source needs a name")?;
+    anyhow::ensure!(v == "linux", "--source {v:?}: known: linux");
+    Ok(Some(v.clone()))
+}
+
 /// The VMM binary: `--ch-bin PATH`, else `TIERD_CH_BIN` (as `cargo xtask
 /// demo`); none: the demo VM.
 fn ch_bin() -> anyhow::Result<Option<PathBuf>> {
@@ -59,6 +77,7 @@ fn main() -> anyhow::Result<()> {
     let passes = u32::try_from(arg("--passes")?.unwrap_or(u64::from(defaults.passes_per_interval)))
         .context("--passes")?;
     let interval = Duration::from_millis(interval_ms);
+    let linux_source = source_arg()?.as_deref() == Some("linux");
     // hostpte's long pass for the working set (docs/working-set.md): one
     // interval in N, tierd's default unless `--ws-long-pass-every N` (0 =
     // never, to see the ratio without it).
@@ -69,10 +88,24 @@ fn main() -> anyhow::Result<()> {
         .context("--ws-long-pass-every")?,
         horizons: defaults.sampler.ws_horizons_s.clone(),
         // hostpte's sweep: tierd's default unless `--ws-sweep-s N` /
-        // `--ws-sweep-every-s N` (rows are shorter than its 20 min period).
-        sweep_s: arg("--ws-sweep-s")?.map_or(defaults.sampler.ws_sweep_s, |v| v as f64),
-        sweep_every_s: arg("--ws-sweep-every-s")?
-            .map_or(defaults.sampler.ws_sweep_every_s, |v| v as f64),
+        // `--ws-sweep-every-s N` (rows are shorter than its 20 min period;
+        // the Linux source sweeps 10 s every 40 s unless told).
+        sweep_s: arg("--ws-sweep-s")?.map_or(
+            if linux_source {
+                10.0
+            } else {
+                defaults.sampler.ws_sweep_s
+            },
+            |v| v as f64,
+        ),
+        sweep_every_s: arg("--ws-sweep-every-s")?.map_or(
+            if linux_source {
+                40.0
+            } else {
+                defaults.sampler.ws_sweep_every_s
+            },
+            |v| v as f64,
+        ),
         interval_s: interval.as_secs_f64(),
     };
     anyhow::ensure!(
@@ -80,6 +113,9 @@ fn main() -> anyhow::Result<()> {
             && tier_profiler::estimate::shortest_pass(interval, passes) >= Duration::from_millis(5),
         "need 1 <= passes <= 64 and a shortest pass of at least 5 ms (tierd's limits)"
     );
+    if linux_source {
+        return linux_main::bench(interval, passes, &ages);
+    }
     let ch = ch_bin()?;
     let matrix = match ch {
         Some(_) => matrix::testguest(),

@@ -294,7 +294,7 @@ fn interval_passes(
 }
 
 /// The VM's guest-reported deltas and host estimate in one update.
-fn readings(u: &StatsUpdate, vm_id: &str) -> (Option<[u64; 2]>, Option<Host>) {
+pub(crate) fn readings(u: &StatsUpdate, vm_id: &str) -> (Option<[u64; 2]>, Option<Host>) {
     let Some(s) = u.stats.iter().find(|s| s.vm_id == vm_id) else {
         return (None, None);
     };
