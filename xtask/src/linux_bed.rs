@@ -251,9 +251,12 @@ fn guest_programs() -> anyhow::Result<Vec<PathBuf>> {
         "build",
         "-p",
         "tier-profiler",
+        "-p",
+        "tier-bed-agent",
+        // `--bin` selects among all the packages named: name both.
         "--bin",
         "tierd",
-        "-p",
+        "--bin",
         "tier-bed-agent",
     ])?;
     Ok(vec![for_guest("tierd")?, for_guest("tier-bed-agent")?])
@@ -262,21 +265,22 @@ fn guest_programs() -> anyhow::Result<Vec<PathBuf>> {
 /// The environment of the bed's tests in `cargo xtask test`: the
 /// unpacked kernels, tierd and the agent built for the guest, the truth
 /// plugin; or why they cannot run.
-pub fn test_env() -> Result<Vec<(String, String)>, String> {
+/// `Ok(Err(why))`: this machine cannot run the bed (no QEMU), the tests
+/// say so; `Err`: preparing it failed, which fails `cargo xtask test`.
+pub fn test_env() -> anyhow::Result<Result<Vec<(String, String)>, String>> {
     if let Some(why) = tier_linux_bed::missing() {
-        return Err(why);
+        return Ok(Err(why));
     }
-    let s = |e: anyhow::Error| format!("{e:#}");
-    let kernels = kernels(false).map_err(|e| format!("Debian's kernels: {e:#}"))?;
-    let programs = guest_programs().map_err(s)?;
-    let plugin = crate::linux_bed_plugin::build(&run::target_dir().map_err(s)?.join("linux-bed"))
-        .map_err(|e| format!("the truth plugin: {e:#}"))?;
-    Ok(vec![
+    let kernels = kernels(false).context("Debian's kernels")?;
+    let programs = guest_programs()?;
+    let plugin = crate::linux_bed_plugin::build(&run::target_dir()?.join("linux-bed"))
+        .context("the truth plugin")?;
+    Ok(Ok(vec![
         ("TIERD_BED_KERNELS".into(), kernels_env(&kernels)),
         ("TIERD_BED_TIERD".into(), programs[0].display().to_string()),
         ("TIERD_BED_AGENT".into(), programs[1].display().to_string()),
         ("TIERD_TRUTH_PLUGIN".into(), plugin.display().to_string()),
-    ])
+    ]))
 }
 
 /// The closed loop on the bed (`cargo xtask e2e --vmm qemu`): release

@@ -55,9 +55,10 @@ enum Task {
     Bench {
         /// Benchmark name; `list` shows them.
         name: String,
-        /// Passed to the bench binary after `--` (e.g. `fidelity -- --ch-bin
-        /// PATH`, `tierd-scale -- --against OLD_TIERD`).
-        #[arg(last = true)]
+        /// Passed to the bench binary, with or without `--` before them
+        /// (e.g. `fidelity --source linux`, `tierd-scale -- --against
+        /// OLD_TIERD`).
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
     /// Closed loop against a patched cloud-hypervisor (needs a v53.0 checkout).
@@ -321,7 +322,15 @@ fn test() -> anyhow::Result<()> {
         "test",
         "preparing the Linux bed (Debian's kernels, a guest-sized tierd)",
     );
-    let bed = linux_bed::test_env();
+    let bed = match linux_bed::test_env() {
+        Ok(b) => b,
+        Err(e) => {
+            report
+                .failed
+                .push(format!("preparing the Linux bed: {e:#}"));
+            Err(format!("preparing it failed: {e:#}"))
+        }
+    };
     report.time("Linux bed kernels", t);
     run::step("test", "cargo test --workspace --all-targets");
     let mut cmd =
@@ -814,6 +823,13 @@ mod tests {
             Task::Bench {
                 name: "balloon".into(),
                 args: Vec::new(),
+            }
+        );
+        assert_eq!(
+            parse(&["bench", "fidelity", "--source", "linux"]).unwrap(),
+            Task::Bench {
+                name: "fidelity".into(),
+                args: vec!["--source".into(), "linux".into()],
             }
         );
         assert_eq!(
