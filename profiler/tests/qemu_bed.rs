@@ -20,15 +20,7 @@ use tokio_stream::StreamExt;
 const M: u64 = 1 << 20;
 
 fn kernel() -> Result<Kernel, String> {
-    let list = std::env::var("TIERD_BED_KERNELS").map_err(|_| {
-        "TIERD_BED_KERNELS unset (cargo xtask test unpacks Debian's kernels and sets it)"
-            .to_string()
-    })?;
-    list.split(':')
-        .filter(|p| !p.is_empty())
-        .filter_map(|p| Kernel::unpacked(Path::new(p)).ok())
-        .find(|k| k.series() == "6.12")
-        .ok_or_else(|| format!("no 6.12 kernel in TIERD_BED_KERNELS={list}"))
+    tier_linux_bed::kernel::from_env("6.12")
 }
 
 fn needs() -> Vec<Result<(), String>> {

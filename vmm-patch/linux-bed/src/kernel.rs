@@ -141,6 +141,21 @@ fn find(dir: &Path, want: &dyn Fn(&Path) -> bool) -> Option<PathBuf> {
     subdirs.into_iter().find_map(|d| find(&d, want))
 }
 
+/// The unpacked kernel of `series` ("6.1", "6.12") among the roots in
+/// `TIERD_BED_KERNELS` (colon-separated; `cargo xtask test` sets it), or
+/// why there is none: what the bed's tests need, in every crate.
+pub fn from_env(series: &str) -> Result<Kernel, String> {
+    let list = std::env::var("TIERD_BED_KERNELS").map_err(|_| {
+        "TIERD_BED_KERNELS unset (cargo xtask test unpacks Debian's kernels and sets it)"
+            .to_string()
+    })?;
+    list.split(':')
+        .filter(|p| !p.is_empty())
+        .filter_map(|p| Kernel::unpacked(Path::new(p)).ok())
+        .find(|k| k.series() == series)
+        .ok_or_else(|| format!("no {series} kernel in TIERD_BED_KERNELS={list}"))
+}
+
 /// Writes module `file` to `dest` uncompressed (busybox insmod reads no xz).
 pub fn decompress_module(file: &Path, dest: &Path) -> Result<(), BedError> {
     if file.extension().is_some_and(|e| e == "xz") {

@@ -10,7 +10,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly on purpose
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
 use libtest_mimic::Arguments;
@@ -20,15 +20,7 @@ use tier_test_support::gated;
 const MIB: u64 = 1 << 20;
 
 fn kernel(series: &str) -> Result<Kernel, String> {
-    let list = std::env::var("TIERD_BED_KERNELS").map_err(|_| {
-        "TIERD_BED_KERNELS unset (cargo xtask test unpacks Debian's kernels and sets it)"
-            .to_string()
-    })?;
-    list.split(':')
-        .filter(|p| !p.is_empty())
-        .filter_map(|p| Kernel::unpacked(Path::new(p)).ok())
-        .find(|k| k.series() == series)
-        .ok_or_else(|| format!("no {series} kernel in TIERD_BED_KERNELS={list}"))
+    tier_linux_bed::kernel::from_env(series)
 }
 
 fn needs(series: &str) -> Vec<Result<(), String>> {
