@@ -12,6 +12,10 @@ use tonic::transport::Channel;
 use crate::vmm::STOP_GRACE;
 use tier_test_support::ChildGuard;
 
+/// How often hostpte sweeps for the working-set ages in the e2e's tierd:
+/// each sweep gives each VM's hot set about once.
+pub const WS_SWEEP_EVERY_S: u64 = 10;
+
 /// A running tierd.
 #[derive(Debug)]
 pub struct Tierd {
@@ -53,7 +57,7 @@ impl Tierd {
              cpu_budget_pct = 0\n\
              ws_horizons_s = [1, 5]\n\
              ws_sweep_s = 5\n\
-             ws_sweep_every_s = 10\n\
+             ws_sweep_every_s = {WS_SWEEP_EVERY_S}\n\
              [tier_kinds]\n\
              slow = \"cxl\"\n\
              [metrics]\n\
