@@ -15,6 +15,7 @@ use libtest_mimic::Arguments;
 use tier_linux_bed::{Bed, Kernel, checks};
 use tier_proto::v1::*;
 use tier_test_support::gated;
+use tier_test_support::stream::Client;
 use tokio_stream::StreamExt;
 
 const M: u64 = 1 << 20;
@@ -32,12 +33,18 @@ fn needs() -> Vec<Result<(), String>> {
 
 /// A booted guest with a QMP socket for tierd at `work/tierd.qmp`.
 fn boot(work: &Path) -> (Bed, PathBuf) {
+    boot_with(work, |_| {})
+}
+
+/// As `boot`, the machine changed by `edit` first.
+fn boot_with(work: &Path, edit: impl FnOnce(&mut tier_linux_bed::Machine)) -> (Bed, PathBuf) {
     let (mut machine, log) = tier_linux_bed::prepare(&kernel().unwrap(), &[], work).unwrap();
     let qmp = work.join("tierd.qmp");
     machine.extra_args = vec![
         "-qmp".into(),
         format!("unix:{},server=on,wait=off", qmp.display()),
     ];
+    edit(&mut machine);
     let bed = Bed::start(&machine, &log, tier_linux_bed::BOOT_TIMEOUT).unwrap();
     eprintln!("guest booted in {:.1} s", bed.boot_time().as_secs_f64());
     (bed, qmp)
@@ -248,6 +255,186 @@ fn virtio_mem_resize_both_ways_6_12() {
     assert_eq!(e.code(), tonic::Code::OutOfRange, "{e}");
 }
 
+/// The VMs tierd lists whose VMM is `pid`.
+fn vms_of(client: &mut Client, rt: &tokio::runtime::Runtime, pid: u32) -> Vec<Vm> {
+    rt.block_on(client.list_vms(ListVmsRequest::default()))
+        .unwrap()
+        .into_inner()
+        .vms
+        .into_iter()
+        .filter(|v| v.vmm_pid == pid)
+        .collect()
+}
+
+/// A QEMU under KVM with memfd RAM (as libvirt's `<source type='memfd'/>`)
+/// holds a kvm-vm fd that kvm-fd discovery tracks on its own; with its QMP
+/// socket configured too, tierd lists it once, as the QEMU VM. This host's
+/// KVM cannot run a Linux guest (docs/linux-bed.md): QEMU stops the guest
+/// with a KVM internal error and stays up, kvm-vm fd and QMP included,
+/// which is all discovery reads.
+fn kvm_qemu_counted_once() {
+    let work = tempfile::tempdir().unwrap();
+    let (mut machine, stderr) =
+        tier_linux_bed::prepare(&kernel().unwrap(), &[], work.path()).unwrap();
+    let qmp = work.path().join("tierd.qmp");
+    (machine.kvm, machine.memfd) = (true, true);
+    // memfd mappings of QEMU 7.2 are told apart by size only.
+    machine.nodes[1].mib = 192;
+    machine.nodes[0].vmem_max_mib = 0;
+    machine.extra_args = vec![
+        "-qmp".into(),
+        format!("unix:{},server=on,wait=off", qmp.display()),
+    ];
+    let qemu = std::process::Command::new(&machine.qemu)
+        .args(machine.args())
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(&stderr).unwrap())
+        .spawn()
+        .unwrap();
+    let qemu = tier_test_support::ChildGuard::new(qemu);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !qmp.exists() {
+        assert!(
+            Instant::now() < deadline,
+            "no QMP socket: {}",
+            std::fs::read_to_string(&stderr).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let rt = rt();
+    let pid = qemu.id();
+    // Without QMP: the kvm-fd VM, so the check below is not vacuous.
+    let alone = work.path().join("kvm-only");
+    std::fs::create_dir_all(&alone).unwrap();
+    {
+        let (sock, _log, _tierd) = tier_test_support::tierd_with_config(
+            Path::new(env!("CARGO_BIN_EXE_tierd")),
+            &alone,
+            &config(""),
+            &["--no-controller"],
+        );
+        let (mut client, mut s) = rt.block_on(tier_test_support::open_watch_stats(&sock));
+        rt.block_on(async {
+            loop {
+                let u = tokio::time::timeout(Duration::from_secs(30), s.next())
+                    .await
+                    .expect("no update within 30 s")
+                    .unwrap()
+                    .unwrap();
+                if u.stats
+                    .iter()
+                    .any(|v| v.vm_id.starts_with(&format!("kvm:{pid}:")))
+                {
+                    break;
+                }
+            }
+        });
+        let vms = vms_of(&mut client, &rt, pid);
+        assert_eq!(vms.len(), 1, "{vms:?}");
+        assert_eq!(vms[0].source(), VmSource::KvmFd, "{vms:?}");
+    }
+    let glob = format!("\"{}/*.qmp\"", work.path().display());
+    let (sock, log, _tierd) = tier_test_support::tierd_with_config(
+        Path::new(env!("CARGO_BIN_EXE_tierd")),
+        work.path(),
+        &config(&glob),
+        &["--no-controller"],
+    );
+    let id = format!("qemu:{pid}");
+    let (mut client, mut s) = rt.block_on(tier_test_support::open_watch_stats(&sock));
+    rt.block_on(until(&mut s, &id, Duration::from_secs(60), |v| {
+        v.tiers.len() == 2
+    }));
+    // A few more intervals: kvm-fd discovery runs in every one.
+    for _ in 0..4 {
+        rt.block_on(until(&mut s, &id, Duration::from_secs(10), |_| true));
+    }
+    let vms = vms_of(&mut client, &rt, pid);
+    assert_eq!(
+        vms.iter().map(|v| v.id.as_str()).collect::<Vec<_>>(),
+        [id.as_str()],
+        "one VM per QEMU"
+    );
+    assert_eq!(vms[0].source(), VmSource::Qemu);
+    assert!(
+        vms[0]
+            .tiers
+            .iter()
+            .flat_map(|t| &t.ranges)
+            .all(|r| r.hva_start != 0),
+        "memfd backends mapped: {:?}",
+        vms[0].tiers
+    );
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(text.contains("QEMU VM discovered"), "{text}");
+}
+
+/// A virtio-mem device added to a running QEMU (`object-add` +
+/// `device_add`, as `virsh attach-device` does) after tierd discovered it:
+/// tierd re-reads the layout, the node's tier gains the device's region
+/// and becomes resizable.
+fn hot_added_virtio_mem_6_12() {
+    let work = tempfile::tempdir().unwrap();
+    let (mut bed, qmp) = boot_with(work.path(), |m| {
+        m.nodes[0].vmem_max_mib = 0;
+        m.spare_mib = 256;
+        m.extra_args.extend([
+            "-device".into(),
+            "pcie-root-port,id=hp0,chassis=1,bus=pcie.0".into(),
+        ]);
+    });
+    let (sock, log, _tierd) = tier_test_support::tierd_with_config(
+        Path::new(env!("CARGO_BIN_EXE_tierd")),
+        work.path(),
+        &config(""),
+        &["--no-controller", "--qmp", qmp.to_str().unwrap()],
+    );
+    let id = format!("qemu:{}", bed.pid());
+    let rt = rt();
+    let (mut client, mut s) = rt.block_on(tier_test_support::open_watch_stats(&sock));
+    let v = rt.block_on(until(&mut s, &id, Duration::from_secs(60), |v| {
+        v.tiers.len() == 2
+    }));
+    assert_eq!(tier(&v, "node0").hotplug_plugged_bytes, None, "{v:?}");
+    let file = PathBuf::from(format!("/dev/shm/tierd-hotadd-{}", std::process::id()));
+    let _rm = RemoveOnDrop(file.clone());
+    bed.qmp()
+        .execute(
+            "object-add",
+            serde_json::json!({"qom-type": "memory-backend-file", "id": "vm2",
+                "size": 256 * M, "share": true, "mem-path": file}),
+        )
+        .unwrap();
+    bed.qmp()
+        .execute(
+            "device_add",
+            serde_json::json!({"driver": "virtio-mem-pci", "id": "vmem2", "memdev": "vm2",
+                "node": 0, "bus": "hp0", "requested-size": 64 * M}),
+        )
+        .unwrap();
+    let v = rt.block_on(until(&mut s, &id, Duration::from_secs(60), |v| {
+        tier(v, "node0").hotplug_plugged_bytes == Some(64 * M)
+    }));
+    eprintln!("after device_add: {:?}", tier(&v, "node0"));
+    let vm = vms_of(&mut client, &rt, bed.pid()).remove(0);
+    let n0 = &vm.tiers[0];
+    assert_eq!(n0.name, "node0");
+    assert_eq!(n0.size_bytes, 256 * M + 256 * M, "boot + the new region");
+    assert_eq!(n0.hotplug.unwrap().region_bytes, 256 * M);
+    assert!(n0.ranges.iter().all(|r| r.hva_start != 0), "{n0:?}");
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(text.contains("memory devices changed"), "{text}");
+}
+
+struct RemoveOnDrop(PathBuf);
+
+impl Drop for RemoveOnDrop {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
 fn main() {
     let args = Arguments::from_args();
     let trials = vec![
@@ -260,6 +447,19 @@ fn main() {
             "virtio_mem_resize_both_ways_6_12",
             needs(),
             virtio_mem_resize_both_ways_6_12,
+        ),
+        gated(
+            "hot_added_virtio_mem_6_12",
+            needs(),
+            hot_added_virtio_mem_6_12,
+        ),
+        gated(
+            "kvm_qemu_counted_once",
+            needs()
+                .into_iter()
+                .chain([tier_test_support::kvm_missing().map_or(Ok(()), Err)])
+                .collect(),
+            kvm_qemu_counted_once,
         ),
     ];
     libtest_mimic::run(&args, trials).exit();

@@ -123,6 +123,7 @@ impl QemuDiscovery {
             }
             return;
         }
+        self.relayout(reg);
         for h in self.fleet.retain(|id| reg.contains(id)) {
             tracing::info!(vm = %h.vm_id(), "QEMU VM gone");
             self.tracked.retain(|_, id| id != h.vm_id());
@@ -147,6 +148,22 @@ impl QemuDiscovery {
             h.spawn_refresh();
         }
         self.probe_new();
+    }
+
+    /// Forgets VMs whose virtio-mem devices changed since discovery, so
+    /// their sockets are probed again and the tier map rebuilt (the VM
+    /// departs and comes back under the same id).
+    fn relayout(&mut self, reg: &mut Registry) {
+        for h in self.fleet.all() {
+            let Some(change) = h.devices_changed() else {
+                continue;
+            };
+            tracing::info!(vm = %h.vm_id(), %change, "QEMU VM's memory devices changed; re-reading its layout");
+            reg.retire(|v| v.vm().id == h.vm_id());
+            self.fleet.retain(|id| id != h.vm_id());
+            self.tracked.retain(|_, id| id != h.vm_id());
+            self.errors.remove(h.vm_id());
+        }
     }
 
     /// Logs a VM's QMP error when it changes (and when it clears).

@@ -70,6 +70,9 @@ pub struct QemuHandle {
     timeout: Duration,
     /// The tiers with exactly one virtio-mem device.
     devices: Vec<TierDevice>,
+    /// Every virtio-mem device's id at discovery, sorted: the tier map
+    /// was built from these.
+    known: Vec<String>,
     state: Mutex<Snapshot>,
     refreshing: AtomicBool,
     /// One change at a time per VM, in order.
@@ -91,6 +94,7 @@ impl QemuHandle {
             socket,
             timeout,
             devices,
+            known: device_ids(&live),
             state: Mutex::new(Snapshot {
                 live: Some(live),
                 read_at: Some(Instant::now()),
@@ -131,6 +135,21 @@ impl QemuHandle {
             plugged: Some(d.plugged),
             plugged_total: None,
         })
+    }
+
+    /// How the virtio-mem devices differ from those the tier map was
+    /// built from (added or removed since, e.g. by `device_add`), if they
+    /// do: the map misses or holds memory that is no longer there.
+    pub fn devices_changed(&self) -> Option<String> {
+        let now = device_ids(self.snapshot().live.as_ref()?);
+        if now == self.known {
+            return None;
+        }
+        let added: Vec<&String> = now.iter().filter(|d| !self.known.contains(d)).collect();
+        let removed: Vec<&String> = self.known.iter().filter(|d| !now.contains(d)).collect();
+        Some(format!(
+            "virtio-mem devices added {added:?}, removed {removed:?}"
+        ))
     }
 
     /// A short session: connect, then `f`, within about three timeouts.
@@ -243,6 +262,12 @@ impl QemuHandle {
     }
 }
 
+fn device_ids(live: &Live) -> Vec<String> {
+    let mut ids: Vec<String> = live.devices.iter().map(|d| d.id.clone()).collect();
+    ids.sort();
+    ids
+}
+
 /// Clears a flag when dropped (a refresh task that panics included).
 struct ClearOnDrop<'a>(&'a AtomicBool);
 
@@ -283,5 +308,49 @@ impl Fleet {
             .read()
             .map(|m| m.values().cloned().collect())
             .unwrap_or_default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn dev(id: &str) -> VirtioMemDev {
+        VirtioMemDev {
+            id: id.into(),
+            memdev: format!("b-{id}"),
+            node: 1,
+            memaddr: 1 << 32,
+            block: 2 << 20,
+            plugged: 0,
+            requested: 0,
+            max: 128 << 20,
+        }
+    }
+
+    #[test]
+    fn a_device_added_or_removed_after_discovery_is_a_change() {
+        let live = |ids: &[&str]| Live {
+            devices: ids.iter().map(|i| dev(i)).collect(),
+            balloon: None,
+        };
+        let h = QemuHandle::new(
+            "qemu:1".into(),
+            1,
+            PathBuf::from("/nonexistent/q.sock"),
+            Duration::from_millis(100),
+            Vec::new(),
+            live(&["vmem1", "vmem0"]),
+        );
+        assert_eq!(h.devices_changed(), None);
+        let set = |l: Live| h.state.lock().unwrap().live = Some(l);
+        set(live(&["vmem0", "vmem1"]));
+        assert_eq!(h.devices_changed(), None, "order does not matter");
+        set(live(&["vmem0", "vmem1", "vmem2"]));
+        let c = h.devices_changed().unwrap();
+        assert!(c.contains("added [\"vmem2\"]"), "{c}");
+        set(live(&["vmem1"]));
+        let c = h.devices_changed().unwrap();
+        assert!(c.contains("removed [\"vmem0\"]"), "{c}");
     }
 }

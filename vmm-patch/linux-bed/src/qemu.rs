@@ -45,6 +45,14 @@ pub struct Machine {
     /// More QEMU arguments (e.g. a second `-qmp` for tierd: the bed keeps
     /// its own QMP connection, and QEMU serves one client per socket).
     pub extra_args: Vec<String>,
+    /// Run under KVM (`-accel kvm -cpu qemu64`) instead of TCG; the truth
+    /// plugin is TCG's, so it cannot be loaded then.
+    pub kvm: bool,
+    /// `memory-backend-memfd` instead of files on /dev/shm, as libvirt's
+    /// `<source type='memfd'/>` gives; the truth plugin needs files.
+    pub memfd: bool,
+    /// Room under `maxmem` for memory devices added at run time.
+    pub spare_mib: u64,
 }
 
 impl Machine {
@@ -79,6 +87,9 @@ impl Machine {
             plugin: None,
             extra_args: Vec::new(),
             append: String::new(),
+            kvm: false,
+            memfd: false,
+            spare_mib: 0,
         }
     }
 
@@ -114,6 +125,9 @@ impl Machine {
     /// their sizes when QEMU loads it, before QEMU maps them).
     pub fn create_backends(&self) -> std::io::Result<()> {
         std::fs::create_dir_all(&self.backends)?;
+        if self.memfd {
+            return Ok(());
+        }
         for (id, _, len) in self.layout() {
             std::fs::File::create(self.backend(&id))?.set_len(len)?;
         }
@@ -134,11 +148,16 @@ impl Machine {
     pub fn args(&self) -> Vec<String> {
         let boot: u64 = self.nodes.iter().map(|n| n.mib).sum();
         let hot: u64 = self.nodes.iter().map(|n| n.vmem_max_mib).sum();
+        let (accel, cpu) = if self.kvm {
+            ("kvm", "qemu64")
+        } else {
+            ("tcg", "max")
+        };
         let mut a: Vec<String> = [
             "-accel",
-            "tcg",
+            accel,
             "-cpu",
-            "max",
+            cpu,
             "-machine",
             "q35,hmat=on",
             "-nodefaults",
@@ -157,7 +176,10 @@ impl Machine {
         };
         push(
             "-m",
-            format!("{boot}M,slots=2,maxmem={}M", boot + hot.max(1)),
+            format!(
+                "{boot}M,slots=2,maxmem={}M",
+                boot + (hot + self.spare_mib).max(1)
+            ),
         );
         push("-smp", self.cpus.to_string());
         for (i, n) in self.nodes.iter().enumerate() {
@@ -227,6 +249,9 @@ impl Machine {
     }
 
     fn backend_object(&self, id: &str, mib: u64) -> String {
+        if self.memfd {
+            return format!("memory-backend-memfd,id={id},size={mib}M,share=on");
+        }
         format!(
             "memory-backend-file,id={id},size={mib}M,share=on,mem-path={}",
             self.backend(id).display()
@@ -296,5 +321,25 @@ mod tests {
         assert!(!a.contains("id=vmem0"), "{a}");
         assert!(a.contains("-plugin /p.so,out=/dev/shm/x"), "{a}");
         assert!(a.contains("maxmem=1024M"), "{a}");
+    }
+
+    #[test]
+    fn kvm_memfd_and_spare_room() {
+        let mut m = Machine::new(
+            Path::new("/k"),
+            Path::new("/i"),
+            Path::new("/q"),
+            Path::new("/b"),
+        );
+        (m.kvm, m.memfd, m.spare_mib) = (true, true, 256);
+        let a = m.args().join(" ");
+        assert!(a.contains("-accel kvm -cpu qemu64"), "{a}");
+        assert!(!a.contains("tcg"), "{a}");
+        assert!(
+            a.contains("memory-backend-memfd,id=m0,size=256M,share=on"),
+            "{a}"
+        );
+        assert!(!a.contains("memory-backend-file"), "{a}");
+        assert!(a.contains("maxmem=1792M"), "{a}");
     }
 }
