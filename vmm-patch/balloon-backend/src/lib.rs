@@ -9,7 +9,10 @@
 //!   coalesced run.
 //! - [`device`]: the vhost-user device (vhost-user-backend): queues in SPEC
 //!   order, config space through GET/SET_CONFIG, stats queue, targets and
-//!   the config-change message.
+//!   the config-change message; split as firecracker's balloon is: the
+//!   engine over mapped memory (`device/engine.rs`), queue serving
+//!   (`queues.rs`), the stats buffers (`stats.rs`), the `state` answer
+//!   (`snapshot.rs`).
 //! - [`chain`]: the bounded descriptor-chain walk (loops, indices past a
 //!   table and bad indirect tables make the whole chain malformed).
 //! - [`control`]: the control socket (newline-delimited JSON) for targets

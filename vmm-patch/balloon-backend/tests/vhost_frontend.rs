@@ -875,7 +875,6 @@ fn config_space_targets_and_stats() {
         .collect();
     vmm.guest.write(BUF_GPA, &buf);
     let q = &mut vmm.queues[STATS];
-    let posted = Instant::now();
     let head = q.post(&vmm.guest, &[(BUF_GPA, buf.len() as u32, false)]);
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
@@ -893,14 +892,10 @@ fn config_space_targets_and_stats() {
         assert!(Instant::now() < deadline, "stats never arrived: {st}");
         std::thread::sleep(Duration::from_millis(10));
     }
+    // Given back on the next tick of the periodic stats timer, 0-200 ms
+    // after posting depending on the timer's phase: when is not asserted.
     let used = q.wait_used(&vmm.guest, 1);
     assert_eq!(used, vec![(u32::from(head), 0)]);
-    // Held, not answered at once (interval 200 ms; generous lower bound).
-    assert!(
-        posted.elapsed() >= Duration::from_millis(100),
-        "{:?}",
-        posted.elapsed()
-    );
     assert_eq!(q.used_idx(&vmm.guest), 1);
 }
 
