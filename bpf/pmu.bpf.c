@@ -52,7 +52,7 @@ struct {
 /* slot * PMU_MAX_TIERS + tier -> counts. */
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, PMU_MAX_VMS * PMU_MAX_TIERS);
+	__uint(max_entries, (PMU_MAX_VMS * PMU_MAX_TIERS));
 	__type(key, __u32);
 	__type(value, struct pmu_count);
 } pmu_counts SEC(".maps");
@@ -71,7 +71,7 @@ struct {
  */
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(max_entries, PMU_MAX_VMS * PMU_SRC_COUNT);
+	__uint(max_entries, (PMU_MAX_VMS * PMU_SRC_COUNT));
 	__type(key, __u32);
 	__type(value, __u32);
 } kind_tier SEC(".maps");
@@ -79,7 +79,7 @@ struct {
 /* slot * PMU_SRC_COUNT + PMU_SRC_* -> samples of the VM that went to no tier. */
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, PMU_MAX_VMS * PMU_SRC_COUNT);
+	__uint(max_entries, (PMU_MAX_VMS * PMU_SRC_COUNT));
 	__type(key, __u32);
 	__type(value, struct pmu_count);
 } pmu_no_tier SEC(".maps");
@@ -170,13 +170,13 @@ int BPF_PROG(pmu_account_test, __u64 tid, __u64 cookie, __u64 has_ds, __u64 ds, 
 /* A thread seen entering the guest or returning from KVM_RUN. */
 struct kvm_thread {
 	__u32 tgid;
-	__s32 vcpu_id;        /* vcpu->vcpu_id from kvm_entry; -1 until then */
-	__u32 userspace_pid;  /* vcpu->kvm->userspace_pid: the thread that created the VM */
+	__s32 vcpu_id;	     /* vcpu->vcpu_id from kvm_entry; -1 until then */
+	__u32 userspace_pid; /* vcpu->kvm->userspace_pid: the thread that created the VM */
 	__u32 _pad;
 	__u64 start_boottime; /* task->start_boottime (ns): tells a reused tid apart */
 	__u64 last_seen_ns;   /* bpf_ktime_get_boot_ns() of the last hit */
-	__u64 entries;        /* kvm_entry hits */
-	__u64 exits;          /* kvm_userspace_exit hits */
+	__u64 entries;	      /* kvm_entry hits */
+	__u64 exits;	      /* kvm_userspace_exit hits */
 };
 
 /* tid -> what the two tracepoints saw of it. */

@@ -117,7 +117,7 @@ struct {
 /* vm_slot * MAX_TIERS + tier -> counters. */
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, MAX_VMS * MAX_TIERS);
+	__uint(max_entries, (MAX_VMS * MAX_TIERS));
 	__type(key, __u32);
 	__type(value, struct tier_count);
 } tier_counts SEC(".maps");
@@ -242,8 +242,8 @@ static __always_inline bool count_tier(__u32 slot, __u32 tier, __u64 n, bool you
  * (ranges are sorted by start_gfn and disjoint; userspace guarantees it).
  * Returns the pages counted (0 or 1).
  */
-static __always_inline __u64 account_page(struct vm_ranges *vr, __u32 nr, __u32 slot,
-					  __u64 gfn, bool young)
+static __always_inline __u64 account_page(struct vm_ranges *vr, __u32 nr, __u32 slot, __u64 gfn,
+					  bool young)
 {
 	struct gfn_range *r;
 	__u32 lo = 0, hi = nr, k;
@@ -315,8 +315,8 @@ static long span_step(__u64 i, void *ctx)
  * overlap, one event per tier touched. bpf_loop keeps the verifier from
  * walking 16 unrolled iterations (rare path: huge pages only).
  */
-static __always_inline __u64 account_span(struct vm_ranges *vr, __u32 nr, __u32 slot,
-					  __u64 gfn, __u64 pages, bool young)
+static __always_inline __u64 account_span(struct vm_ranges *vr, __u32 nr, __u32 slot, __u64 gfn,
+					  __u64 pages, bool young)
 {
 	struct span_walk w = {
 		.vr = vr,
@@ -376,8 +376,8 @@ static __always_inline void account(__u32 slot, __u64 gfn, __u64 pages, bool you
  * Only address space 0: kvm_handle_hva_range() calls kvm_age_gfn() once
  * per memslot, and SMM memslots (as_id 1) alias the same memory.
  */
-static __always_inline void age_account(__u32 tid, __u64 kvm, __u32 as_id, __u64 start,
-					__u64 end, bool young)
+static __always_inline void age_account(__u32 tid, __u64 kvm, __u32 as_id, __u64 start, __u64 end,
+					bool young)
 {
 	__u32 *owner, *known;
 	__u64 pages;

@@ -21,6 +21,11 @@ const ROOTS: &[&str] = &[
 pub fn paths(text: &str) -> Vec<String> {
     text.split(|c: char| c.is_whitespace() || matches!(c, '`' | '(' | ')' | ',' | '|'))
         .map(|w| w.trim_end_matches([':', ';']))
+        // A sentence's full stop, but not a prefix's `-...`.
+        .map(|w| match w.ends_with("-...") {
+            true => w,
+            false => w.trim_end_matches('.'),
+        })
         .filter(|w| ROOTS.iter().any(|r| w.starts_with(r)))
         .map(str::to_string)
         .collect()
@@ -30,18 +35,27 @@ pub fn paths(text: &str) -> Vec<String> {
 pub fn missing(text: &str, root: &Path) -> Vec<String> {
     paths(text)
         .into_iter()
-        .filter(|p| match p.strip_suffix("-...") {
-            Some(prefix) => {
-                let full = root.join(prefix);
-                let (Some(dir), Some(stem)) = (full.parent(), full.file_name()) else {
-                    return true;
-                };
-                let stem = stem.to_string_lossy().into_owned();
-                !std::fs::read_dir(dir).is_ok_and(|mut d| {
-                    d.any(|e| e.is_ok_and(|e| e.file_name().to_string_lossy().starts_with(&stem)))
-                })
+        .filter(|p| {
+            match p
+                .strip_suffix("-...")
+                .or_else(|| p.find(['*', '{']).map(|i| &p[..i]))
+            {
+                // A prefix (`0001-...`) or a pattern (`*.toml`, `{a,b}`): some
+                // file must start with the part before it.
+                Some(prefix) => {
+                    let full = root.join(prefix);
+                    let (Some(dir), Some(stem)) = (full.parent(), full.file_name()) else {
+                        return true;
+                    };
+                    let stem = stem.to_string_lossy().into_owned();
+                    !std::fs::read_dir(dir).is_ok_and(|mut d| {
+                        d.any(|e| {
+                            e.is_ok_and(|e| e.file_name().to_string_lossy().starts_with(&stem))
+                        })
+                    })
+                }
+                None => !root.join(p).exists(),
             }
-            None => !root.join(p).exists(),
         })
         .collect()
 }
@@ -153,6 +167,61 @@ mod tests {
         assert_eq!(missing(&doc, root()), Vec::<String>::new());
     }
 
+    /// Every repository path any markdown doc of ours names exists (the
+    /// README, docs/, the READMEs beside the code), and so does every one
+    /// the BPF sources' comments name.
+    #[test]
+    fn every_doc_names_only_files_that_exist() {
+        let mut docs: Vec<std::path::PathBuf> = ["README.md", "bpf/README.md", "benches/README.md"]
+            .iter()
+            .map(|p| root().join(p))
+            .collect();
+        for dir in ["docs", "vmm-patch"] {
+            for e in walkdir(&root().join(dir)) {
+                if e.extension().is_some_and(|x| x == "md") {
+                    docs.push(e);
+                }
+            }
+        }
+        // The BPF sources' comments point into the loader.
+        for e in walkdir(&root().join("bpf")) {
+            if e.extension().is_some_and(|x| x == "c" || x == "h") && !e.ends_with("vmlinux.h") {
+                docs.push(e);
+            }
+        }
+        let mut bad = Vec::new();
+        for d in &docs {
+            let text = std::fs::read_to_string(d).unwrap();
+            for m in missing(&text, root()) {
+                bad.push(format!(
+                    "{}: {m}",
+                    d.strip_prefix(root()).unwrap().display()
+                ));
+            }
+        }
+        assert!(docs.len() >= 30, "{docs:?}");
+        assert_eq!(bad, Vec::<String>::new());
+    }
+
+    /// Files under `dir`, recursively, skipping build output.
+    fn walkdir(dir: &Path) -> Vec<std::path::PathBuf> {
+        let mut out = Vec::new();
+        let Ok(rd) = std::fs::read_dir(dir) else {
+            return out;
+        };
+        for e in rd.flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                if p.file_name().is_some_and(|n| n != "target") {
+                    out.extend(walkdir(&p));
+                }
+            } else {
+                out.push(p);
+            }
+        }
+        out
+    }
+
     /// Every crate of the workspace: data flows one way between its files.
     #[test]
     fn no_two_files_of_a_crate_import_from_each_other() {
@@ -209,5 +278,7 @@ mod tests {
             missing(text, root()),
             vec!["profiler/src/nope.rs", "vmm-patch/patches/0999-..."]
         );
+        let text = "profiler/events/*.toml, profiler/nope/*.toml and docs/ci.md.";
+        assert_eq!(missing(text, root()), vec!["profiler/nope/*.toml"]);
     }
 }
