@@ -117,23 +117,7 @@ enum Task {
     Package(package::Options),
     /// Regenerate bpf/include/x86_64/vmlinux.h from this kernel's BTF.
     Vmlinux,
-    /// Check every BPF object offline against Debian's 6.1 and 6.12 kernels
-    /// (CO-RE, kfuncs, attach targets, capabilities); writes docs/compat.md.
-    Compat {
-        /// Kernel package to check (repeatable; default: newest 6.1 and 6.12,
-        /// amd64 and cloud-amd64, known to apt).
-        #[arg(long = "kernel", value_name = "PKG")]
-        kernels: Vec<String>,
-        /// Where the .debs are cached (default: <target>/compat/debs).
-        #[arg(long)]
-        cache: Option<PathBuf>,
-        /// Use only the cache; download nothing.
-        #[arg(long)]
-        offline: bool,
-        /// Exit 0 even when an object would be refused.
-        #[arg(long)]
-        report_only: bool,
-    },
+    Compat(compat::Args),
     /// Build tier_balloon.ko (vmm-patch/linux-driver) from Debian's kernel
     /// sources: for Debian's UML 6.1 kernel, and compile-tested against the
     /// cloud-amd64 6.1 and 6.12 headers.
@@ -231,19 +215,7 @@ fn dispatch(task: Task) -> anyhow::Result<()> {
         Task::Uml { target_mib } => uml::run(target_mib),
         Task::Package(o) => package::run(&o),
         Task::Vmlinux => vmlinux(),
-        Task::Compat {
-            kernels,
-            cache,
-            offline,
-            report_only,
-        } => compat::run(
-            &compat::Options {
-                kernels,
-                cache,
-                offline,
-            },
-            report_only,
-        ),
+        Task::Compat(a) => compat::run(a),
         Task::LinuxBed { offline } => linux_bed::run(offline),
         Task::VmmPatch {
             action: vmm_patch::Action::BuildVendored,
@@ -884,12 +856,12 @@ mod tests {
         );
         assert_eq!(
             parse(&["compat"]).unwrap(),
-            Task::Compat {
+            Task::Compat(compat::Args {
                 kernels: Vec::new(),
                 cache: None,
                 offline: false,
                 report_only: false,
-            }
+            })
         );
         assert_eq!(
             parse(&[
@@ -904,7 +876,7 @@ mod tests {
                 "--report-only"
             ])
             .unwrap(),
-            Task::Compat {
+            Task::Compat(compat::Args {
                 kernels: vec![
                     "linux-image-6.1.0-56-amd64".into(),
                     "linux-image-6.12.117+deb12-amd64".into()
@@ -912,7 +884,7 @@ mod tests {
                 cache: Some("/var/cache/debs".into()),
                 offline: true,
                 report_only: true,
-            }
+            })
         );
         assert_eq!(
             parse(&["vmm-patch", "apply", "--ch-src", "/src/ch"]).unwrap(),
