@@ -1,7 +1,7 @@
 //! `cargo xtask compat`: checks every BPF object of the project, offline,
 //! against real Debian kernels with tier-compat, and writes docs/compat.md.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::{Context, bail};
 pub use tier_compat::kernel;
@@ -26,6 +26,14 @@ pub struct Args {
     /// Exit 0 even when an object would be refused.
     #[arg(long)]
     pub report_only: bool,
+}
+
+/// A kernel package's .deb from `cache`, or downloaded into it (said as
+/// `compat: apt-get download PKG`).
+pub fn fetch(cache: &Path, pkg: &str, offline: bool) -> anyhow::Result<PathBuf> {
+    Ok(kernel::fetch(cache, pkg, offline, &mut |s| {
+        run::step("compat", s)
+    })?)
 }
 
 /// Prints the matrix, writes docs/compat.md, ends with the RESULT line;

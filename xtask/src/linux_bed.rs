@@ -8,7 +8,7 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use tier_linux_bed::{Bed, Kernel, checks};
 
-use crate::compat::kernel as debs;
+use crate::compat::{self, kernel as debs};
 use crate::{deps, run};
 
 const MIB: u64 = 1 << 20;
@@ -32,7 +32,7 @@ pub fn kernels(offline: bool) -> anyhow::Result<Vec<Kernel>> {
     }
     let mut out = Vec::new();
     for p in packages {
-        let deb = debs::fetch(&cache, &p, offline)?;
+        let deb = compat::fetch(&cache, &p, offline)?;
         let dir = target.join("linux-bed/kernels").join(&p);
         unpack(&deb, &dir)?;
         out.push(Kernel::unpacked(&dir).with_context(|| format!("unpacked {p}"))?);

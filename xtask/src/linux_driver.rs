@@ -13,7 +13,7 @@ use std::process::Command;
 
 use anyhow::{Context, bail};
 
-use crate::compat::kernel;
+use crate::compat::{self, kernel};
 use crate::{deps, run};
 
 /// Debian's user-mode-linux 6.1um4+b13 is built from this linux-source.
@@ -149,7 +149,7 @@ fn build_cloud(out: &Path, offline: bool) -> anyhow::Result<Vec<PathBuf>> {
             "6.12"
         };
         let root = out.join(format!("headers/{release}"));
-        let hdeb = kernel::fetch(&debs, &headers, offline)?;
+        let hdeb = compat::fetch(&debs, &headers, offline)?;
         if !root.join("done").exists() {
             run::step(
                 "linux-driver",
@@ -157,7 +157,7 @@ fn build_cloud(out: &Path, offline: bool) -> anyhow::Result<Vec<PathBuf>> {
             );
             std::fs::create_dir_all(&root)?;
             for pkg in std::iter::once(headers.clone()).chain(depends(&hdeb)?) {
-                let deb = kernel::fetch(&debs, &pkg, offline)?;
+                let deb = compat::fetch(&debs, &pkg, offline)?;
                 run::status(Command::new("dpkg-deb").arg("-x").arg(&deb).arg(&root))?;
             }
             relocate_makefile(&root, &release)?;

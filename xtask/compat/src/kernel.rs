@@ -131,8 +131,14 @@ fn cached_deb(cache: &Path, pkg: &str) -> Result<Option<PathBuf>> {
     Ok(None)
 }
 
-/// The .deb of `pkg`: from the cache, or `apt-get download` into it.
-pub fn fetch(cache: &Path, pkg: &str, offline: bool) -> Result<PathBuf> {
+/// The .deb of `pkg`: from the cache, or `apt-get download` into it
+/// (`progress` hears of it first: a download takes a while).
+pub fn fetch(
+    cache: &Path,
+    pkg: &str,
+    offline: bool,
+    progress: &mut dyn FnMut(String),
+) -> Result<PathBuf> {
     if let Some(deb) = cached_deb(cache, pkg)? {
         return Ok(deb);
     }
@@ -140,7 +146,7 @@ pub fn fetch(cache: &Path, pkg: &str, offline: bool) -> Result<PathBuf> {
         bail!(Missing, "--offline: no {pkg}_*.deb in {}", cache.display());
     }
     std::fs::create_dir_all(cache).with_context(|| format!("creating {}", cache.display()))?;
-    eprintln!("compat: apt-get download {pkg}");
+    progress(format!("apt-get download {pkg}"));
     let out = Command::new("apt-get")
         .args(["download", "-q", pkg])
         .current_dir(cache)

@@ -109,7 +109,7 @@ pub fn check_all(opts: &Options, dirs: &Dirs, progress: &mut dyn FnMut(String)) 
     let objects = compile_objects(&dirs.bpf, &dirs.work.join("obj"))?;
     let mut kernels = Vec::new();
     for pkg in &packages {
-        let deb = kernel::fetch(&cache, pkg, opts.offline)?;
+        let deb = kernel::fetch(&cache, pkg, opts.offline, progress)?;
         let dir = dirs.kernel(pkg);
         progress(format!("extracting and checking {pkg}"));
         kernel::extract(&deb, &dir).with_context(|| format!("extracting {}", deb.display()))?;
