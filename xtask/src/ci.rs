@@ -12,7 +12,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 
-use crate::{E2eRun, run, vmm_patch};
+use crate::e2e::{self, E2eRun};
+use crate::{run, vmm_patch};
 
 pub const CH_TARBALL: &str = "cloud-hypervisor-v53.0.tar.gz";
 pub const MH_TARBALL: &str = "micro-http-5c2254d6.tar.gz";
@@ -437,7 +438,7 @@ pub fn e2e_qemu(name: &str, mode: &str) -> anyhow::Result<(bool, Vec<String>)> {
         std::fs::remove_dir_all(&work).with_context(|| format!("removing {}", work.display()))?;
     }
     let mut results = Vec::new();
-    let ok = crate::linux_bed::e2e_qemu(Some(mode), Some(work), &mut |cmd| {
+    let ok = e2e::run_qemu(Some(mode), Some(work), &mut |cmd| {
         status_results(cmd, &mut results)
     })?;
     Ok((ok, results))
@@ -490,7 +491,7 @@ pub fn e2e(r: &LoopRun, ch_bin: &Path) -> anyhow::Result<(bool, Vec<String>)> {
         guests: Some(r.guests.to_string()),
     };
     let mut results = Vec::new();
-    let ok = crate::e2e_with(None, None, None, Some(work), &opts, &mut |cmd| {
+    let ok = e2e::run_ch(None, None, None, Some(work), &opts, &mut |cmd| {
         status_results(cmd, &mut results)
     })?;
     Ok((ok, results))

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 
-use crate::run;
+use crate::{deps, run};
 
 /// Stops tierd by its PID when the demo ends, however it ends.
 struct Daemon(Child);
@@ -21,7 +21,20 @@ impl Drop for Daemon {
     }
 }
 
-pub fn run(updates: Option<u64>, ch_bin: Option<PathBuf>) -> anyhow::Result<()> {
+/// Build, start tierd with the demo VM, show the capability report and `tierctl top`.
+#[derive(Debug, PartialEq, clap::Args)]
+pub struct Args {
+    /// Print this many updates as tables instead of the live view (terminal only).
+    #[arg(long)]
+    pub updates: Option<u64>,
+    /// A patched cloud-hypervisor (`cargo xtask vmm-patch build`): run two
+    /// PVH test guests under it and the controller instead of the demo VM.
+    #[arg(long, env = "TIERD_CH_BIN")]
+    pub ch_bin: Option<PathBuf>,
+}
+
+pub fn run(Args { updates, ch_bin }: Args) -> anyhow::Result<()> {
+    deps::ensure(false)?;
     run::step("demo", "building tierd and tierctl (debug)");
     run::cargo(&["build", "-p", "tier-profiler", "-p", "tierctl"])
         .context("building tierd and tierctl")?;

@@ -109,6 +109,18 @@ fn is_root() -> bool {
     unsafe { libc::geteuid() == 0 }
 }
 
+/// Install the Debian packages the build and tests need (idempotent).
+#[derive(Debug, PartialEq, clap::Args)]
+pub struct Args {
+    /// Only report what is missing; install nothing.
+    #[arg(long)]
+    pub check: bool,
+}
+
+pub fn run(args: Args) -> anyhow::Result<()> {
+    ensure(args.check)
+}
+
 /// Installs what is missing (or, with `check_only`, reports it).
 pub fn ensure(check_only: bool) -> anyhow::Result<()> {
     let missing: Vec<&str> = PACKAGES

@@ -8,7 +8,7 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use tier_linux_bed::{Bed, Kernel, checks};
 
-use crate::compat::kernel as debs;
+use crate::compat::{self, kernel as debs};
 use crate::{deps, run};
 
 const MIB: u64 = 1 << 20;
@@ -32,7 +32,7 @@ pub fn kernels(offline: bool) -> anyhow::Result<Vec<Kernel>> {
     }
     let mut out = Vec::new();
     for p in packages {
-        let deb = debs::fetch(&cache, &p, offline)?;
+        let deb = compat::fetch(&cache, &p, offline)?;
         let dir = target.join("linux-bed/kernels").join(&p);
         unpack(&deb, &dir)?;
         out.push(Kernel::unpacked(&dir).with_context(|| format!("unpacked {p}"))?);
@@ -89,7 +89,17 @@ struct Row {
     balloon: checks::Balloon,
 }
 
-pub fn run(offline: bool) -> anyhow::Result<()> {
+/// Boot Debian's 6.1 and 6.12 cloud kernels under QEMU TCG with two HMAT
+/// tiers, virtio-mem and the balloon; check each (docs/linux-bed.md).
+#[derive(Debug, PartialEq, clap::Args)]
+pub struct Args {
+    /// Use only the kernel .debs cached under <target>/compat/debs.
+    #[arg(long)]
+    pub offline: bool,
+}
+
+/// Boots each kernel, checks it, prints the table and the RESULT line.
+pub fn run(Args { offline }: Args) -> anyhow::Result<()> {
     deps::ensure(false)?;
     if let Some(why) = tier_linux_bed::missing() {
         bail!("cannot run the Linux bed: {why}");
@@ -246,7 +256,7 @@ fn damon_cell(v: Option<&serde_json::Value>) -> String {
 }
 
 /// tierd and tier-bed-agent, built and stripped for the guest.
-fn guest_programs() -> anyhow::Result<Vec<PathBuf>> {
+pub fn guest_programs() -> anyhow::Result<Vec<PathBuf>> {
     run::cargo(&[
         "build",
         "-p",
@@ -281,67 +291,6 @@ pub fn test_env() -> anyhow::Result<Result<Vec<(String, String)>, String>> {
         ("TIERD_BED_AGENT".into(), programs[1].display().to_string()),
         ("TIERD_TRUTH_PLUGIN".into(), plugin.display().to_string()),
     ]))
-}
-
-/// The closed loop on the bed (`cargo xtask e2e --vmm qemu`): release
-/// tierd and tier-e2e-qemu, the guest's agent, the truth plugin, 6.12.
-/// `runner` runs tier-e2e-qemu (Ok(false): it failed).
-pub fn e2e_qemu(
-    mode: Option<&str>,
-    work_dir: Option<PathBuf>,
-    runner: &mut dyn FnMut(&mut std::process::Command) -> anyhow::Result<bool>,
-) -> anyhow::Result<bool> {
-    deps::ensure(false)?;
-    if let Some(why) = tier_linux_bed::missing() {
-        bail!("cannot run the Linux bed: {why}");
-    }
-    let kernel = kernels(false)?
-        .into_iter()
-        .find(|k| k.series() == "6.12")
-        .context("no 6.12 cloud kernel known to apt")?;
-    let root = kernel
-        .vmlinuz
-        .parent()
-        .and_then(Path::parent)
-        .context("the kernel's root")?
-        .to_path_buf();
-    let programs = guest_programs()?;
-    let target = run::target_dir()?;
-    let plugin = crate::linux_bed_plugin::build(&target.join("linux-bed"))?;
-    run::step("e2e", "building tierd and tier-e2e-qemu (release)");
-    run::cargo(&[
-        "build",
-        "--release",
-        "-p",
-        "tier-profiler",
-        "-p",
-        "tier-e2e",
-        "--bin",
-        "tierd",
-        "--bin",
-        "tier-e2e-qemu",
-    ])?;
-    let release = target.join("release");
-    let mut cmd = std::process::Command::new(release.join("tier-e2e-qemu"));
-    cmd.arg("--tierd")
-        .arg(release.join("tierd"))
-        .arg("--agent")
-        .arg(&programs[1])
-        .arg("--plugin")
-        .arg(plugin)
-        .arg("--kernel")
-        .arg(root);
-    if let Some(m) = mode {
-        cmd.arg("--mode").arg(m);
-    }
-    if let Some(w) = work_dir {
-        cmd.arg("--work-dir").arg(w);
-    }
-    run::step(
-        "e2e",
-        "running tier-e2e-qemu (two Linux guests under QEMU, tierd, the controller)",
-    );
-    runner(&mut cmd)
 }
 
 /// A debug binary, stripped of debug info (the guest unpacks its

@@ -20,6 +20,14 @@ deb-src [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] http://deb.de
 deb-src [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] http://deb.debian.org/debian-security bookworm-security main
 ";
 
+/// `cargo xtask linux-bed-plugin`: builds it under `<target>/linux-bed`,
+/// prints the .so's path.
+pub fn run() -> anyhow::Result<()> {
+    let so = build(&run::target_dir()?.join("linux-bed"))?;
+    println!("{}", so.display());
+    Ok(())
+}
+
 /// `<cache>/tier_truth.so`, rebuilt only when the plugin source or the
 /// installed QEMU changed. `cache` is e.g. `<target>/linux-bed`.
 pub fn build(cache: &Path) -> anyhow::Result<PathBuf> {

@@ -13,8 +13,8 @@ use std::process::Command;
 
 use anyhow::{Context, bail};
 
-use crate::compat::kernel;
-use crate::run;
+use crate::compat::{self, kernel};
+use crate::{deps, run};
 
 /// Debian's user-mode-linux 6.1um4+b13 is built from this linux-source.
 pub const UML_SOURCE: (&str, &str) = ("linux-source-6.1", "6.1.176-1");
@@ -36,7 +36,25 @@ pub fn out_dir() -> anyhow::Result<PathBuf> {
     Ok(run::target_dir()?.join("linux-driver"))
 }
 
-pub fn run(flavour: Flavour, offline: bool) -> anyhow::Result<()> {
+/// Build tier_balloon.ko (vmm-patch/linux-driver) from Debian's kernel
+/// sources: for Debian's UML 6.1 kernel, and compile-tested against the
+/// cloud-amd64 6.1 and 6.12 headers.
+#[derive(Debug, PartialEq, clap::Args)]
+pub struct Args {
+    #[arg(long, value_enum, default_value = "all")]
+    pub flavour: Flavour,
+    /// Use only the .debs cached under <target>/linux-driver/debs.
+    #[arg(long)]
+    pub offline: bool,
+}
+
+pub fn run(Args { flavour, offline }: Args) -> anyhow::Result<()> {
+    deps::ensure(false)?;
+    build(flavour, offline)
+}
+
+/// The flavours' modules (`cargo xtask test` builds them with deps ensured).
+pub fn build(flavour: Flavour, offline: bool) -> anyhow::Result<()> {
     let out = out_dir()?;
     if matches!(flavour, Flavour::Uml | Flavour::All) {
         let ko = build_uml(&out, offline)?;
@@ -131,7 +149,7 @@ fn build_cloud(out: &Path, offline: bool) -> anyhow::Result<Vec<PathBuf>> {
             "6.12"
         };
         let root = out.join(format!("headers/{release}"));
-        let hdeb = kernel::fetch(&debs, &headers, offline)?;
+        let hdeb = compat::fetch(&debs, &headers, offline)?;
         if !root.join("done").exists() {
             run::step(
                 "linux-driver",
@@ -139,7 +157,7 @@ fn build_cloud(out: &Path, offline: bool) -> anyhow::Result<Vec<PathBuf>> {
             );
             std::fs::create_dir_all(&root)?;
             for pkg in std::iter::once(headers.clone()).chain(depends(&hdeb)?) {
-                let deb = kernel::fetch(&debs, &pkg, offline)?;
+                let deb = compat::fetch(&debs, &pkg, offline)?;
                 run::status(Command::new("dpkg-deb").arg("-x").arg(&deb).arg(&root))?;
             }
             relocate_makefile(&root, &release)?;

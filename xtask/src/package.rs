@@ -13,8 +13,11 @@ use anyhow::{Context, bail};
 use crate::oci::{VERSION, gzip, shared_libs};
 use crate::run;
 
+/// Build the .deb (tierd, tierctl, man pages, completions, the systemd
+/// unit, /etc/tierd/tierd.toml) and tierd's OCI image layout
+/// (docs/packaging.md).
 #[derive(Debug, Clone, PartialEq, clap::Args)]
-pub struct Options {
+pub struct Args {
     /// Package the debug build (fast; for tests) instead of the release one.
     #[arg(long)]
     pub debug: bool,
@@ -24,7 +27,7 @@ pub struct Options {
 }
 
 /// Writes `tierd_<version>_amd64.deb`, `oci/` and `tierd_<version>_oci.tar`.
-pub fn run(o: &Options) -> anyhow::Result<()> {
+pub fn run(o: Args) -> anyhow::Result<()> {
     let profile = if o.debug { "debug" } else { "release" };
     run::step("package", format!("building tierd and tierctl ({profile})"));
     let mut args = vec![

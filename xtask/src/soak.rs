@@ -8,8 +8,10 @@ use anyhow::{Context, bail};
 
 use crate::{deps, run, vmm_patch};
 
+/// Chaos soak of the closed loop (tier-soak): faults from a seeded
+/// schedule, invariants checked from outside, a table and a RESULT line.
 #[derive(Debug, PartialEq, clap::Args)]
-pub struct Options {
+pub struct Args {
     /// A patched cloud-hypervisor binary (`cargo xtask vmm-patch build`).
     #[arg(long, env = "TIERD_CH_BIN", conflicts_with = "ch_src")]
     pub ch_bin: Option<PathBuf>,
@@ -31,7 +33,7 @@ pub struct Options {
     pub work_dir: Option<PathBuf>,
 }
 
-pub fn run(o: &Options) -> anyhow::Result<()> {
+pub fn run(o: Args) -> anyhow::Result<()> {
     let ch = match (&o.ch_bin, &o.ch_src) {
         (Some(bin), _) => bin.clone(),
         (None, Some(src)) => {
@@ -89,4 +91,28 @@ pub fn run(o: &Options) -> anyhow::Result<()> {
         format!("running tier-soak for {} min, seed {}", o.minutes, o.seed),
     );
     run::status(&mut cmd).context("tier-soak")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn soak_without_a_vmm_says_what_it_needs() {
+        let e = run(Args {
+            ch_bin: None,
+            ch_src: None,
+            micro_http: None,
+            minutes: 1.0,
+            seed: 1,
+            faults: None,
+            work_dir: None,
+        })
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("--ch-bin") && e.contains("vmm-patch apply"),
+            "{e}"
+        );
+    }
 }

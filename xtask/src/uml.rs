@@ -12,7 +12,16 @@ use crate::{deps, run};
 
 const MIB: u64 = 1 << 20;
 
-pub fn run(target_mib: u64) -> anyhow::Result<()> {
+/// Boot a real Linux guest (Debian's user-mode-linux) with its stock
+/// virtio_balloon against tier-balloon; inflate and deflate it.
+#[derive(Debug, PartialEq, clap::Args)]
+pub struct Args {
+    /// Balloon size to inflate, MiB.
+    #[arg(long, default_value_t = 32)]
+    pub target_mib: u64,
+}
+
+pub fn run(Args { target_mib }: Args) -> anyhow::Result<()> {
     deps::ensure(false)?;
     if let Some(why) = tier_uml::missing() {
         bail!("cannot boot the Linux guest: {why}");

@@ -36,10 +36,26 @@ const NEEDS: &str = "vmm-patch needs a cloud-hypervisor v53.0 git checkout (tag 
      build also needs micro_http at 5c2254d6 (default DIR/../micro-http):\n  \
      git clone https://github.com/firecracker-microvm/micro-http DIR2 && git -C DIR2 checkout 5c2254d6";
 
+/// Apply our patch series to a cloud-hypervisor v53.0 checkout, or build it.
+#[derive(Debug, PartialEq, clap::Args)]
+pub struct Args {
+    /// apply: `git am` the series onto a new branch; build: release build of the patched tree.
+    #[arg(value_enum)]
+    pub action: Action,
+    /// cloud-hypervisor v53.0 git checkout.
+    #[arg(long)]
+    pub ch_src: Option<PathBuf>,
+    /// micro_http checkout at 5c2254d6 (default: beside --ch-src, `micro-http`).
+    #[arg(long)]
+    pub micro_http: Option<PathBuf>,
+}
+
 pub fn run(
-    action: Action,
-    ch_src: Option<PathBuf>,
-    micro_http: Option<PathBuf>,
+    Args {
+        action,
+        ch_src,
+        micro_http,
+    }: Args,
 ) -> anyhow::Result<()> {
     let Some(dir) = ch_src else {
         bail!("{NEEDS}");
@@ -431,13 +447,23 @@ mod tests {
     #[test]
     fn without_checkout_says_what_it_needs() {
         for action in [Action::Apply, Action::Build] {
-            let err = run(action, None, None).unwrap_err().to_string();
+            let err = run(Args {
+                action,
+                ch_src: None,
+                micro_http: None,
+            })
+            .unwrap_err()
+            .to_string();
             assert!(err.contains("v53.0") && err.contains("--ch-src"), "{err}");
             assert!(err.contains("micro_http"), "{err}");
         }
-        let err = run(Action::Apply, Some(std::env::temp_dir()), None)
-            .unwrap_err()
-            .to_string();
+        let err = run(Args {
+            action: Action::Apply,
+            ch_src: Some(std::env::temp_dir()),
+            micro_http: None,
+        })
+        .unwrap_err()
+        .to_string();
         assert!(
             err.contains("does not look like a cloud-hypervisor checkout"),
             "{err}"

@@ -4,11 +4,12 @@
 //! matching by member name through anonymous members,
 //! bpf_core_fields_are_compat / bpf_core_types_are_compat).
 
-use anyhow::{Context, bail};
+use crate::error::{Context, bail};
 
-use super::btf::{Btf, KernelBtf, Kind, essential};
-use super::elf::{u16_at, u32_at};
-use super::types::{fields_are_compat, kinds_compat, type_size, types_are_compat, types_match};
+use crate::Result;
+use crate::btf::{Btf, KernelBtf, Kind, essential};
+use crate::elf::{u16_at, u32_at};
+use crate::types::{fields_are_compat, kinds_compat, type_size, types_are_compat, types_match};
 
 /// One `struct bpf_core_relo`, with its ELF section name.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -62,9 +63,9 @@ impl CoreRelo {
 /// The core_relo records of a `.BTF.ext` section (libbpf_internal.h
 /// btf_ext_header: magic, version, flags, hdr_len, func_info off/len,
 /// line_info off/len, core_relo off/len).
-pub fn parse_btf_ext(ext: &[u8], btf: &Btf) -> anyhow::Result<Vec<CoreRelo>> {
+pub fn parse_btf_ext(ext: &[u8], btf: &Btf) -> Result<Vec<CoreRelo>> {
     if u16_at(ext, 0)? != 0xeb9f {
-        bail!("bad .BTF.ext magic");
+        bail!(Format, "bad .BTF.ext magic");
     }
     let hdr_len = u32_at(ext, 4)? as usize;
     if hdr_len < 32 {
@@ -81,7 +82,7 @@ pub fn parse_btf_ext(ext: &[u8], btf: &Btf) -> anyhow::Result<Vec<CoreRelo>> {
     }
     let rec_size = u32_at(sec, 0)? as usize;
     if rec_size < 16 {
-        bail!(".BTF.ext core_relo record size {rec_size} < 16");
+        bail!(Format, ".BTF.ext core_relo record size {rec_size} < 16");
     }
     let mut p = 4;
     while p < sec.len() {
@@ -123,7 +124,7 @@ pub enum Outcome {
 
 /// The local spec: root id, and the accessors (named members and array
 /// indexes; anonymous members skipped as in bpf_core_parse_spec).
-fn local_spec(local: &Btf, r: &CoreRelo) -> anyhow::Result<Vec<Acc>> {
+fn local_spec(local: &Btf, r: &CoreRelo) -> Result<Vec<Acc>> {
     let raw: Vec<u32> = r
         .access
         .split(':')
@@ -131,7 +132,7 @@ fn local_spec(local: &Btf, r: &CoreRelo) -> anyhow::Result<Vec<Acc>> {
             s.parse::<u32>()
                 .with_context(|| format!("access string {:?}", r.access))
         })
-        .collect::<anyhow::Result<_>>()?;
+        .collect::<Result<_>>()?;
     let first = *raw.first().context("empty access string")?;
     let mut accs = vec![Acc {
         type_id: r.type_id,
@@ -144,7 +145,7 @@ fn local_spec(local: &Btf, r: &CoreRelo) -> anyhow::Result<Vec<Acc>> {
     if r.is_enumval() {
         let (_, t) = local.skip_mods(r.type_id);
         let Kind::Enum { values, .. } = &t.kind else {
-            bail!("enumval relocation on a non-enum");
+            bail!(Format, "enumval relocation on a non-enum");
         };
         accs[0].name = Some(
             values
@@ -180,7 +181,12 @@ fn local_spec(local: &Btf, r: &CoreRelo) -> anyhow::Result<Vec<Acc>> {
                 });
                 id = *elem;
             }
-            _ => bail!("access {:?} walks into a {}", r.access, t.core_kind()),
+            _ => bail!(
+                Format,
+                "access {:?} walks into a {}",
+                r.access,
+                t.core_kind()
+            ),
         }
     }
     Ok(accs)
@@ -259,7 +265,7 @@ fn match_candidate(l: &Btf, r: &CoreRelo, accs: &[Acc], t: &Btf, cand: u32) -> O
 
 /// Resolves one relocation against the kernel: candidates from vmlinux
 /// first, modules only when vmlinux has none (libbpf's bpf_core_find_cands).
-pub fn resolve(local: &Btf, r: &CoreRelo, kernel: &KernelBtf) -> anyhow::Result<Outcome> {
+pub fn resolve(local: &Btf, r: &CoreRelo, kernel: &KernelBtf) -> Result<Outcome> {
     if r.kind == 6 {
         return Ok(Outcome::Resolved {
             value: u64::from(r.type_id),
@@ -270,7 +276,11 @@ pub fn resolve(local: &Btf, r: &CoreRelo, kernel: &KernelBtf) -> anyhow::Result<
     let root = local.ty(r.type_id);
     let ess = essential(&root.name);
     if ess.is_empty() {
-        bail!("relocation against an anonymous type ({})", r.access);
+        bail!(
+            Format,
+            "relocation against an anonymous type ({})",
+            r.access
+        );
     }
     let mut found: Option<(u64, String)> = None;
     for (at, btf) in kernel.all().enumerate() {

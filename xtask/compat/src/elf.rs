@@ -1,7 +1,8 @@
 //! Just enough of ELF64 little-endian to read BPF objects, vmlinux and
 //! kernel modules: section headers, section contents and the symbol table.
 
-use anyhow::{Context, bail};
+use crate::Result;
+use crate::error::{Context, bail};
 
 /// One section header.
 #[derive(Debug, Clone)]
@@ -39,41 +40,41 @@ pub struct Elf {
     pub sections: Vec<Section>,
 }
 
-pub fn u16_at(d: &[u8], off: usize) -> anyhow::Result<u16> {
+pub fn u16_at(d: &[u8], off: usize) -> Result<u16> {
     let b = d.get(off..off + 2).context("ELF/BTF read past the end")?;
     Ok(u16::from_le_bytes([b[0], b[1]]))
 }
 
-pub fn u32_at(d: &[u8], off: usize) -> anyhow::Result<u32> {
+pub fn u32_at(d: &[u8], off: usize) -> Result<u32> {
     let b = d.get(off..off + 4).context("ELF/BTF read past the end")?;
     Ok(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
 }
 
-pub fn u64_at(d: &[u8], off: usize) -> anyhow::Result<u64> {
+pub fn u64_at(d: &[u8], off: usize) -> Result<u64> {
     let lo = u32_at(d, off)?;
     let hi = u32_at(d, off + 4)?;
     Ok(u64::from(lo) | (u64::from(hi) << 32))
 }
 
 /// NUL-terminated string at `off` of a string table.
-pub fn cstr(d: &[u8], off: usize) -> anyhow::Result<String> {
+pub fn cstr(d: &[u8], off: usize) -> Result<String> {
     let rest = d.get(off..).context("string offset past the table")?;
     let end = rest.iter().position(|b| *b == 0).unwrap_or(rest.len());
     Ok(String::from_utf8_lossy(&rest[..end]).into_owned())
 }
 
-fn usize_of(v: u64) -> anyhow::Result<usize> {
+fn usize_of(v: u64) -> Result<usize> {
     usize::try_from(v).context("ELF offset does not fit usize")
 }
 
 impl Elf {
-    pub fn parse(data: Vec<u8>) -> anyhow::Result<Elf> {
+    pub fn parse(data: Vec<u8>) -> Result<Elf> {
         if data.get(..4) != Some(b"\x7fELF".as_slice()) {
-            bail!("not an ELF file");
+            bail!(Format, "not an ELF file");
         }
         // EI_CLASS 2 = 64-bit, EI_DATA 1 = little-endian: BPF objects and x86_64 kernels.
         if data.get(4) != Some(&2) || data.get(5) != Some(&1) {
-            bail!("not a 64-bit little-endian ELF file");
+            bail!(Format, "not a 64-bit little-endian ELF file");
         }
         let shoff = usize_of(u64_at(&data, 0x28)?)?;
         let shentsize = usize::from(u16_at(&data, 0x3a)?);
@@ -106,13 +107,13 @@ impl Elf {
         Ok(Elf { data, sections })
     }
 
-    pub fn read(path: &std::path::Path) -> anyhow::Result<Elf> {
+    pub fn read(path: &std::path::Path) -> Result<Elf> {
         let data = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
         Elf::parse(data).with_context(|| format!("parsing {}", path.display()))
     }
 
     /// Contents of section `index` (empty for NOBITS).
-    pub fn data_of(&self, index: usize) -> anyhow::Result<&[u8]> {
+    pub fn data_of(&self, index: usize) -> Result<&[u8]> {
         let s = self
             .sections
             .get(index)
@@ -128,7 +129,7 @@ impl Elf {
     }
 
     /// Contents of the first section called `name`, if any.
-    pub fn section(&self, name: &str) -> anyhow::Result<Option<&[u8]>> {
+    pub fn section(&self, name: &str) -> Result<Option<&[u8]>> {
         match self.sections.iter().position(|s| s.name == name) {
             Some(i) => self.data_of(i).map(Some),
             None => Ok(None),
@@ -136,7 +137,7 @@ impl Elf {
     }
 
     /// Every entry of `.symtab` but the null one.
-    pub fn symbols(&self) -> anyhow::Result<Vec<Symbol>> {
+    pub fn symbols(&self) -> Result<Vec<Symbol>> {
         let Some(idx) = self.sections.iter().position(|s| s.kind == SHT_SYMTAB) else {
             return Ok(Vec::new());
         };

@@ -1,9 +1,9 @@
 //! Kernel capabilities from the config and BTF, and what they mean for
 //! tierd: ageing drivers and backends (README.md's backend table).
 
-use super::btf::Kind;
-use super::check::ObjectReport;
-use super::kernel::Kernel;
+use crate::btf::Kind;
+use crate::check::ObjectReport;
+use crate::kernel::Kernel;
 
 /// Config options the report shows, and why each matters.
 pub const CONFIG_KEYS: [(&str, &str); 17] = [

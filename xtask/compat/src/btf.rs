@@ -5,9 +5,10 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use anyhow::{Context, bail};
+use crate::error::{Context, bail};
 
-use super::elf::{cstr, u16_at, u32_at};
+use crate::Result;
+use crate::elf::{cstr, u16_at, u32_at};
 
 /// One member of a struct or union.
 #[derive(Debug, Clone)]
@@ -119,9 +120,9 @@ static VOID: Type = Type {
 
 impl Btf {
     /// Parses raw `.BTF` section bytes.
-    pub fn parse(label: &str, data: &[u8], base: Option<Arc<Btf>>) -> anyhow::Result<Btf> {
+    pub fn parse(label: &str, data: &[u8], base: Option<Arc<Btf>>) -> Result<Btf> {
         if u16_at(data, 0)? != 0xeb9f {
-            bail!("{label}: bad BTF magic");
+            bail!(Format, "{label}: bad BTF magic");
         }
         let hdr_len = u32_at(data, 4)? as usize;
         let type_off = hdr_len + u32_at(data, 8)? as usize;
@@ -167,14 +168,14 @@ impl Btf {
         Ok(btf)
     }
 
-    fn parse_type(&self, d: &[u8], off: usize) -> anyhow::Result<(Type, usize)> {
+    fn parse_type(&self, d: &[u8], off: usize) -> Result<(Type, usize)> {
         let name = self.name_at(u32_at(d, off)?)?;
         let info = u32_at(d, off + 4)?;
         let st = u32_at(d, off + 8)?;
         let vlen = (info & 0xffff) as usize;
         let kflag = info >> 31 == 1;
         let rest = off + 12;
-        let member = |i: usize| -> anyhow::Result<Member> {
+        let member = |i: usize| -> Result<Member> {
             let m = rest + i * 12;
             let raw = u32_at(d, m + 8)?;
             Ok(Member {
@@ -202,7 +203,7 @@ impl Btf {
                 (kind, 12)
             }
             k @ (4 | 5) => {
-                let members = (0..vlen).map(member).collect::<anyhow::Result<Vec<_>>>()?;
+                let members = (0..vlen).map(member).collect::<Result<Vec<_>>>()?;
                 let kind = if k == 4 {
                     Kind::Struct { size: st, members }
                 } else {
@@ -242,7 +243,7 @@ impl Btf {
             15 => {
                 let vars = (0..vlen)
                     .map(|i| u32_at(d, rest + i * 12))
-                    .collect::<anyhow::Result<Vec<_>>>()?;
+                    .collect::<Result<Vec<_>>>()?;
                 (Kind::Datasec { vars }, vlen * 12)
             }
             16 => (Kind::Float(st), 0),
@@ -257,13 +258,13 @@ impl Btf {
                 }
                 (Kind::Enum { size: st, values }, vlen * 12)
             }
-            k => bail!("unknown BTF kind {k}"),
+            k => bail!(Format, "unknown BTF kind {k}"),
         };
         Ok((Type { name, kind }, 12 + extra))
     }
 
     /// String at offset `off` of this BTF's (or its base's) string section.
-    pub fn name_at(&self, off: u32) -> anyhow::Result<String> {
+    pub fn name_at(&self, off: u32) -> Result<String> {
         if off < self.str_start {
             return self
                 .base

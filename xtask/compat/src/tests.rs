@@ -5,12 +5,12 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use super::btf::{Btf, KernelBtf, essential};
-use super::check::{self, RelocState};
-use super::core::Outcome;
-use super::kernel::{self, Kernel};
-use super::object;
-use super::types;
+use crate::btf::{Btf, KernelBtf, essential};
+use crate::check::{self, RelocState};
+use crate::core::Outcome;
+use crate::kernel::{self, Kernel};
+use crate::object;
+use crate::types;
 
 /// Local types flavoured with `___mine`, so CO-RE matches them to the
 /// kernel's by essential name; `no_such_field` exists in no kernel.
@@ -78,8 +78,24 @@ int unguarded(void *ctx)
 }
 "#;
 
+/// The workspace root (this crate is `xtask/compat`).
+fn workspace_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
 pub fn bpf_dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../bpf")
+    workspace_root().join("bpf")
+}
+
+/// The directories `cargo xtask compat` uses: `<target>/compat`, where the
+/// target dir is `CARGO_TARGET_DIR` or the workspace's `target/`.
+pub fn dirs() -> crate::Dirs {
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map_or_else(|| workspace_root().join("target"), PathBuf::from);
+    crate::Dirs {
+        bpf: bpf_dir(),
+        work: target.join("compat"),
+    }
 }
 
 /// Compiles `source` (named NAME.bpf.c) the way the project's objects are.

@@ -8,10 +8,11 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::Arc;
 
-use anyhow::{Context, bail};
+use crate::error::{Context, bail};
 
-use super::btf::{Btf, KernelBtf};
-use super::elf::Elf;
+use crate::Result;
+use crate::btf::{Btf, KernelBtf};
+use crate::elf::Elf;
 
 /// Modules whose split BTF is searched after vmlinux, in this order.
 pub const KVM_MODULES: [&str; 3] = ["kvm", "kvm-intel", "kvm-amd"];
@@ -39,13 +40,14 @@ impl Kernel {
 /// Newest `linux-image-6.1.0-NN-{amd64,cloud-amd64}` and
 /// `linux-image-6.12.NN+deb12-{amd64,cloud-amd64}` known to apt, from its
 /// local package lists (`apt-get update` refreshes them).
-pub fn default_packages() -> anyhow::Result<Vec<String>> {
+pub fn default_packages() -> Result<Vec<String>> {
     let out = Command::new("apt-cache")
         .args(["pkgnames", "linux-image-6.1"])
         .output()
         .context("running apt-cache pkgnames (Debian/Ubuntu only)")?;
     if !out.status.success() {
         bail!(
+            Tool,
             "apt-cache pkgnames failed: {}",
             String::from_utf8_lossy(&out.stderr)
         );
@@ -86,7 +88,7 @@ pub fn newest(names: &str) -> Vec<String> {
 }
 
 /// Package names of the .debs already in `cache` (offline mode).
-pub fn cached_packages(cache: &Path) -> anyhow::Result<Vec<String>> {
+pub fn cached_packages(cache: &Path) -> Result<Vec<String>> {
     let mut names = Vec::new();
     let dir = match std::fs::read_dir(cache) {
         Ok(d) => d,
@@ -109,7 +111,7 @@ pub fn cached_packages(cache: &Path) -> anyhow::Result<Vec<String>> {
 }
 
 /// The cached .deb of `pkg`, if any.
-fn cached_deb(cache: &Path, pkg: &str) -> anyhow::Result<Option<PathBuf>> {
+fn cached_deb(cache: &Path, pkg: &str) -> Result<Option<PathBuf>> {
     let prefix = format!("{pkg}_");
     let Ok(dir) = std::fs::read_dir(cache) else {
         return Ok(None);
@@ -129,16 +131,22 @@ fn cached_deb(cache: &Path, pkg: &str) -> anyhow::Result<Option<PathBuf>> {
     Ok(None)
 }
 
-/// The .deb of `pkg`: from the cache, or `apt-get download` into it.
-pub fn fetch(cache: &Path, pkg: &str, offline: bool) -> anyhow::Result<PathBuf> {
+/// The .deb of `pkg`: from the cache, or `apt-get download` into it
+/// (`progress` hears of it first: a download takes a while).
+pub fn fetch(
+    cache: &Path,
+    pkg: &str,
+    offline: bool,
+    progress: &mut dyn FnMut(String),
+) -> Result<PathBuf> {
     if let Some(deb) = cached_deb(cache, pkg)? {
         return Ok(deb);
     }
     if offline {
-        bail!("--offline: no {pkg}_*.deb in {}", cache.display());
+        bail!(Missing, "--offline: no {pkg}_*.deb in {}", cache.display());
     }
     std::fs::create_dir_all(cache).with_context(|| format!("creating {}", cache.display()))?;
-    eprintln!("compat: apt-get download {pkg}");
+    progress(format!("apt-get download {pkg}"));
     let out = Command::new("apt-get")
         .args(["download", "-q", pkg])
         .current_dir(cache)
@@ -146,6 +154,7 @@ pub fn fetch(cache: &Path, pkg: &str, offline: bool) -> anyhow::Result<PathBuf> 
         .context("running apt-get download")?;
     if !out.status.success() {
         bail!(
+            Tool,
             "apt-get download {pkg} failed (stale lists? `apt-get update`): {}",
             String::from_utf8_lossy(&out.stderr).trim()
         );
@@ -154,7 +163,7 @@ pub fn fetch(cache: &Path, pkg: &str, offline: bool) -> anyhow::Result<PathBuf> 
 }
 
 /// Extracts (once) the BTF blobs and config of `deb` into `dir`.
-pub fn extract(deb: &Path, dir: &Path) -> anyhow::Result<()> {
+pub fn extract(deb: &Path, dir: &Path) -> Result<()> {
     if dir.join("done").exists() {
         return Ok(());
     }
@@ -165,8 +174,20 @@ pub fn extract(deb: &Path, dir: &Path) -> anyhow::Result<()> {
     let staging = tempfile::tempdir_in(parent).context("creating a staging directory")?;
     let out = staging.path();
     let tmp = out.join("deb");
-    crate::run::status(Command::new("dpkg-deb").arg("-x").arg(deb).arg(&tmp))
-        .context("dpkg-deb -x (apt-get install dpkg)")?;
+    let dpkg = Command::new("dpkg-deb")
+        .arg("-x")
+        .arg(deb)
+        .arg(&tmp)
+        .output()
+        .context("running dpkg-deb -x (apt-get install dpkg)")?;
+    if !dpkg.status.success() {
+        bail!(
+            Tool,
+            "dpkg-deb -x {} failed: {}",
+            deb.display(),
+            String::from_utf8_lossy(&dpkg.stderr).trim()
+        );
+    }
     let boot = tmp.join("boot");
     let vmlinuz = find_prefixed(&boot, "vmlinuz-")?;
     let config = find_prefixed(&boot, "config-")?;
@@ -206,7 +227,7 @@ pub fn extract(deb: &Path, dir: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn find_prefixed(dir: &Path, prefix: &str) -> anyhow::Result<PathBuf> {
+fn find_prefixed(dir: &Path, prefix: &str) -> Result<PathBuf> {
     for entry in std::fs::read_dir(dir).with_context(|| format!("reading {}", dir.display()))? {
         let path = entry
             .with_context(|| format!("reading {}", dir.display()))?
@@ -218,11 +239,11 @@ fn find_prefixed(dir: &Path, prefix: &str) -> anyhow::Result<PathBuf> {
             return Ok(path);
         }
     }
-    bail!("no {prefix}* in {}", dir.display())
+    bail!(Missing, "no {prefix}* in {}", dir.display())
 }
 
 /// Writes the `.BTF` section of an ELF file (vmlinux or a module).
-fn write_btf(elf: Vec<u8>, out: &Path, what: &str) -> anyhow::Result<()> {
+fn write_btf(elf: Vec<u8>, out: &Path, what: &str) -> Result<()> {
     let elf = Elf::parse(elf).with_context(|| format!("parsing {what}"))?;
     let btf = elf
         .section(".BTF")?
@@ -231,7 +252,7 @@ fn write_btf(elf: Vec<u8>, out: &Path, what: &str) -> anyhow::Result<()> {
 }
 
 /// A module's ELF bytes, decompressing `.ko.xz` / `.ko.zst`.
-fn module_bytes(dir: &Path, name: &str) -> anyhow::Result<Option<Vec<u8>>> {
+fn module_bytes(dir: &Path, name: &str) -> Result<Option<Vec<u8>>> {
     let plain = dir.join(format!("{name}.ko"));
     if plain.exists() {
         return std::fs::read(&plain)
@@ -247,7 +268,7 @@ fn module_bytes(dir: &Path, name: &str) -> anyhow::Result<Option<Vec<u8>>> {
                 .output()
                 .with_context(|| format!("running {tool} (apt-get install xz-utils zstd)"))?;
             if !out.status.success() {
-                bail!("{tool} -dc {} failed", packed.display());
+                bail!(Tool, "{tool} -dc {} failed", packed.display());
             }
             return Ok(Some(out.stdout));
         }
@@ -257,7 +278,7 @@ fn module_bytes(dir: &Path, name: &str) -> anyhow::Result<Option<Vec<u8>>> {
 
 /// vmlinux from a bzImage: try each compression magic found in the file,
 /// as scripts/extract-vmlinux does, until the output is an ELF file.
-pub fn vmlinux_of(image: &[u8]) -> anyhow::Result<Vec<u8>> {
+pub fn vmlinux_of(image: &[u8]) -> Result<Vec<u8>> {
     // (magic, decompressor): lz4 legacy frame (6.1), zstd (6.12), xz, gzip.
     const METHODS: [(&[u8], &str, &[&str]); 4] = [
         (b"\x02\x21\x4c\x18", "lz4", &["-dc"]),
@@ -286,11 +307,14 @@ pub fn vmlinux_of(image: &[u8]) -> anyhow::Result<Vec<u8>> {
             }
         }
     }
-    bail!("no lz4/zstd/xz/gzip payload that decompresses to an ELF file")
+    bail!(
+        Format,
+        "no lz4/zstd/xz/gzip payload that decompresses to an ELF file"
+    )
 }
 
 /// Loads an extracted kernel.
-pub fn load(package: &str, dir: &Path) -> anyhow::Result<Kernel> {
+pub fn load(package: &str, dir: &Path) -> Result<Kernel> {
     let read = |f: &str| {
         let p = dir.join(f);
         std::fs::read(&p).with_context(|| format!("reading {}", p.display()))

@@ -3,10 +3,10 @@
 //! the program reads; raw_tp needs the tracepoint (`btf_trace_<name>`
 //! typedef) with at least as many arguments as the program reads.
 
-use super::btf::{Btf, Kind};
-use super::kernel::Kernel;
-use super::object::{Object, Program};
-use super::types;
+use crate::btf::{Btf, Kind};
+use crate::kernel::Kernel;
+use crate::object::{Object, Program};
+use crate::types;
 
 /// An argument a program reads, as its BPF source declares it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

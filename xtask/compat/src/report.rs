@@ -1,9 +1,9 @@
 //! The compatibility matrix: kernels as columns, one markdown table printed
 //! and written to docs/compat.md with the intro below.
 
-use super::caps::Caps;
-use super::check::{ObjectReport, RelocState, Use};
-use super::core::Outcome;
+use crate::caps::Caps;
+use crate::check::{ObjectReport, RelocState, Use};
+use crate::core::Outcome;
 
 /// Everything checked on one kernel.
 #[derive(Debug, Clone)]
@@ -32,7 +32,8 @@ kernels: the newest `linux-image-6.1.0-NN-{amd64,cloud-amd64}` and
 fetched with `apt-get download` (cached in `<target>/compat/debs/`), vmlinux
 is decompressed from the bzImage (lz4 in 6.1, zstd in 6.12), and its `.BTF`,
 the split `.BTF` of `kvm.ko`, `kvm-intel.ko`, `kvm-amd.ko` and
-`boot/config-*` are what is checked against.
+`boot/config-*` are what is checked against. The checker is the crate
+`tier-compat` (`xtask/compat/`); `xtask/src/compat.rs` drives it.
 
 What is checked, per object and kernel:
 - **CO-RE relocations**: every `.BTF.ext` core_relo record is resolved as

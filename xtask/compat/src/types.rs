@@ -1,7 +1,7 @@
 //! Type compatibility as libbpf judges it (tools/lib/bpf/relo_core.c):
 //! for CO-RE field and type relocations and kfunc prototypes.
 
-use super::btf::{Btf, Kind, essential};
+use crate::btf::{Btf, Kind, essential};
 
 /// Byte size of a type (0 when it has none).
 pub fn type_size(btf: &Btf, id: u32) -> u64 {

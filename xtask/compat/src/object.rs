@@ -4,11 +4,12 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use anyhow::Context;
+use crate::error::{Context, bail};
 
-use super::btf::{Btf, Kind};
-use super::core::{CoreRelo, parse_btf_ext};
-use super::elf::{Elf, STB_WEAK, STT_FUNC};
+use crate::Result;
+use crate::btf::{Btf, Kind};
+use crate::core::{CoreRelo, parse_btf_ext};
+use crate::elf::{Elf, STB_WEAK, STT_FUNC};
 
 /// One program: a global FUNC symbol in an executable section other than .text.
 #[derive(Debug, Clone)]
@@ -66,12 +67,7 @@ impl Object {
 /// -O2 -target bpf -c`), plus `extra_includes`. clang is run here directly,
 /// with the headers of the workspace's own libbpf-sys, so that xtask builds
 /// without libelf: `cargo xtask deps` must run on a machine that has none.
-pub fn compile(
-    src: &Path,
-    out: &Path,
-    bpf_dir: &Path,
-    extra_includes: &[PathBuf],
-) -> anyhow::Result<()> {
+pub fn compile(src: &Path, out: &Path, bpf_dir: &Path, extra_includes: &[PathBuf]) -> Result<()> {
     let headers = libbpf_headers()?;
     let mut cmd = Command::new("clang");
     cmd.arg("-I").arg(bpf_dir.join("include/x86_64"));
@@ -99,7 +95,8 @@ pub fn compile(
         )
     })?;
     if !output.status.success() {
-        anyhow::bail!(
+        bail!(
+            Tool,
             "compiling {}: clang {}: {}",
             src.display(),
             output.status,
@@ -112,7 +109,7 @@ pub fn compile(
 /// The ten API headers libbpf-cargo extracts from libbpf-sys
 /// (`libbpf_sys::API_HEADERS`), copied once per process from the libbpf-sys
 /// package that Cargo.lock pins into `<target>/xtask/libbpf-headers/bpf/`.
-fn libbpf_headers() -> anyhow::Result<PathBuf> {
+fn libbpf_headers() -> Result<PathBuf> {
     static DIR: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
     if let Some(dir) = DIR.get() {
         return Ok(dir.clone());
@@ -136,7 +133,11 @@ fn libbpf_headers() -> anyhow::Result<PathBuf> {
         .output()
         .context("cargo metadata (for libbpf-sys's headers)")?;
     if !meta.status.success() {
-        anyhow::bail!("cargo metadata: {}", String::from_utf8_lossy(&meta.stderr));
+        bail!(
+            Tool,
+            "cargo metadata: {}",
+            String::from_utf8_lossy(&meta.stderr)
+        );
     }
     let meta: serde_json::Value =
         serde_json::from_slice(&meta.stdout).context("parsing cargo metadata")?;
@@ -170,7 +171,7 @@ fn libbpf_headers() -> anyhow::Result<PathBuf> {
 }
 
 /// Reads programs, `.ksyms` externs and CO-RE relocations of an object file.
-pub fn read(name: &str, path: &Path) -> anyhow::Result<Object> {
+pub fn read(name: &str, path: &Path) -> Result<Object> {
     let elf = Elf::read(path)?;
     let raw_btf = elf
         .section(".BTF")?

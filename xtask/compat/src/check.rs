@@ -2,12 +2,13 @@
 //! ksym externs and attach targets, with the rule that decides whether
 //! libbpf would refuse the object (docs/compat.md).
 
-use super::attach::{self, AttachCheck};
-use super::btf::Kind;
-use super::core::{self, Outcome};
-use super::kernel::Kernel;
-use super::object::Object;
-use super::types;
+use crate::Result;
+use crate::attach::{self, AttachCheck};
+use crate::btf::Kind;
+use crate::core::{self, Outcome};
+use crate::kernel::Kernel;
+use crate::object::Object;
+use crate::types;
 
 /// How the daemon loads a program (profiler/src/probe.rs,
 /// sampler/ept/load.rs, sampler/pmu/loader.rs).
@@ -86,7 +87,7 @@ impl ObjectReport {
 }
 
 /// Runs every check of `obj` against `kernel`.
-pub fn check_object(obj: &Object, kernel: &Kernel) -> anyhow::Result<ObjectReport> {
+pub fn check_object(obj: &Object, kernel: &Kernel) -> Result<ObjectReport> {
     let mut relocs = Vec::new();
     let mut failures = Vec::new();
     for r in &obj.relos {
@@ -163,7 +164,7 @@ pub fn check_object(obj: &Object, kernel: &Kernel) -> anyhow::Result<ObjectRepor
 
 /// libbpf's bpf_object__resolve_ksyms: a kfunc must be a FUNC in vmlinux or
 /// a module with a compatible prototype; a ksym variable a VAR.
-fn check_extern(obj: &Object, e: &super::object::Extern, kernel: &Kernel) -> ExternResult {
+fn check_extern(obj: &Object, e: &crate::object::Extern, kernel: &Kernel) -> ExternResult {
     let kind = if e.is_func { "func" } else { "var" };
     let mut res = ExternResult {
         name: e.name.clone(),

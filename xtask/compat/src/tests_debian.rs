@@ -1,18 +1,20 @@
 //! The full check against the real Debian kernel packages; ignored with
-//! the reason where apt does not know them (xtask/build.rs).
+//! the reason where apt does not know them (build.rs).
 
 use std::sync::OnceLock;
 
-use super::check;
-use super::kernel;
-use super::tests::compile;
-use super::{Options, check_all};
+use crate::check;
+use crate::kernel;
+use crate::tests::{compile, dirs};
+use crate::{Options, check_all};
 
 /// The check of the default kernels, run once for the tests here. apt
 /// knows the packages (build.rs), so failing to fetch them is a failure.
-fn debian_summary() -> &'static super::Summary {
-    static SUMMARY: OnceLock<Result<super::Summary, String>> = OnceLock::new();
-    match SUMMARY.get_or_init(|| check_all(&Options::default()).map_err(|e| format!("{e:#}"))) {
+fn debian_summary() -> &'static crate::Summary {
+    static SUMMARY: OnceLock<Result<crate::Summary, String>> = OnceLock::new();
+    match SUMMARY.get_or_init(|| {
+        check_all(&Options::default(), &dirs(), &mut |_| {}).map_err(|e| format!("{e:#}"))
+    }) {
         Ok(s) => s,
         Err(e) => panic!("Debian kernel packages known to apt but not checked: {e}"),
     }
@@ -34,7 +36,7 @@ fn debian_kernels_load_every_object_when_debian_packages_are_reachable() {
         s.load_failures(),
         0,
         "{}",
-        super::report::matrix(&s.kernels)
+        crate::report::matrix(&s.kernels)
     );
     for k in &s.kernels {
         let six_one = k.package.starts_with("linux-image-6.1.0-");
@@ -146,9 +148,9 @@ fn strong_kfunc_fails_on_6_1_only_when_debian_packages_are_reachable() {
             .iter()
             .any(|e| e.name == "bpf_cast_to_kern_ctx" && !e.weak)
     );
-    let target = crate::run::target_dir().unwrap().join("compat/kernels");
+    let dirs = dirs();
     for k in &s.kernels {
-        let kernel = kernel::load(&k.package, &target.join(&k.package)).unwrap();
+        let kernel = kernel::load(&k.package, &dirs.kernel(&k.package)).unwrap();
         let report = check::check_object(&obj, &kernel).unwrap();
         if k.package.starts_with("linux-image-6.1.0-") {
             eprintln!(

@@ -1,0 +1,135 @@
+//! `cargo xtask bench NAME [ARGS]`: one benchmark of the tier-benches
+//! crate, built in release beside tierd.
+
+use anyhow::bail;
+
+use crate::{linux_bed_fidelity, run};
+
+/// Run one benchmark from benches/ (prints a table and a RESULT line).
+#[derive(Debug, PartialEq, clap::Args)]
+pub struct Args {
+    /// Benchmark name; `list` shows them.
+    pub name: String,
+    /// Passed to the bench binary, with or without `--` before them
+    /// (e.g. `fidelity --source linux`, `tierd-scale -- --against
+    /// OLD_TIERD`).
+    #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+    pub args: Vec<String>,
+}
+
+/// Benchmarks are binaries of the tier-benches crate, built in release.
+const BENCHES: &[(&str, &str)] = &[
+    (
+        "demo-vm",
+        "guest speed of the demo VM on this KVM vs the exit+entry cost",
+    ),
+    (
+        "tierd-scale",
+        "tierd CPU with 1000 synthetic VMs x 4 tiers streamed to 10 watchers",
+    ),
+    (
+        "bpf-cost",
+        "ns per event of the EPT sampler's BPF programs vs an empty raw_tp program",
+    ),
+    ("controller", "policy on simulated 8/64/1000-VM fleets"),
+    (
+        "sampler-scale",
+        "sampler CPU per interval and RSS against guest size (0.25-8 GiB), hostpte and EPT user space, budget on/off",
+    ),
+    (
+        "tierctl-render",
+        "tierctl top frame time for 1000 VMs on a TestBackend",
+    ),
+    (
+        "balloon",
+        "tier-balloon inflate GiB/s (coalesced runs) vs per-page punch+madvise and one call",
+    ),
+    (
+        "fidelity",
+        "DRAM-hit ratio of each source (guest-reported, host backends) vs the guest's exact counts: error, lag, CSV + SVG",
+    ),
+    (
+        "refit",
+        "re-fits a recorded fidelity run's per-pass counts with this build's estimate (CSV arg), no VM",
+    ),
+    (
+        "schedule",
+        "pass schedules on simulated accessed bits: interval coverage, width, point error, walks; no VM",
+    ),
+    (
+        "overhead",
+        "guest throughput with vs without each sampler, BPF run time per program, hostpte CPU per GiB",
+    ),
+    (
+        "twin",
+        "trace-driven twin of EPT ageing, hostpte and PMU at real access rates through tierd's estimator and controller: errors, coverage, hot set, cost per GiB, fleets",
+    ),
+    (
+        "fuzz",
+        "10^6 seeded cases per untrusted-input parser (vm.info, vm.counters, control lines, stats buffers, config): panics, RSS",
+    ),
+];
+
+/// Builds tierd and the bench in release and runs it (`list`: the names).
+pub fn run(args: Args) -> anyhow::Result<()> {
+    let Args { name, args } = &args;
+    let name = name.as_str();
+    let known: Vec<&str> = BENCHES.iter().map(|(n, _)| *n).collect();
+    if name == "list" {
+        for (n, what) in BENCHES {
+            println!("{n:16} {what}");
+        }
+        return Ok(());
+    }
+    if !known.contains(&name) {
+        bail!(
+            "no bench named {name:?}; available: {}",
+            if known.is_empty() {
+                "none yet".to_string()
+            } else {
+                known.join(", ")
+            }
+        );
+    }
+    // Benches may start tierd itself: build it in release beside them.
+    run::step("bench", "building tierd (release)");
+    run::cargo(&["build", "--release", "-p", "tier-profiler"])?;
+    // The Linux source needs the bed's kernels, plugin and guest programs.
+    let env = if name == "fidelity" && linux_bed_fidelity::wanted(args) {
+        run::step(
+            "bench",
+            "preparing the Linux bed (kernels, truth plugin, kv_zipf)",
+        );
+        linux_bed_fidelity::env()?
+    } else {
+        Vec::new()
+    };
+    run::step("bench", format!("building and running {name} (release)"));
+    let mut cmd = vec![
+        "run",
+        "--release",
+        "-p",
+        "tier-benches",
+        "--bin",
+        name,
+        "--",
+    ];
+    cmd.extend(args.iter().map(String::as_str));
+    run::cargo_env(&cmd, &env)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unknown_bench_lists_the_known_ones() {
+        let err = run(Args {
+            name: "no-such-bench".into(),
+            args: Vec::new(),
+        })
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("no bench named \"no-such-bench\""), "{err}");
+    }
+}
