@@ -19,6 +19,10 @@ pub const PACKAGES: &[(&str, &str)] = &[
     ("binutils", "as/objcopy check the demo guest's machine code"),
     ("bpftool", "cargo xtask vmlinux regenerates vmlinux.h"),
     (
+        "clang-format-14",
+        "cargo xtask test checks bpf/ against bpf/.clang-format",
+    ),
+    (
         "flex",
         "cargo xtask linux-driver: UML kernel modules_prepare",
     ),

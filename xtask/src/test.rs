@@ -40,6 +40,7 @@ pub fn run() -> anyhow::Result<()> {
     run::step("test", "cargo fmt --all --check");
     run::cargo(&["fmt", "--all", "--check"])
         .context("cargo fmt --check (run `cargo fmt --all`)")?;
+    bpf_format()?;
     run::step("test", "cargo clippy --workspace --all-targets -D warnings");
     run::cargo(&[
         "clippy",
@@ -273,4 +274,23 @@ fn live_vmm(report: &mut Report) -> anyhow::Result<Live> {
     }
     live.ch_bin = Some(bin);
     Ok(live)
+}
+
+/// The BPF C against `bpf/.clang-format` (clang-format-14, as Debian 12
+/// ships it: another version may format differently).
+fn bpf_format() -> anyhow::Result<()> {
+    let bpf = run::workspace_root()?.join("bpf");
+    let mut files: Vec<std::path::PathBuf> = std::fs::read_dir(&bpf)
+        .with_context(|| format!("reading {}", bpf.display()))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "c" || x == "h"))
+        .collect();
+    files.sort();
+    run::step("test", "clang-format-14 --dry-run --Werror bpf/*.{c,h}");
+    run::status(
+        std::process::Command::new("clang-format-14")
+            .args(["--style=file", "--dry-run", "--Werror"])
+            .args(&files),
+    )
+    .context("bpf/ is not formatted (run `clang-format-14 -i --style=file bpf/*.c bpf/*.h`)")
 }
