@@ -4,7 +4,7 @@ use std::io::{IsTerminal, Write};
 
 use anyhow::{Context, bail};
 use tier_proto::Endpoint;
-use tier_proto::v1::{DaemonInfo, StatsUpdate, WatchStatsRequest};
+use tier_proto::v1::{DaemonInfo, GetPolicyRequest, Policy, StatsUpdate, WatchStatsRequest};
 use tierctl::cli::{Output, TopArgs};
 use tierctl::conn::{Client, RpcError};
 use tierctl::view;
@@ -24,6 +24,13 @@ pub async fn top(
 
 /// Prints `limit` updates (all of them for None).
 async fn batch(mut client: Client, limit: Option<u64>, output: Output) -> anyhow::Result<()> {
+    // Which signal steers each VM depends on the policy's mode; without it
+    // (an older tierd) the column says `?` and JSON null.
+    let policy = client
+        .get_policy(GetPolicyRequest {})
+        .await
+        .ok()
+        .map(|r| r.into_inner());
     let mut stream = client
         .watch_stats(WatchStatsRequest { vm_ids: Vec::new() })
         .await
@@ -40,7 +47,7 @@ async fn batch(mut client: Client, limit: Option<u64>, output: Output) -> anyhow
         } else {
             vms = update.vms.clone();
         }
-        write_update(&mut out, &update, output, printed == 0)?;
+        write_update(&mut out, &update, policy.as_ref(), output, printed == 0)?;
         out.flush().context("writing to stdout")?;
         printed += 1;
         if limit.is_some_and(|l| printed >= l) {
@@ -53,10 +60,11 @@ async fn batch(mut client: Client, limit: Option<u64>, output: Output) -> anyhow
 fn write_update(
     out: &mut impl Write,
     update: &StatsUpdate,
+    policy: Option<&Policy>,
     output: Output,
     first: bool,
 ) -> anyhow::Result<()> {
-    let rows = view::rows(update);
+    let rows = view::rows_for(update, policy);
     match output {
         Output::Table => {
             writeln!(
@@ -68,8 +76,8 @@ fn write_update(
             write!(out, "{}", view::table(&rows))?;
         }
         Output::Json => {
-            let line =
-                serde_json::to_string(&view::update_json(update)).context("encoding JSON")?;
+            let line = serde_json::to_string(&view::update_json_for(update, policy))
+                .context("encoding JSON")?;
             writeln!(out, "{line}")?;
         }
         Output::Csv => {
