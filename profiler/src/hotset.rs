@@ -53,15 +53,22 @@ fn vacuous(low: f64, high: f64, all: f64) -> bool {
     low <= EDGE && high >= all * (1.0 - EDGE)
 }
 
-/// The share of the VM's hot set in DRAM tiers at the shortest horizon
-/// every tier with ages measured this interval; `None` where a tier has no
-/// ages, no horizon is measured on all of them, or nothing was touched.
-/// The interval pairs DRAM's low end with slow's high end and the other
-/// way round (each end at 97.5 %, so ~95 % for both).
+/// The share of the VM's hot set in DRAM tiers: at the shortest horizon
+/// every tier with ages measured this interval, where the working sets'
+/// intervals bound it; else over the interval's longest pass (`from_pass`).
+/// `None` where neither tells, or nothing was touched.
 pub fn dram_share(samples: &[TierSample], fast: &[bool]) -> Option<HotSetShare> {
     if samples.is_empty() || samples.len() != fast.len() {
         return None;
     }
+    from_ages(samples, fast)
+        .filter(|h| !share_vacuous(h))
+        .or_else(|| from_pass(samples, fast))
+}
+
+/// The horizon the working sets give; the interval pairs DRAM's low end
+/// with slow's high end and the other way round (each at 97.5 %).
+fn from_ages(samples: &[TierSample], fast: &[bool]) -> Option<HotSetShare> {
     let ages: Vec<_> = samples
         .iter()
         .map(|s| s.ages.as_ref().filter(|a| a.not_measured.is_empty()))
@@ -79,14 +86,69 @@ pub fn dram_share(samples: &[TierSample], fast: &[bool]) -> Option<HotSetShare> 
         .map(|w| w.horizon_seconds)
         .filter(|&h| ages.iter().all(|a| measured(a, h).is_some()))
         .min_by(f64::total_cmp)?;
+    let sets = ages
+        .iter()
+        .map(|a| measured(a, horizon).map(|w| [w.bytes, w.bytes_low, w.bytes_high]))
+        .collect::<Option<Vec<_>>>()?;
+    share(horizon, &sets, fast, false)
+}
+
+/// One pass watched every tier over the same span: pages young in it, per
+/// tier, scaled from the sample, with the sample's binomial noise (none
+/// where every page was read, as hostpte does).
+fn from_pass(samples: &[TierSample], fast: &[bool]) -> Option<HotSetShare> {
+    let first = samples.first()?;
+    let n = first.pass_seconds.len();
+    if n == 0
+        || samples
+            .iter()
+            .any(|s| s.pass_seconds.len() != n || s.pass_young_pages.len() != n)
+    {
+        return None;
+    }
+    let (i, _) = first
+        .pass_seconds
+        .iter()
+        .enumerate()
+        .max_by(|a, b| a.1.total_cmp(b.1))?;
+    let horizon = samples
+        .iter()
+        .map(|s| s.pass_seconds[i])
+        .fold(0.0, f64::max);
+    // 97.5 % one-sided per end, as the other intervals.
+    const Z: f64 = 2.241;
+    let sets = samples
+        .iter()
+        .map(|s| {
+            if s.sampled_pages == 0 || s.coverage <= 0.0 {
+                return None;
+            }
+            let n = s.sampled_pages as f64;
+            let y = (s.pass_young_pages[i] as f64).min(n);
+            let scale = PAGE / s.coverage.min(1.0);
+            let bytes = y * scale;
+            if s.coverage >= 1.0 {
+                return Some([bytes; 3]);
+            }
+            let p = y / n;
+            let half = Z * (p * (1.0 - p) / n).sqrt() * n * scale;
+            Some([bytes, (bytes - half).max(0.0), bytes + half])
+        })
+        .collect::<Option<Vec<_>>>()?;
+    share(horizon, &sets, fast, true)
+}
+
+const PAGE: f64 = 4096.0;
+
+/// The share from each tier's `[bytes, low, high]`.
+fn share(horizon: f64, sets: &[[f64; 3]], fast: &[bool], from_pass: bool) -> Option<HotSetShare> {
     // (bytes, low, high) of the DRAM tiers and of the others.
     let mut sum = [[0.0f64; 3]; 2];
-    for (a, f) in ages.iter().zip(fast) {
-        let w = measured(a, horizon)?;
+    for (w, f) in sets.iter().zip(fast) {
         let s = &mut sum[usize::from(!*f)];
-        s[0] += w.bytes.max(0.0);
-        s[1] += w.bytes_low.max(0.0);
-        s[2] += w.bytes_high.max(0.0);
+        for k in 0..3 {
+            s[k] += w[k].max(0.0);
+        }
     }
     let [[d, d_lo, d_hi], [s, s_lo, s_hi]] = sum;
     if d + s <= 0.0 || !(d + s).is_finite() {
@@ -101,6 +163,8 @@ pub fn dram_share(samples: &[TierSample], fast: &[bool]) -> Option<HotSetShare> 
         share_high: part(d_hi, s_lo, 1.0).max(share),
         hot_bytes: d + s,
         dram_bytes: d,
+        tier_bytes: sets.iter().map(|w| w[0]).collect(),
+        from_pass,
     })
 }
 
@@ -154,6 +218,37 @@ mod tests {
         assert!((h.share_high - 3.1 / 4.0).abs() < 1e-12);
         assert_eq!(h.hot_bytes, 4e6);
         assert!(!share_vacuous(&h));
+    }
+
+    #[test]
+    fn a_vacuous_horizon_gives_way_to_the_longest_pass() {
+        // hostpte: 1 s straddled by its long pass, [0, 2x] on both tiers.
+        let mut t = [
+            sample(vec![ws(1.0, 2e5, 0.0, 4e5, "")]),
+            sample(vec![ws(1.0, 4e5, 0.0, 8e5, "")]),
+        ];
+        for (s, young) in t.iter_mut().zip([[10, 50], [20, 96]]) {
+            s.pass_seconds = vec![0.1, 0.9];
+            s.pass_young_pages = young.to_vec();
+            s.sampled_pages = 4096;
+            s.coverage = 1.0;
+        }
+        let h = dram_share(&t, &[true, false]).unwrap();
+        assert!(h.from_pass);
+        assert_eq!(h.horizon_seconds, 0.9);
+        assert_eq!(h.tier_bytes, vec![50.0 * 4096.0, 96.0 * 4096.0]);
+        // Every page read: exact.
+        assert!((h.share - 50.0 / 146.0).abs() < 1e-12);
+        assert_eq!((h.share_low, h.share_high), (h.share, h.share));
+        // A sampled tier: a binomial interval around the same point.
+        t[1].coverage = 0.5;
+        t[1].sampled_pages = 2048;
+        let h = dram_share(&t, &[true, false]).unwrap();
+        assert!((h.share - 50.0 / 242.0).abs() < 1e-12);
+        assert!(h.share_low < h.share && h.share < h.share_high);
+        // Passes that do not line up: no share.
+        t[1].pass_seconds.pop();
+        assert_eq!(dram_share(&t, &[true, false]), None);
     }
 
     #[test]

@@ -171,6 +171,8 @@ fn stats_update_roundtrip_with_optional_and_departures() {
                 share_high: 0.3,
                 hot_bytes: 4096.0 * 40.0,
                 dram_bytes: 4096.0 * 10.0,
+                tier_bytes: vec![4096.0 * 10.0, 4096.0 * 30.0],
+                from_pass: true,
             }),
         }],
         departed_vm_ids: vec!["ch:1".into()],

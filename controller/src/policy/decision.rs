@@ -337,6 +337,8 @@ pub(super) fn record(
         } else {
             "actuation reports the balloon cannot follow; no further pushes".into()
         };
+        d.detail.push_str(&signal_note(w));
+        d.signal = w.signal as i32;
         return Some(d);
     }
     if w.status != VmStatus::Managed {

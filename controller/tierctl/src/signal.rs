@@ -37,6 +37,9 @@ pub fn hot_set(s: &VmStats) -> Option<&HotSetShare> {
 
 /// `hot 33-35 %` (one decimal when the ends are within 5 points).
 pub fn hot_text(h: &HotSetShare) -> String {
+    if h.share_high - h.share_low < 0.0005 {
+        return format!("hot {:.1} %", h.share * 100.0);
+    }
     let d = if h.share_high - h.share_low < 0.05 {
         1
     } else {
@@ -49,9 +52,14 @@ pub fn hot_text(h: &HotSetShare) -> String {
     )
 }
 
-/// `1 s` from 1.0, `0.5 s`.
-pub fn secs(h: f64) -> String {
-    format!("{h} s")
+/// The hot set's horizon: `1 s` for a working-set horizon, `pass 0.38 s`
+/// for the interval's longest pass.
+pub fn horizon(h: f64, from_pass: bool) -> String {
+    if from_pass {
+        format!("pass {h:.2} s")
+    } else {
+        format!("{h} s")
+    }
 }
 
 /// The VM's mode in the policy: its own override, else the default.
@@ -74,10 +82,9 @@ pub fn steer(s: &VmStats, mode: PolicyMode) -> &'static str {
     if s.counted_dram_hit_ratio.is_some() {
         return "pmu";
     }
-    let ages = !s.tiers.is_empty()
-        && s.tiers
-            .iter()
-            .all(|t| t.ages.as_ref().is_some_and(|a| a.not_measured.is_empty()));
+    // A backend that gives ages: the controller holds its last measured
+    // view between the intervals that measure the hot horizon.
+    let ages = !s.tiers.is_empty() && s.tiers.iter().all(|t| t.ages.is_some());
     match mode {
         PolicyMode::Ratio if s.has_accesses && s.not_measured.is_empty() => "bits-ratio",
         PolicyMode::Ratio => "none",
@@ -151,6 +158,12 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(hot_text(&h), "hot 33.0-35.0 %");
+        let exact = HotSetShare {
+            share_low: 0.34,
+            share_high: 0.34,
+            ..h.clone()
+        };
+        assert_eq!(hot_text(&exact), "hot 34.0 %");
         let wide = HotSetShare {
             share_low: 0.0,
             share_high: 1.0,

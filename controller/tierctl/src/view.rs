@@ -138,6 +138,9 @@ pub struct TierRow {
     pub hot_set_dram_share_low: Option<f64>,
     pub hot_set_dram_share_high: Option<f64>,
     pub hot_set_horizon_s: Option<f64>,
+    /// True: the horizon is the interval's longest pass, not a working-set
+    /// horizon (where those do not bound the share).
+    pub hot_set_from_pass: Option<bool>,
     /// Bytes touched within that horizon, all tiers (same on every row).
     pub hot_set_bytes: Option<f64>,
     /// This tier's bytes touched within that horizon.
@@ -365,14 +368,11 @@ pub fn rows_for(update: &StatsUpdate, policy: Option<&Policy>) -> Vec<TierRow> {
                 hot_set_dram_share_low: hot.map(|h| h.share_low),
                 hot_set_dram_share_high: hot.map(|h| h.share_high),
                 hot_set_horizon_s: hot.map(|h| h.horizon_seconds),
+                hot_set_from_pass: hot.map(|h| h.from_pass),
                 hot_set_bytes: hot.map(|h| h.hot_bytes),
-                hot_set_tier_bytes: hot.and_then(|h| {
-                    ages?
-                        .working_set
-                        .iter()
-                        .find(|w| w.horizon_seconds == h.horizon_seconds)
-                        .filter(|w| w.not_measured.is_empty())
-                        .map(|w| w.bytes)
+                hot_set_tier_bytes: hot.zip(stats).and_then(|(h, s)| {
+                    let at = s.tiers.iter().position(|t| t.tier == tier.name)?;
+                    h.tier_bytes.get(at).copied()
                 }),
                 signal: steer,
             });
@@ -439,11 +439,15 @@ fn headline(r: &TierRow) -> String {
         (None, Some(lo), Some(hi)) => format!(
             "{} ({})",
             signal::hot_text(&tier_proto::v1::HotSetShare {
+                share: r.hot_set_dram_share.unwrap_or(lo),
                 share_low: lo,
                 share_high: hi,
                 ..Default::default()
             }),
-            signal::secs(r.hot_set_horizon_s.unwrap_or_default())
+            signal::horizon(
+                r.hot_set_horizon_s.unwrap_or_default(),
+                r.hot_set_from_pass.unwrap_or(false)
+            )
         ),
         _ => "n/m".into(),
     }
@@ -553,7 +557,7 @@ fn stats_of(r: &TierRow) -> Option<VmStats> {
 /// CSV with a header row; numbers unformatted.
 pub fn csv(rows: &[TierRow]) -> String {
     let mut out = String::from(
-        "vm_id,vm_name,vcpus,tier,kind,size_bytes,resident_bytes,balloon_target_bytes,balloon_actual_bytes,young_pages,sampled_pages,source,guest_accesses_per_s,dram_hit_ratio,guest_hit_ratio,accesses_per_s,dram_hit_error,dram_hit_target,rate_saturation,pmu_events_per_s,pmu_not_measured,pmu_running_ratio,not_measured,dram_hit_low,dram_hit_high,dram_hit_low_open,dram_hit_high_open,counted_dram_hit_ratio,accesses_low_per_s,accesses_high_per_s,accesses_high_open,saturated_pages,fit_misfit,sampler_coverage,sampler_passes,sampler_passes_allowed,sampler_budget_pct,sampler_spent_pct,sampler_limited,actuator,actuator_detail,hotplug_region_bytes,hotplug_requested_bytes,hotplug_plugged_bytes,hotplug_attributed,cold_bytes,cold_bytes_low,cold_bytes_high,promoted_bytes_per_s,promoted_bytes_per_s_low,promoted_bytes_per_s_high,ages_history_s,ages_not_measured,dram_hit_not_measured,hot_set_dram_share,hot_set_dram_share_low,hot_set_dram_share_high,hot_set_horizon_s,hot_set_bytes,hot_set_tier_bytes,signal",
+        "vm_id,vm_name,vcpus,tier,kind,size_bytes,resident_bytes,balloon_target_bytes,balloon_actual_bytes,young_pages,sampled_pages,source,guest_accesses_per_s,dram_hit_ratio,guest_hit_ratio,accesses_per_s,dram_hit_error,dram_hit_target,rate_saturation,pmu_events_per_s,pmu_not_measured,pmu_running_ratio,not_measured,dram_hit_low,dram_hit_high,dram_hit_low_open,dram_hit_high_open,counted_dram_hit_ratio,accesses_low_per_s,accesses_high_per_s,accesses_high_open,saturated_pages,fit_misfit,sampler_coverage,sampler_passes,sampler_passes_allowed,sampler_budget_pct,sampler_spent_pct,sampler_limited,actuator,actuator_detail,hotplug_region_bytes,hotplug_requested_bytes,hotplug_plugged_bytes,hotplug_attributed,cold_bytes,cold_bytes_low,cold_bytes_high,promoted_bytes_per_s,promoted_bytes_per_s_low,promoted_bytes_per_s_high,ages_history_s,ages_not_measured,dram_hit_not_measured,hot_set_dram_share,hot_set_dram_share_low,hot_set_dram_share_high,hot_set_horizon_s,hot_set_from_pass,hot_set_bytes,hot_set_tier_bytes,signal",
     );
     // One column triple per horizon, ascending: tierd's default horizons
     // always (a stream prints one header, before any VM may have ages),
@@ -630,7 +634,7 @@ pub fn csv(rows: &[TierRow]) -> String {
         out.pop();
         let _ = write!(
             out,
-            ",{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}",
+            ",{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}",
             opt(r.cold_bytes),
             opt(r.cold_bytes_low),
             opt(r.cold_bytes_high),
@@ -644,6 +648,9 @@ pub fn csv(rows: &[TierRow]) -> String {
             opt(r.hot_set_dram_share_low),
             opt(r.hot_set_dram_share_high),
             opt(r.hot_set_horizon_s),
+            r.hot_set_from_pass
+                .map(|b| b.to_string())
+                .unwrap_or_default(),
             opt(r.hot_set_bytes),
             opt(r.hot_set_tier_bytes),
             r.signal.unwrap_or_default(),
@@ -937,7 +944,7 @@ mod tests {
         ));
         // Without ages: the ages' columns, the default horizons' empty.
         assert!(
-            header.ends_with("ages_not_measured,dram_hit_not_measured,hot_set_dram_share,hot_set_dram_share_low,hot_set_dram_share_high,hot_set_horizon_s,hot_set_bytes,hot_set_tier_bytes,signal,ws_1s_bytes,ws_1s_bytes_low,ws_1s_bytes_high,ws_10s_bytes,ws_10s_bytes_low,ws_10s_bytes_high,ws_60s_bytes,ws_60s_bytes_low,ws_60s_bytes_high,ws_600s_bytes,ws_600s_bytes_low,ws_600s_bytes_high"),
+            header.ends_with("ages_not_measured,dram_hit_not_measured,hot_set_dram_share,hot_set_dram_share_low,hot_set_dram_share_high,hot_set_horizon_s,hot_set_from_pass,hot_set_bytes,hot_set_tier_bytes,signal,ws_1s_bytes,ws_1s_bytes_low,ws_1s_bytes_high,ws_10s_bytes,ws_10s_bytes_low,ws_10s_bytes_high,ws_60s_bytes,ws_60s_bytes_low,ws_60s_bytes_high,ws_600s_bytes,ws_600s_bytes_low,ws_600s_bytes_high"),
             "{header}"
         );
         // Row 1 has a quoted comma in the VM name: one more split.

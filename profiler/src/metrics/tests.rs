@@ -570,6 +570,7 @@ fn a_vacuous_ratio_is_not_exported_and_the_hot_set_is() {
         share_high: 0.26,
         hot_bytes: 4e6,
         dram_bytes: 1e6,
+        ..Default::default()
     });
     st.tiers[0].resident_not_measured = "/proc/1/smaps unreadable".into();
     let mut m = Metrics::new();

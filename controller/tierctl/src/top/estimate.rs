@@ -52,7 +52,7 @@ pub(super) fn hot_set_line(s: &VmStats) -> Option<String> {
     let h = crate::signal::hot_set(s)?;
     Some(format!(
         "hot set ({}): {} in DRAM of {} touched (point {:.1} %, dram {})",
-        crate::signal::secs(h.horizon_seconds),
+        crate::signal::horizon(h.horizon_seconds, h.from_pass),
         crate::signal::hot_text(h).trim_start_matches("hot "),
         tier_proto::human_bytes(h.hot_bytes.max(0.0) as u64),
         h.share * 100.0,
