@@ -25,7 +25,7 @@ pub fn ratio_not_measured(backend: i32, interval: Option<HitInterval>) -> String
         (false, false) => "the passes fit every split of the accesses",
     };
     format!(
-        "{b}: DRAM-hit interval 0-100 %: {why}; accessed bits count pages, not how often \
+        "{b}: DRAM-hit interval 0-100 %: {why}; accessed bits count pages not how often \
          (the hot-set share is what they measure)"
     )
 }
