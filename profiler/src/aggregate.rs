@@ -498,7 +498,13 @@ impl Aggregator {
             let interval = has.then(|| hit_interval(&tiers, &fast, ratio)).flatten();
             crate::hotset::mark_vacuous(&mut tiers, &vm.tiers);
             let hot_set_dram = crate::hotset::dram_share(&tiers, &fast);
-            let dram_hit_not_measured = crate::hotset::ratio_not_measured(backend, interval);
+            let bounds = interval.map(|i| crate::hotset::Bounds {
+                low: i.low,
+                high: i.high,
+                low_open: i.low_open,
+                high_open: i.high_open,
+            });
+            let dram_hit_not_measured = crate::hotset::ratio_not_measured(backend, bounds);
             stats.push(VmStats {
                 vm_id: vm.id.clone(),
                 tiers,

@@ -5,15 +5,22 @@
 
 use tier_proto::v1::{Backend, HotSetShare, Tier, TierSample};
 
-use crate::aggregate::HitInterval;
-
 /// An end within this of 0 or 1 (or of 0 and the tier's bytes) is that end.
 const EDGE: f64 = 1e-9;
+
+/// The DRAM-hit ratio's interval as the aggregator forms it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Bounds {
+    pub low: f64,
+    pub high: f64,
+    pub low_open: bool,
+    pub high_open: bool,
+}
 
 /// Why the accessed-bit DRAM-hit estimate says nothing this interval: its
 /// interval spans 0-100 %. Empty when it says something (or has no
 /// interval to judge by).
-pub fn ratio_not_measured(backend: i32, interval: Option<HitInterval>) -> String {
+pub fn ratio_not_measured(backend: i32, interval: Option<Bounds>) -> String {
     let Some(i) = interval.filter(|i| i.low <= EDGE && i.high >= 1.0 - EDGE) else {
         return String::new();
     };
@@ -266,7 +273,7 @@ mod tests {
     #[test]
     fn a_vacuous_ratio_is_not_measured_with_the_reason() {
         let i = |low, high, low_open, high_open| {
-            Some(HitInterval {
+            Some(Bounds {
                 low,
                 high,
                 low_open,
