@@ -119,6 +119,26 @@ mod tests {
     }
 
     #[test]
+    fn the_hot_set_line() {
+        let mut s = VmStats::default();
+        assert_eq!(hot_set_line(&s), None);
+        s.hot_set_dram = Some(tier_proto::v1::HotSetShare {
+            horizon_seconds: 0.39,
+            share: 0.342,
+            share_low: 0.342,
+            share_high: 0.342,
+            hot_bytes: 146.0 * 4096.0,
+            dram_bytes: 50.0 * 4096.0,
+            tier_bytes: vec![50.0 * 4096.0, 96.0 * 4096.0],
+            from_pass: true,
+        });
+        assert_eq!(
+            hot_set_line(&s).unwrap(),
+            "hot set (pass 0.39 s): 34.2 % in DRAM of 584.0K touched (point 34.2 %, dram 200.0K)"
+        );
+    }
+
+    #[test]
     fn a_tier_s_accesses() {
         let mut t = TierSample {
             accesses_low: Some(100.0),
