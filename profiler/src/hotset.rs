@@ -61,16 +61,20 @@ fn vacuous(low: f64, high: f64, all: f64) -> bool {
 }
 
 /// The share of the VM's hot set in DRAM tiers: at the shortest horizon
-/// every tier with ages measured this interval, where the working sets'
-/// intervals bound it; else over the interval's longest pass (`from_pass`).
-/// `None` where neither tells, or nothing was touched.
+/// every tier with ages measured this interval, or over the interval's
+/// longest pass (`from_pass`), whichever interval is narrower (the ages on
+/// a tie). `None` where neither tells, or nothing was touched.
 pub fn dram_share(samples: &[TierSample], fast: &[bool]) -> Option<HotSetShare> {
     if samples.is_empty() || samples.len() != fast.len() {
         return None;
     }
-    from_ages(samples, fast)
-        .filter(|h| !share_vacuous(h))
-        .or_else(|| from_pass(samples, fast))
+    let ages = from_ages(samples, fast).filter(|h| !share_vacuous(h));
+    let pass = from_pass(samples, fast);
+    let width = |h: &HotSetShare| h.share_high - h.share_low;
+    match (ages, pass) {
+        (Some(a), Some(p)) if width(&p) < width(&a) => Some(p),
+        (a, p) => a.or(p),
+    }
 }
 
 /// The horizon the working sets give; the interval pairs DRAM's low end
@@ -256,6 +260,16 @@ mod tests {
         // Passes that do not line up: no share.
         t[1].pass_seconds.pop();
         assert_eq!(dram_share(&t, &[true, false]), None);
+        // A horizon that bounds the share, and no exact pass: the horizon;
+        // with an exact pass beside a wide horizon: the pass.
+        for s in &mut t {
+            s.ages.as_mut().unwrap().working_set[0].bytes_low = 1e5;
+        }
+        let h = dram_share(&t, &[true, false]).unwrap();
+        assert!(!h.from_pass && h.horizon_seconds == 1.0, "{h:?}");
+        t[1].pass_seconds.push(0.9);
+        (t[1].coverage, t[1].sampled_pages) = (1.0, 4096);
+        assert!(dram_share(&t, &[true, false]).unwrap().from_pass);
     }
 
     #[test]
