@@ -63,7 +63,7 @@ fn vm(id: &str, given: u64, hot: u64, acc: f64, slow_hot: u64, slow_acc: f64) ->
         reach: None,
         granule: 0,
         ages: None,
-        resident: 0,
+        resident: Some(0),
     };
     let mut v = VmObs {
         id: id.into(),
@@ -666,17 +666,17 @@ fn dram_just_given_is_not_taken_back_while_the_guest_moves_into_it() {
         vm("a", 320 * M, 320 * M, 500.0, 320 * M, 500.0),
         vm("b", G, 640 * M, 1000.0, 0, 0.0),
     ];
-    vms[0].dram.resident = 320 * M;
+    vms[0].dram.resident = Some(320 * M);
     let mut c = Controller::new(config(320 * M + G));
     let p = c.decide(&vms, 1);
     assert_eq!(decision(&p, "a").reason(), DecisionReason::BelowTarget);
     apply(&mut vms, &p);
     in_band_mostly_idle(&mut vms[0]);
     // Round 2: the cooldown after the change.
-    vms[0].dram.resident = 330 * M;
+    vms[0].dram.resident = Some(330 * M);
     assert_eq!(c.decide(&vms, 0).targets[0].status, VmStatus::Cooldown);
     for resident in [360, 400, 440] {
-        vms[0].dram.resident = resident * M;
+        vms[0].dram.resident = Some(resident * M);
         let p = c.decide(&vms, 0);
         assert_eq!(p.targets[0].status, VmStatus::Managed, "at {resident}M");
         assert!(p.decisions.iter().all(|d| d.vm_id != "a"), "at {resident}M");
@@ -693,14 +693,14 @@ fn dram_just_given_is_not_taken_back_while_the_guest_moves_into_it() {
 fn a_vm_filling_may_be_given_more() {
     // Still below its band while filling: it is given more at once.
     let mut vms = vec![vm("a", 320 * M, 320 * M, 500.0, 320 * M, 500.0)];
-    vms[0].dram.resident = 320 * M;
+    vms[0].dram.resident = Some(320 * M);
     let mut c = Controller::new(config(4 * G));
     let p = c.decide(&vms, 1);
     assert_eq!(decision(&p, "a").reason(), DecisionReason::BelowTarget);
     apply(&mut vms, &p);
-    vms[0].dram.resident = 360 * M;
+    vms[0].dram.resident = Some(360 * M);
     assert_eq!(c.decide(&vms, 0).targets[0].status, VmStatus::Cooldown);
-    vms[0].dram.resident = 400 * M;
+    vms[0].dram.resident = Some(400 * M);
     let p = c.decide(&vms, 0);
     assert_eq!(decision(&p, "a").reason(), DecisionReason::BelowTarget);
 }
@@ -719,7 +719,7 @@ fn a_fill_that_never_ends_is_cut_off() {
     for round in 2..10 {
         // Rising by 8M a round (more than 1/64 of what was given), never
         // reaching it.
-        vms[0].dram.resident = round * 8 * M;
+        vms[0].dram.resident = Some(round * 8 * M);
         let p = c.decide(&vms, 0);
         if p.decisions
             .iter()
@@ -733,4 +733,32 @@ fn a_fill_that_never_ends_is_cut_off() {
     // intervals after the grant), the sample where it ends mixes (5):
     // reclaimed in 6.
     assert_eq!(reclaimed, Some(6));
+}
+
+#[test]
+fn unknown_residency_holds_dram_just_given() {
+    // As above, but from the grow on the VMM's smaps cannot be read:
+    // resident bytes are unknown, not 0. Read as 0 they stop the fill at
+    // once and the new DRAM, idle in the samples, is reclaimed.
+    let run = |resident: Option<u64>| {
+        let mut vms = vec![
+            vm("a", 320 * M, 320 * M, 500.0, 320 * M, 500.0),
+            vm("b", G, 640 * M, 1000.0, 0, 0.0),
+        ];
+        vms[0].dram.resident = Some(320 * M);
+        let mut c = Controller::new(config(320 * M + G));
+        let p = c.decide(&vms, 1);
+        assert_eq!(decision(&p, "a").reason(), DecisionReason::BelowTarget);
+        apply(&mut vms, &p);
+        in_band_mostly_idle(&mut vms[0]);
+        vms[0].dram.resident = resident;
+        assert_eq!(c.decide(&vms, 0).targets[0].status, VmStatus::Cooldown);
+        let p = c.decide(&vms, 0);
+        p.decisions
+            .iter()
+            .find(|d| d.vm_id == "a")
+            .map(|d| d.reason())
+    };
+    assert_eq!(run(None), None);
+    assert_eq!(run(Some(0)), Some(DecisionReason::IdleReclaim));
 }

@@ -46,7 +46,7 @@ fn vm(id: &str, dram_acc: f64, slow_acc: f64, hit: HitEvidence) -> VmObs {
         reach: None,
         granule: 0,
         ages: None,
-        resident: 0,
+        resident: Some(0),
     };
     VmObs {
         id: id.into(),

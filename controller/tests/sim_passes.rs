@@ -85,6 +85,7 @@ fn need(sim: &Sim, mode: Mode, i: usize, k: u64) -> u64 {
             young_bytes(p, touches, p.hot_bytes, 0, 5.0)[0] as u64
         }
         Mode::Ratio => p.dram_for(TARGET - EPS),
+        Mode::Auto => panic!("these runs name their mode"),
     }
 }
 

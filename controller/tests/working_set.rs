@@ -75,7 +75,7 @@ fn vm(id: &str, given: u64, dram: TierAges, slow: TierAges) -> VmObs {
         ages: Some(a),
         reach: None,
         granule: 0,
-        resident: 0,
+        resident: Some(0),
     };
     VmObs {
         id: id.into(),
@@ -379,4 +379,75 @@ fn dram_follows_the_hot_set_and_back() {
         .collect();
     assert!(reasons.contains(&DecisionReason::HotSetDeficit));
     assert!(reasons.contains(&DecisionReason::ColdReclaim));
+}
+
+#[test]
+fn the_default_mode_follows_each_vm_s_signal() {
+    use tier_proto::v1::SteeringSignal;
+    // a: hot set beyond its DRAM (as above); ratio 0.5 against 0.9.
+    let mut a = vm(
+        "a",
+        512 * M,
+        ages([400 * M, 512 * M, 512 * M], 0.02, 0),
+        ages([100 * M, 256 * M, 300 * M], 0.02, 1200 * M),
+    );
+    a.hit = HitEvidence::Sampling { error: 0.01 };
+    let auto = || {
+        let mut c = config(4 * G);
+        c.mode = Mode::Auto;
+        c
+    };
+    let first = |cfg: Config, a: &VmObs| {
+        let p = Controller::new(cfg).decide(std::slice::from_ref(a), 1);
+        p.decisions.into_iter().next().expect("a decision")
+    };
+    // Accessed bits only: working_set mode, on the hot set.
+    let d = first(auto(), &a);
+    assert_eq!(d.reason(), DecisionReason::HotSetDeficit, "{}", d.detail);
+    assert_eq!(d.signal(), SteeringSignal::HotSet);
+    assert!(
+        d.detail.ends_with(
+            "; signal: accessed-bit hot set (mode auto: ratio on a PMU count, else working_set)"
+        ),
+        "{}",
+        d.detail
+    );
+    // A PMU count: ratio mode on it, no working_set note.
+    a.hit = HitEvidence::Counted(0.5);
+    let d = first(auto(), &a);
+    assert_eq!(d.reason(), DecisionReason::BelowTarget, "{}", d.detail);
+    assert_eq!(d.signal(), SteeringSignal::CountedRatio);
+    assert!(!d.detail.contains("working_set mode"), "{}", d.detail);
+    assert!(d.detail.ends_with(
+        "; signal: PMU-counted ratio (mode auto: ratio on a PMU count, else working_set)"
+    ));
+    // An explicit mode wins over the signal, either way.
+    a.hit = HitEvidence::Sampling { error: 0.01 };
+    let mut cfg = auto();
+    cfg.mode = Mode::Ratio;
+    let d = first(cfg, &a);
+    assert_eq!(d.signal(), SteeringSignal::AccessedBitRatio, "{}", d.detail);
+    assert!(
+        d.detail
+            .ends_with("; signal: accessed-bit ratio interval (mode ratio)")
+    );
+    a.hit = HitEvidence::Counted(0.5);
+    let mut cfg = auto();
+    cfg.vms.insert(
+        "a".into(),
+        VmOverride {
+            mode: Some(Mode::WorkingSet),
+            ..Default::default()
+        },
+    );
+    let d = first(cfg, &a);
+    // working_set mode configured; the PMU count sends it to ratio mode
+    // (as before), and the decision says which signal it used.
+    assert!(
+        d.detail
+            .starts_with("working_set mode, decided in ratio mode"),
+        "{}",
+        d.detail
+    );
+    assert_eq!(d.signal(), SteeringSignal::CountedRatio);
 }

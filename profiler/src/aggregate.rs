@@ -419,7 +419,10 @@ impl Aggregator {
             let vm = tracked.vm();
             let reading = readings.get(i).copied().flatten();
             let why = not_measured.remove(&vm.id);
-            let resident = tracked.resident_bytes();
+            let (resident, resident_why) = match tracked.resident_bytes() {
+                Ok(r) => (r, String::new()),
+                Err(e) => (Vec::new(), e),
+            };
             let balloon = tracked.balloon_bytes().unwrap_or_default();
             let hotplug = tracked.hotplug_bytes().unwrap_or_default();
             let guest = tracked.guest_reported_accesses();
@@ -440,7 +443,7 @@ impl Aggregator {
                 _ => None,
             };
             let fitted = fits.get_mut(i).map(std::mem::take).unwrap_or_default();
-            let tiers = vm
+            let mut tiers = vm
                 .tiers
                 .iter()
                 .enumerate()
@@ -454,6 +457,7 @@ impl Aggregator {
                         ages: ages.next(),
                         hotplug_requested_bytes: hotplug.get(i).copied().flatten().map(|h| h.0),
                         hotplug_plugged_bytes: hotplug.get(i).copied().flatten().and_then(|h| h.1),
+                        resident_not_measured: resident_why.clone(),
                         ..Default::default()
                     };
                     if let Some(r) = r.filter(|r| r.passes > 0) {
@@ -492,6 +496,15 @@ impl Aggregator {
             let (ratio, has) = hit_ratio(&tiers, &fast);
             let error = hit_error(&tiers, &fast);
             let interval = has.then(|| hit_interval(&tiers, &fast, ratio)).flatten();
+            crate::hotset::mark_vacuous(&mut tiers, &vm.tiers);
+            let hot_set_dram = crate::hotset::dram_share(&tiers, &fast);
+            let bounds = interval.map(|i| crate::hotset::Bounds {
+                low: i.low,
+                high: i.high,
+                low_open: i.low_open,
+                high_open: i.high_open,
+            });
+            let dram_hit_not_measured = crate::hotset::ratio_not_measured(backend, bounds);
             stats.push(VmStats {
                 vm_id: vm.id.clone(),
                 tiers,
@@ -516,6 +529,8 @@ impl Aggregator {
                 // Set by the daemon from the controller's choice.
                 actuator: 0,
                 actuator_detail: String::new(),
+                dram_hit_not_measured,
+                hot_set_dram,
             });
             if !vms_unchanged {
                 vms.push(vm.clone());
@@ -790,8 +805,8 @@ mod tests {
         fn alive(&self) -> bool {
             true
         }
-        fn resident_bytes(&self) -> Vec<u64> {
-            Vec::new()
+        fn resident_bytes(&self) -> Result<Vec<u64>, String> {
+            Ok(Vec::new())
         }
         fn guest_reported_accesses(&self) -> Option<Vec<u64>> {
             None

@@ -37,6 +37,8 @@ pub struct Config {
     pub tier_kinds: BTreeMap<String, String>,
     pub demo_vm: bool,
     pub demo_slow_kind: String,
+    /// Seconds between the demo VM's two phases; 0: one fixed phase.
+    pub demo_cycle_s: u64,
     pub log_format: String,
     pub metrics: Metrics,
     pub health: HealthKeys,
@@ -285,6 +287,7 @@ impl Default for Config {
             tier_kinds: BTreeMap::new(),
             demo_vm: false,
             demo_slow_kind: "cxl".into(),
+            demo_cycle_s: 0,
             log_format: "text".into(),
             metrics: Metrics::default(),
             health: HealthKeys::default(),
@@ -368,6 +371,8 @@ pub struct Settings {
     pub tier_kinds: BTreeMap<String, TierKind>,
     pub demo_vm: bool,
     pub demo_slow_kind: TierKind,
+    /// `None`: the demo VM keeps one phase.
+    pub demo_cycle: Option<std::time::Duration>,
     pub json_logs: bool,
     pub metrics: Option<SocketAddr>,
     /// `[health] listen`: grpc.health.v1 alone, plaintext.
@@ -518,6 +523,14 @@ impl Config {
             tier_kinds.insert(name.clone(), kind(&format!("tier_kinds.{name}"), v)?);
         }
         let demo_slow_kind = kind("demo_slow_kind", &self.demo_slow_kind)?;
+        if self.demo_cycle_s > 3600 {
+            return Err(invalid(
+                "demo_cycle_s",
+                format!("{} is not in [0, 3600] seconds", self.demo_cycle_s),
+            ));
+        }
+        let demo_cycle =
+            (self.demo_cycle_s > 0).then(|| std::time::Duration::from_secs(self.demo_cycle_s));
         let json_logs = match self.log_format.as_str() {
             "text" => false,
             "json" => true,
@@ -623,6 +636,7 @@ impl Config {
             tier_kinds,
             demo_vm: self.demo_vm,
             demo_slow_kind,
+            demo_cycle,
             json_logs,
             metrics,
             health,

@@ -161,8 +161,11 @@ async fn serve(s: Settings, synthetic: (u32, u32)) -> anyhow::Result<()> {
     let mut registry = Registry::default();
     if s.demo_vm {
         let vm = DemoVm::start(DemoVmConfig::default()).context("starting the demo VM")?;
-        let tracked = DemoTracked::new(vm, s.demo_slow_kind);
+        let tracked = Arc::new(DemoTracked::new(vm, s.demo_slow_kind));
         tracing::info!(id = %tracked.id(), "demo VM running");
+        if let Some(every) = s.demo_cycle {
+            tokio::spawn(demo_cycle(tracked.clone(), every));
+        }
         registry.insert(Box::new(tracked));
     }
     if synthetic.0 > 0 {
@@ -489,5 +492,19 @@ async fn shutdown_signal() {
     tokio::select! {
         _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
         _ = int.recv() => tracing::info!("SIGINT: shutting down"),
+    }
+}
+
+/// Alternates the demo VM between two hot sets, both far smaller than its
+/// tiers, so the working sets and the hot set's DRAM share move.
+async fn demo_cycle(vm: Arc<DemoTracked>, every: std::time::Duration) {
+    let phases = tier_profiler::demo_vm::Phase::cycle();
+    let mut tick = tokio::time::interval(every);
+    for p in phases.iter().cycle() {
+        tick.tick().await;
+        if let Err(e) = vm.demo().set_phase(*p) {
+            tracing::warn!(error = %e, "demo VM phase not changed; the cycle stops");
+            return;
+        }
     }
 }

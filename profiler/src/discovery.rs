@@ -175,14 +175,14 @@ pub fn kvm_fd_alive(proc_root: &Path, key: KvmFd) -> bool {
 }
 
 /// `Rss:` of each tier's host ranges in /proc/PID/smaps (0 for ranges
-/// whose host address is unknown, or when smaps is unreadable).
-pub fn resident_bytes(proc_root: &Path, pid: u32, tiers: &[Tier]) -> Vec<u64> {
-    let smaps = std::fs::read_to_string(proc_root.join(pid.to_string()).join("smaps"));
-    let Ok(smaps) = smaps else {
-        return vec![0; tiers.len()];
-    };
+/// whose host address is unknown); `Err` with the reason when smaps is
+/// unreadable: unknown, which the controller must not read as 0.
+pub fn resident_bytes(proc_root: &Path, pid: u32, tiers: &[Tier]) -> Result<Vec<u64>, String> {
+    let path = proc_root.join(pid.to_string()).join("smaps");
+    let smaps = std::fs::read_to_string(&path)
+        .map_err(|e| format!("{} unreadable: {e}", path.display()))?;
     let rss = crate::sampler::hostpte::parse_smaps_field(&smaps, "Rss:");
-    tiers
+    Ok(tiers
         .iter()
         .map(|t| {
             t.ranges
@@ -191,7 +191,7 @@ pub fn resident_bytes(proc_root: &Path, pid: u32, tiers: &[Tier]) -> Vec<u64> {
                 .map(|r| crate::sampler::hostpte::bytes_in(&rss, r.hva_start, r.length))
                 .sum()
         })
-        .collect()
+        .collect())
 }
 
 /// A VM found by its kvm-vm fd.
@@ -249,7 +249,7 @@ impl TrackedVm for ProcessVm {
         kvm_fd_alive(&self.proc_root, self.key)
     }
 
-    fn resident_bytes(&self) -> Vec<u64> {
+    fn resident_bytes(&self) -> Result<Vec<u64>, String> {
         resident_bytes(&self.proc_root, self.key.pid, &self.vm.tiers)
     }
 
@@ -433,5 +433,29 @@ mod tests {
             scan(root.path()),
             vec![KvmFd { pid: 10, fd: 4 }, KvmFd { pid: 12, fd: 9 }]
         );
+    }
+
+    #[test]
+    fn resident_bytes_are_unknown_without_smaps_never_zero() {
+        let root = tempfile::tempdir().unwrap();
+        let tiers = [Tier {
+            name: "dram".into(),
+            ranges: vec![tier_proto::v1::GpaRange {
+                gpa_start: 0,
+                length: 8192,
+                hva_start: 0x7f00_0000_0000,
+            }],
+            ..Default::default()
+        }];
+        let err = resident_bytes(root.path(), 42, &tiers).unwrap_err();
+        assert!(err.contains("42/smaps unreadable"), "{err}");
+        let d = root.path().join("42");
+        std::fs::create_dir_all(&d).unwrap();
+        std::fs::write(
+            d.join("smaps"),
+            "7f0000000000-7f0000002000 rw-s 00000000 00:01 5 /memfd:dram (deleted)\nRss:                   4 kB\n",
+        )
+        .unwrap();
+        assert_eq!(resident_bytes(root.path(), 42, &tiers), Ok(vec![4096]));
     }
 }

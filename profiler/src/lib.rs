@@ -16,6 +16,7 @@ pub mod demo_vm;
 pub mod discovery;
 pub mod estimate;
 pub mod health;
+pub mod hotset;
 pub mod memtier;
 pub mod policy_store;
 pub mod probe;

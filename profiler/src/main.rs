@@ -105,6 +105,10 @@ pub struct RunArgs {
     /// Tier kind of the demo VM's "slow" region [demo_slow_kind].
     #[arg(long)]
     pub demo_slow_kind: Option<String>,
+    /// Alternate the demo VM between two hot sets every N seconds; 0: one
+    /// fixed phase [demo_cycle_s].
+    #[arg(long)]
+    pub demo_cycle_s: Option<u64>,
     /// Log format: text or json [log_format].
     #[arg(long)]
     pub log_format: Option<String>,
@@ -170,6 +174,9 @@ impl RunArgs {
         c.demo_vm |= self.demo_vm;
         if let Some(v) = &self.demo_slow_kind {
             c.demo_slow_kind = v.clone();
+        }
+        if let Some(v) = self.demo_cycle_s {
+            c.demo_cycle_s = v;
         }
         if let Some(v) = &self.log_format {
             c.log_format = v.clone();

@@ -15,8 +15,9 @@ pub trait TrackedVm: Send + Sync {
     fn vm(&self) -> &Vm;
     /// False once the VM is gone; the registry then drops it.
     fn alive(&self) -> bool;
-    /// Host-resident bytes per tier, in `Vm::tiers` order.
-    fn resident_bytes(&self) -> Vec<u64>;
+    /// Host-resident bytes per tier, in `Vm::tiers` order; `Err` with the
+    /// reason when they cannot be read (unknown, never 0).
+    fn resident_bytes(&self) -> Result<Vec<u64>, String>;
     /// Cumulative accesses per tier that the guest itself reports, if it
     /// does (ground truth of the demo VM and test guests).
     fn guest_reported_accesses(&self) -> Option<Vec<u64>>;
@@ -52,7 +53,7 @@ impl<T: TrackedVm + ?Sized> TrackedVm for std::sync::Arc<T> {
     fn alive(&self) -> bool {
         (**self).alive()
     }
-    fn resident_bytes(&self) -> Vec<u64> {
+    fn resident_bytes(&self) -> Result<Vec<u64>, String> {
         (**self).resident_bytes()
     }
     fn guest_reported_accesses(&self) -> Option<Vec<u64>> {
@@ -174,8 +175,8 @@ mod tests {
         fn alive(&self) -> bool {
             self.1
         }
-        fn resident_bytes(&self) -> Vec<u64> {
-            Vec::new()
+        fn resident_bytes(&self) -> Result<Vec<u64>, String> {
+            Ok(Vec::new())
         }
         fn guest_reported_accesses(&self) -> Option<Vec<u64>> {
             None

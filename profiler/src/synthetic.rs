@@ -77,12 +77,13 @@ impl TrackedVm for SyntheticVm {
         true
     }
 
-    fn resident_bytes(&self) -> Vec<u64> {
-        self.vm
+    fn resident_bytes(&self) -> Result<Vec<u64>, String> {
+        Ok(self
+            .vm
             .tiers
             .iter()
             .map(|_| (self.next() % TIER_BYTES) & !4095)
-            .collect()
+            .collect())
     }
 
     fn guest_reported_accesses(&self) -> Option<Vec<u64>> {

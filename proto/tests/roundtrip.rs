@@ -138,6 +138,7 @@ fn stats_update_roundtrip_with_optional_and_departures() {
                 fit_deferred: true,
                 hotplug_requested_bytes: Some(6 << 20),
                 hotplug_plugged_bytes: Some(4 << 20),
+                resident_not_measured: "/proc/1/smaps unreadable".into(),
             }],
             dram_hit_ratio: 0.75,
             dram_hit_error: 0.01,
@@ -162,6 +163,17 @@ fn stats_update_roundtrip_with_optional_and_departures() {
             }),
             actuator: Actuator::ResizeZone as i32,
             actuator_detail: "zone resize (vm.resize-zone)".into(),
+            dram_hit_not_measured: "hostpte: DRAM-hit interval 0-100 %".into(),
+            hot_set_dram: Some(HotSetShare {
+                horizon_seconds: 1.0,
+                share: 0.25,
+                share_low: 0.2,
+                share_high: 0.3,
+                hot_bytes: 4096.0 * 40.0,
+                dram_bytes: 4096.0 * 10.0,
+                tier_bytes: vec![4096.0 * 10.0, 4096.0 * 30.0],
+                from_pass: true,
+            }),
         }],
         departed_vm_ids: vec!["ch:1".into()],
         vms_unchanged: false,
@@ -231,7 +243,9 @@ fn policy_and_decision_roundtrip() {
         expected_ratio: 0.7,
         outcome: DecisionOutcome::DryRun as i32,
         detail: "deficit 0.4".into(),
+        signal: SteeringSignal::HotSet as i32,
     });
+    assert_eq!(d.signal(), SteeringSignal::HotSet);
     assert_eq!(d.reason(), DecisionReason::BelowTarget);
     assert_eq!(d.outcome(), DecisionOutcome::DryRun);
 }

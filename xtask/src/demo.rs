@@ -21,6 +21,12 @@ impl Drop for Daemon {
     }
 }
 
+/// The demo VM's tierd: defaults, but the VM's hot set changes every 20 s.
+const DEMO_CONFIG: &str = "\
+# cargo xtask demo (docs/demo.md)
+demo_cycle_s = 20
+";
+
 /// Build, start tierd with the demo VM, show the capability report and `tierctl top`.
 #[derive(Debug, PartialEq, clap::Args)]
 pub struct Args {
@@ -71,11 +77,16 @@ pub fn run(Args { updates, ch_bin }: Args) -> anyhow::Result<()> {
             cmd.arg("--config").arg(config);
         }
         None => {
+            let config = dir.join("tierd.toml");
+            std::fs::write(&config, DEMO_CONFIG).context("writing tierd.toml")?;
             println!(
-                "\n== starting tierd with the demo VM (log: {})",
+                "\n== starting tierd with the demo VM (config: {}, log: {})",
+                config.display(),
                 log.display()
             );
-            cmd.args(["--demo-vm", "--interval-ms", "1000"]);
+            cmd.arg("--config")
+                .arg(config)
+                .args(["--demo-vm", "--interval-ms", "1000"]);
         }
     }
     let child = cmd

@@ -91,8 +91,8 @@ impl TrackedVm for ModelVm {
     fn alive(&self) -> bool {
         true
     }
-    fn resident_bytes(&self) -> Vec<u64> {
-        self.vm.tiers.iter().map(|t| t.size_bytes).collect()
+    fn resident_bytes(&self) -> Result<Vec<u64>, String> {
+        Ok(self.vm.tiers.iter().map(|t| t.size_bytes).collect())
     }
     fn guest_reported_accesses(&self) -> Option<Vec<u64>> {
         None

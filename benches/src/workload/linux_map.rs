@@ -118,7 +118,7 @@ impl TrackedVm for QemuVm {
         Path::new(&format!("/proc/{}", self.vm.vmm_pid)).exists()
     }
 
-    fn resident_bytes(&self) -> Vec<u64> {
+    fn resident_bytes(&self) -> Result<Vec<u64>, String> {
         tier_profiler::discovery::resident_bytes(
             Path::new("/proc"),
             self.vm.vmm_pid,

@@ -51,6 +51,8 @@ pub enum Mode {
     /// reclaim by cold age first (`working_set`). A VM without ages, or
     /// with an exact PMU count, stays in ratio mode.
     WorkingSet,
+    /// Per VM and interval, the mode its signal supports (`resolve`).
+    Auto,
 }
 
 impl Mode {
@@ -58,6 +60,7 @@ impl Mode {
         match PolicyMode::try_from(v) {
             Ok(PolicyMode::Ratio) => Ok(Mode::Ratio),
             Ok(PolicyMode::WorkingSet) => Ok(Mode::WorkingSet),
+            Ok(PolicyMode::Auto) => Ok(Mode::Auto),
             Err(_) => Err(err(field, format!("{v} is not a PolicyMode"))),
         }
     }
@@ -66,6 +69,27 @@ impl Mode {
         match self {
             Mode::Ratio => PolicyMode::Ratio,
             Mode::WorkingSet => PolicyMode::WorkingSet,
+            Mode::Auto => PolicyMode::Auto,
+        }
+    }
+
+    /// The mode a VM is decided in: an explicit mode stands; `Auto` is
+    /// ratio on a PMU count (exact) and working_set otherwise, as accessed
+    /// bits measure the hot set well and the ratio only within wide
+    /// intervals.
+    pub fn resolve(self, counted: bool) -> Mode {
+        match self {
+            Mode::Auto if counted => Mode::Ratio,
+            Mode::Auto => Mode::WorkingSet,
+            m => m,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Mode::Ratio => "ratio",
+            Mode::WorkingSet => "working_set",
+            Mode::Auto => "auto",
         }
     }
 }
@@ -309,7 +333,7 @@ pub fn default_policy() -> Policy {
         cooldown_intervals: 2,
         idle_threshold: 0.5,
         vms: Vec::new(),
-        mode: tier_proto::v1::PolicyMode::Ratio as i32,
+        mode: tier_proto::v1::PolicyMode::Auto as i32,
         hot_horizon_seconds: 0.0,
         promotion_slo: 0.0,
     }
@@ -349,7 +373,7 @@ mod tests {
         assert_eq!(c.min_step(), 1 << 20);
         let a = c.vm("x", "a").unwrap();
         assert_eq!(a.target, Some(0.8));
-        assert_eq!(c.mode_of("x", "a"), Mode::Ratio);
+        assert_eq!(c.mode_of("x", "a"), Mode::Auto);
         let l = a.limits["dram"];
         assert_eq!(l.resolve(16 << 20), (1 << 20, 16 << 20));
         assert_eq!(l.resolve(4096), (4096, 4096));
@@ -416,6 +440,9 @@ mod tests {
         let c = Config::try_from(&p).unwrap();
         assert_eq!(c.mode_of("x", "other"), Mode::WorkingSet);
         assert_eq!(c.mode_of("x", "a"), Mode::Ratio);
+        // An explicit mode stands whatever the signal.
+        assert_eq!(c.mode_of("x", "a").resolve(false), Mode::Ratio);
+        assert_eq!(c.mode_of("x", "other").resolve(true), Mode::WorkingSet);
         assert_eq!(
             c.working_set,
             WorkingSet {
@@ -423,5 +450,13 @@ mod tests {
                 promotion_slo: 0.002
             }
         );
+    }
+
+    #[test]
+    fn the_default_mode_follows_the_signal() {
+        let c = Config::try_from(&default_policy()).unwrap();
+        assert_eq!(c.mode, Mode::Auto);
+        assert_eq!(c.mode_of("x", "a").resolve(true), Mode::Ratio);
+        assert_eq!(c.mode_of("x", "a").resolve(false), Mode::WorkingSet);
     }
 }

@@ -2,6 +2,8 @@
 //! one state its want, enforce the budget, split the pool, mirror DRAM
 //! changes on the slow tier, and write decisions.
 
+use tier_proto::v1::SteeringSignal;
+
 use super::allocate::{Claim, water_fill};
 use super::classify::{Ctx, Want, classify, limit_want, resume, unplaced};
 use super::config::{Config, Limits, Mode, PAGE};
@@ -80,7 +82,12 @@ fn fill(cfg: &Config, vm: &VmObs, st: &mut VmState, round: u64) -> bool {
     let Some(f) = st.fill.as_mut() else {
         return false;
     };
-    if f.filling(round, vm.dram.resident, cfg.tuning.fill_max_intervals) {
+    // Unknown residency proves nothing either way: held as still filling.
+    let filling = match vm.dram.resident {
+        Some(r) => f.filling(round, r, cfg.tuning.fill_max_intervals),
+        None => f.within(round, cfg.tuning.fill_max_intervals),
+    };
+    if filling {
         f.held = true;
         return true;
     }
@@ -148,14 +155,19 @@ fn look(
     // and the VM is held (`unmeasured`), never decided on a vacuous ratio.
     // In ratio mode the view is evidence for what the ratio cannot place.
     let counted = matches!(vm.hit, super::interval::HitEvidence::Counted(_));
-    let (ws, fallback, unmeasured, evidence) = match (
-        cfg.mode_of(&vm.id, &vm.name),
-        ws_view(cfg, vm, last_view, round),
-    ) {
-        (Mode::Ratio, v) => (None, None, None, v.ok()),
-        (Mode::WorkingSet, Ok(v)) => (Some(v), None, None, None),
-        (Mode::WorkingSet, Err(e)) if counted => (None, Some(e), None, None),
-        (Mode::WorkingSet, Err(e)) => (None, None, Some(e), None),
+    let mode = cfg.mode_of(&vm.id, &vm.name);
+    let (ws, fallback, unmeasured, evidence) =
+        match (mode.resolve(counted), ws_view(cfg, vm, last_view, round)) {
+            (Mode::WorkingSet, Ok(v)) => (Some(v), None, None, None),
+            (Mode::WorkingSet, Err(e)) if counted => (None, Some(e), None, None),
+            (Mode::WorkingSet, Err(e)) => (None, None, Some(e), None),
+            (_, v) => (None, None, None, v.ok()),
+        };
+    let signal = match (&ws, &unmeasured) {
+        (Some(_), _) => SteeringSignal::HotSet,
+        (None, Some(_)) => SteeringSignal::None,
+        _ if counted => SteeringSignal::CountedRatio,
+        _ => SteeringSignal::AccessedBitRatio,
     };
     let view = ws.as_ref().or(evidence.as_ref());
     // A move planned for another target, or one whose evidence is gone
@@ -280,6 +292,8 @@ fn look(
         unmeasured,
         was_unmeasured: st.unmeasured,
         spare,
+        mode,
+        signal,
     }
 }
 

@@ -8,11 +8,11 @@ use tier_proto::v1::{BalloonChange, Decision, DecisionOutcome, DecisionReason};
 
 use super::VmStatus;
 use super::classify::Want;
-use super::config::Config;
+use super::config::{Config, Mode};
 use super::input::VmObs;
 use super::interval::{ActOn, Hit};
 use super::state::{Dir, Move, Why};
-use super::work::{Pool, Work};
+use super::work::{Pool, Work, signal_text};
 use super::working_set;
 
 /// The ratio as judged: its interval, and what the policy acts on when
@@ -294,6 +294,16 @@ fn guest_note(vm: &VmObs, r: Option<f64>) -> String {
     }
 }
 
+/// The decision's last words: the signal it rests on and the mode that
+/// chose it.
+fn signal_note(w: &Work) -> String {
+    let mode = match w.mode {
+        Mode::Auto => "auto: ratio on a PMU count, else working_set",
+        m => m.name(),
+    };
+    format!("; signal: {} (mode {mode})", signal_text(w.signal))
+}
+
 /// The record for one VM, if the round is worth one.
 pub(super) fn record(
     cfg: &Config,
@@ -327,6 +337,8 @@ pub(super) fn record(
         } else {
             "actuation reports the balloon cannot follow; no further pushes".into()
         };
+        d.detail.push_str(&signal_note(w));
+        d.signal = w.signal as i32;
         return Some(d);
     }
     if w.status != VmStatus::Managed {
@@ -363,9 +375,11 @@ pub(super) fn record(
         d.outcome = DecisionOutcome::Skipped as i32;
         d.detail = format!(
             "working_set mode, not measured: {why}; held (no DRAM given or taken on a ratio \
-             accessed bits cannot place); dram given {}",
-            hb(vm.dram.given())
+             accessed bits cannot place); dram given {}{}",
+            hb(vm.dram.given()),
+            signal_note(w)
         );
+        d.signal = w.signal as i32;
         return Some(d);
     }
     if changes.is_empty() && !newly_short && newly_unplaced.is_none() {
@@ -431,7 +445,9 @@ pub(super) fn record(
         d.expected_ratio
     );
     detail.push_str(&guest_note(vm, observed));
+    detail.push_str(&signal_note(w));
     d.detail = detail;
+    d.signal = w.signal as i32;
     d.changes = changes;
     Some(d)
 }

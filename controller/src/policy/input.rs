@@ -41,7 +41,8 @@ pub struct TierObs {
     pub ages: Option<TierAges>,
     /// Host-resident bytes (`TierSample.resident_bytes`): DRAM just given
     /// becomes resident as the guest moves into it (`state::Fill`).
-    pub resident: u64,
+    /// `None`: unknown this interval (`TierSample.resident_not_measured`).
+    pub resident: Option<u64>,
 }
 
 impl TierObs {
@@ -161,7 +162,10 @@ pub fn from_proto(vm: &Vm, stats: &VmStats) -> Result<VmObs, InputError> {
             o.accessed_bytes = s.estimated_accessed_bytes;
             o.ages = s.ages.as_ref().map(TierAges::from_proto);
             o.idle_bytes = idle_from_ages(o.ages.as_ref());
-            o.resident = s.resident_bytes;
+            o.resident = s
+                .resident_not_measured
+                .is_empty()
+                .then_some(s.resident_bytes);
         }
         (i, o)
     };

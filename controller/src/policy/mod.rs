@@ -25,6 +25,7 @@ pub use config::{
 };
 pub use input::{TierObs, VmObs};
 pub use interval::{ActOn, Hit, HitEvidence, HitKind};
+pub use work::signal_text;
 
 use state::VmState;
 

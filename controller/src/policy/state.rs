@@ -200,17 +200,23 @@ pub struct Fill {
     pub min_rise: u64,
     /// An interval has been held for it.
     pub held: bool,
+    /// Resident bytes were unknown when the memory was given: the first
+    /// known reading is the baseline (`last`, `goal` on top of it).
+    pub rebase: bool,
 }
 
 impl Fill {
-    /// After giving `given` bytes of DRAM at `resident` bytes resident.
-    pub fn new(round: u64, resident: u64, given: u64) -> Fill {
+    /// After giving `given` bytes of DRAM at `resident` bytes resident
+    /// (`None`: unknown).
+    pub fn new(round: u64, resident: Option<u64>, given: u64) -> Fill {
+        let r = resident.unwrap_or(0);
         Fill {
             since: round,
-            last: resident,
-            goal: resident.saturating_add(given),
+            last: r,
+            goal: r.saturating_add(given),
             min_rise: (given / 64).max(256 << 10),
             held: false,
+            rebase: resident.is_none(),
         }
     }
 
@@ -223,8 +229,20 @@ impl Fill {
         }
     }
 
+    /// Whether the fill may still be under way at `round` (its residency
+    /// unknown).
+    pub fn within(&self, round: u64, max_intervals: u32) -> bool {
+        round - self.since <= u64::from(max_intervals)
+    }
+
     /// Whether the guest is still filling at `resident` bytes now.
     pub fn filling(&mut self, round: u64, resident: u64, max_intervals: u32) -> bool {
+        if self.rebase {
+            self.rebase = false;
+            self.goal = resident.saturating_add(self.goal - self.last);
+            self.last = resident;
+            return self.within(round, max_intervals);
+        }
         let rising = resident >= self.last.saturating_add(self.min_rise);
         self.last = resident;
         rising && resident < self.goal && round - self.since <= u64::from(max_intervals)
@@ -368,5 +386,20 @@ mod tests {
             s.track(&vm(512 * M, 510 * M), 5, &tuning),
             Balloons::Arrived
         );
+    }
+
+    #[test]
+    fn unknown_residency_holds_the_fill_and_rebases_on_the_next_reading() {
+        // Given 64M while resident bytes were unknown.
+        let mut f = Fill::new(10, None, 64 * M);
+        assert!(f.within(11, 4));
+        // First known reading: the baseline, still held.
+        assert!(f.filling(11, 300 * M, 4));
+        assert_eq!((f.last, f.goal), (300 * M, 364 * M));
+        // Rising towards the goal: filling; at the goal: done.
+        assert!(f.filling(12, 330 * M, 4));
+        assert!(!f.filling(13, 364 * M, 4));
+        // Unknown for longer than the fill may last: no longer held.
+        assert!(!Fill::new(10, None, 64 * M).within(15, 4));
     }
 }

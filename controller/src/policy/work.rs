@@ -1,8 +1,11 @@
 //! One VM's assessment within a round, and the round's DRAM pool: what
 //! `decide` works out and `decision` reports.
 
+use tier_proto::v1::SteeringSignal;
+
 use super::VmStatus;
 use super::classify::Want;
+use super::config::Mode;
 use super::model::Load;
 use super::state::{Dir, Move};
 use super::working_set::View;
@@ -48,6 +51,21 @@ pub(super) struct Work {
     /// working_set mode: DRAM beyond the hot set this VM can give a VM
     /// short of DRAM this round (`working_set::classify`).
     pub spare: u64,
+    /// The mode the policy gives the VM (before `Mode::resolve`).
+    pub mode: Mode,
+    /// What the assessment rests on.
+    pub signal: SteeringSignal,
+}
+
+/// The signal in words, for the decisions' detail text and `tierctl top`.
+pub fn signal_text(s: SteeringSignal) -> &'static str {
+    match s {
+        SteeringSignal::CountedRatio => "PMU-counted ratio",
+        SteeringSignal::AccessedBitRatio => "accessed-bit ratio interval",
+        SteeringSignal::HotSet => "accessed-bit hot set",
+        SteeringSignal::None => "nothing measured",
+        SteeringSignal::Unspecified => "unspecified",
+    }
 }
 
 /// What the pool looked like, for the decisions' detail text.

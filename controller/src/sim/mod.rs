@@ -124,6 +124,9 @@ fn tier_obs(name: &str, size: u64) -> TierObs {
     TierObs {
         name: name.into(),
         size,
+        // The model has no host residency: known and flat, so a grow is
+        // never held as a fill.
+        resident: Some(0),
         ..Default::default()
     }
 }
@@ -238,7 +241,12 @@ impl Sim {
             // Convergence is judged on what the guest holds at the end.
             let cfg = self.controller.config();
             let hot = match (self.config.ages, self.config.passes, vm.phase(k)) {
-                (Some(a), _, Some(p)) if cfg.mode_of(&vm.id, &vm.id) == Mode::WorkingSet => {
+                (Some(a), _, Some(p))
+                    if cfg.mode_of(&vm.id, &vm.id).resolve(matches!(
+                        self.obs[i].hit,
+                        crate::policy::HitEvidence::Counted(_)
+                    )) == Mode::WorkingSet =>
+                {
                     let h = match cfg.working_set.hot_horizon {
                         h if h > 0.0 => h,
                         _ => a.horizons[0],

@@ -156,6 +156,8 @@ pub struct PolicySetArgs {
 pub enum ModeArg {
     Ratio,
     WorkingSet,
+    /// Ratio on a PMU count, else working_set, per VM.
+    Auto,
 }
 
 impl From<ModeArg> for tier_proto::v1::PolicyMode {
@@ -163,6 +165,7 @@ impl From<ModeArg> for tier_proto::v1::PolicyMode {
         match m {
             ModeArg::Ratio => tier_proto::v1::PolicyMode::Ratio,
             ModeArg::WorkingSet => tier_proto::v1::PolicyMode::WorkingSet,
+            ModeArg::Auto => tier_proto::v1::PolicyMode::Auto,
         }
     }
 }

@@ -7,5 +7,6 @@
 pub mod cli;
 pub mod conn;
 pub mod policy_json;
+pub mod signal;
 pub mod top;
 pub mod view;

@@ -13,23 +13,25 @@ pub enum PolicyFileError {
     Parse(#[from] serde_json::Error),
 }
 
-/// `PolicyMode` in JSON: "ratio" or "working_set"; a number this tierctl
+/// `PolicyMode` in JSON: "ratio", "working_set" or "auto"; a number this tierctl
 /// does not know (a newer tierd) is "unknown(N)", never shown as another
 /// mode, and a file carrying it sends N back unchanged.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum ModeJson {
     Ratio,
     WorkingSet,
+    Auto,
     Unknown(i32),
 }
 
-const MODE_NAMES: &[&str] = &["ratio", "working_set"];
+const MODE_NAMES: &[&str] = &["ratio", "working_set", "auto"];
 
 impl ModeJson {
     fn of(v: i32) -> ModeJson {
         match PolicyMode::try_from(v) {
             Ok(PolicyMode::Ratio) => ModeJson::Ratio,
             Ok(PolicyMode::WorkingSet) => ModeJson::WorkingSet,
+            Ok(PolicyMode::Auto) => ModeJson::Auto,
             Err(_) => ModeJson::Unknown(v),
         }
     }
@@ -38,6 +40,7 @@ impl ModeJson {
         match self {
             ModeJson::Ratio => PolicyMode::Ratio as i32,
             ModeJson::WorkingSet => PolicyMode::WorkingSet as i32,
+            ModeJson::Auto => PolicyMode::Auto as i32,
             ModeJson::Unknown(v) => v,
         }
     }
@@ -46,6 +49,7 @@ impl ModeJson {
         match self {
             ModeJson::Ratio => "ratio".into(),
             ModeJson::WorkingSet => "working_set".into(),
+            ModeJson::Auto => "auto".into(),
             ModeJson::Unknown(v) => format!("unknown({v})"),
         }
     }
@@ -54,6 +58,7 @@ impl ModeJson {
         match s {
             "ratio" => Some(ModeJson::Ratio),
             "working_set" => Some(ModeJson::WorkingSet),
+            "auto" => Some(ModeJson::Auto),
             _ => s
                 .strip_prefix("unknown(")?
                 .strip_suffix(')')?

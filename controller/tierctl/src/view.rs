@@ -6,7 +6,9 @@ use std::fmt::Write as _;
 
 use serde::Serialize;
 use tier_proto::human_bytes;
-use tier_proto::v1::{StatsUpdate, TierKind, VmSource, VmStats};
+use tier_proto::v1::{Policy, StatsUpdate, TierKind, VmSource, VmStats};
+
+use crate::signal;
 
 /// One tier of one VM in one interval.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -25,7 +27,9 @@ pub struct TierRow {
     pub source: &'static str,
     /// Guest-reported accesses per second in the interval, if the guest reports.
     pub guest_accesses_per_s: Option<f64>,
-    /// The VM's host-sampled DRAM-hit ratio (same on every row of a VM).
+    /// The VM's host-sampled DRAM-hit ratio (same on every row of a VM);
+    /// None without accesses or where it is not measured
+    /// (`dram_hit_not_measured`).
     pub dram_hit_ratio: Option<f64>,
     /// The DRAM share of the guest-reported accesses (ground truth where the
     /// guest reports; same on every row of a VM).
@@ -33,7 +37,10 @@ pub struct TierRow {
     /// Host-sampled access estimate of the tier per second
     /// (`estimated_accesses` / interval); None before the first interval.
     pub accesses_per_s: Option<f64>,
-    /// Half-width of the ~95 % interval of `dram_hit_ratio` (same on every row).
+    /// Half-width of the ~95 % interval of `dram_hit_ratio` from page
+    /// sampling alone (same on every row); None beside an interval
+    /// (`dram_hit_low`/`high` say what the estimate rests on) or where the
+    /// ratio is not measured.
     pub dram_hit_error: Option<f64>,
     /// The controller's target for the VM, when it manages it.
     pub dram_hit_target: Option<f64>,
@@ -119,6 +126,29 @@ pub struct TierRow {
     pub hotplug_requested_bytes: Option<u64>,
     pub hotplug_plugged_bytes: Option<u64>,
     pub hotplug_attributed: Option<bool>,
+    /// Why the accessed-bit DRAM-hit estimate is not measured (its interval
+    /// spans 0-100 %; same on every row); `dram_hit_ratio` and its
+    /// interval are then null.
+    pub dram_hit_not_measured: Option<String>,
+    /// Of the bytes the VM touched within `hot_set_horizon_s`, the share in
+    /// DRAM, with its ~95 % interval (same on every row): what accessed
+    /// bits measure of the split; null where no horizon is measured on
+    /// every tier or the interval spans 0-100 %.
+    pub hot_set_dram_share: Option<f64>,
+    pub hot_set_dram_share_low: Option<f64>,
+    pub hot_set_dram_share_high: Option<f64>,
+    pub hot_set_horizon_s: Option<f64>,
+    /// True: the horizon is the interval's longest pass, not a working-set
+    /// horizon (where those do not bound the share).
+    pub hot_set_from_pass: Option<bool>,
+    /// Bytes touched within that horizon, all tiers (same on every row).
+    pub hot_set_bytes: Option<f64>,
+    /// This tier's bytes touched within that horizon.
+    pub hot_set_tier_bytes: Option<f64>,
+    /// Which signal the controller steers the VM by under the policy in
+    /// force: `pmu`, `hot-set`, `bits-ratio` or `none`; null when the
+    /// policy could not be read.
+    pub signal: Option<&'static str>,
 }
 
 /// tierd's default `[sampler] ws_horizons_s`: CSV columns always present.
@@ -162,7 +192,8 @@ pub fn actuator_name(a: tier_proto::v1::Actuator) -> Option<&'static str> {
 }
 
 /// The DRAM-hit ratio as `top` and the table show it: `34-71 %`, `≥34 %`
-/// (no upper bound), `≤71 %` (no lower bound), `0-100 % ?` (neither),
+/// (no upper bound), `≤71 %` (no lower bound), `n/m` (0-100 %: not
+/// measured; an older tierd's `0-100 % ?` with both ends open too),
 /// `66.7 % pmu` (counted on every tier), `~34.3 %` (a point without an
 /// interval: an older tierd; `long` says `34.3 % (no interval)`), `-`
 /// without accesses. Never `±0.0`.
@@ -172,6 +203,9 @@ pub fn hit_range(s: &VmStats, long: bool) -> String {
     }
     if !s.has_accesses {
         return "-".into();
+    }
+    if signal::ratio_not_measured(s).is_some() {
+        return "n/m".into();
     }
     match (s.dram_hit_low, s.dram_hit_high) {
         (Some(lo), Some(hi)) => range(lo, hi, s.dram_hit_low_open, s.dram_hit_high_open),
@@ -208,17 +242,31 @@ pub fn guest_hit(vm: &tier_proto::v1::Vm, reported: &[u64]) -> Option<f64> {
     Some(dram as f64 / total as f64)
 }
 
-/// Rows of every VM in the update, in VM order then tier order.
+/// Rows of every VM in the update, in VM order then tier order, without
+/// the policy (`signal` null).
 pub fn rows(update: &StatsUpdate) -> Vec<TierRow> {
+    rows_for(update, None)
+}
+
+/// Rows of every VM in the update, with the signal each is steered by
+/// under `policy`.
+pub fn rows_for(update: &StatsUpdate, policy: Option<&Policy>) -> Vec<TierRow> {
     let secs = update.interval_ns as f64 / 1e9;
     let mut out = Vec::new();
     for vm in &update.vms {
         let stats = update.stats.iter().find(|s| s.vm_id == vm.id);
         let guest_hit_ratio = stats.and_then(|s| guest_hit(vm, &s.guest_reported_accesses));
-        let interval = stats.filter(|s| s.has_accesses).and_then(|s| {
-            let (lo, hi) = (s.dram_hit_low?, s.dram_hit_high?);
-            Some((lo, hi, s.dram_hit_low_open, s.dram_hit_high_open))
-        });
+        let ratio_nm = stats.and_then(signal::ratio_not_measured);
+        let hot = stats.and_then(signal::hot_set);
+        let steer = stats
+            .zip(policy)
+            .and_then(|(s, p)| signal::mode_of(p, &vm.id, &vm.name).map(|m| signal::steer(s, m)));
+        let interval = stats
+            .filter(|s| s.has_accesses && ratio_nm.is_none())
+            .and_then(|s| {
+                let (lo, hi) = (s.dram_hit_low?, s.dram_hit_high?);
+                Some((lo, hi, s.dram_hit_low_open, s.dram_hit_high_open))
+            });
         let budget = stats.and_then(|s| s.sampler_budget.as_ref());
         for (i, tier) in vm.tiers.iter().enumerate() {
             let sample = stats.and_then(|s| s.tiers.iter().find(|t| t.tier == tier.name));
@@ -244,12 +292,16 @@ pub fn rows(update: &StatsUpdate) -> Vec<TierRow> {
                 sampled_pages: sample.map_or(0, |s| s.sampled_pages),
                 source: sample.map_or("-", |s| s.source().short_name()),
                 guest_accesses_per_s: guest,
-                dram_hit_ratio: stats.filter(|s| s.has_accesses).map(|s| s.dram_hit_ratio),
+                dram_hit_ratio: stats
+                    .filter(|s| s.has_accesses && ratio_nm.is_none())
+                    .map(|s| s.dram_hit_ratio),
                 guest_hit_ratio,
                 accesses_per_s: sample
                     .filter(|_| secs > 0.0)
                     .map(|s| s.estimated_accesses / secs),
-                dram_hit_error: stats.filter(|s| s.has_accesses).map(|s| s.dram_hit_error),
+                dram_hit_error: stats
+                    .filter(|s| s.has_accesses && ratio_nm.is_none() && s.dram_hit_low.is_none())
+                    .map(|s| s.dram_hit_error),
                 dram_hit_target: stats.and_then(|s| s.dram_hit_target),
                 rate_saturation: sample.and_then(|s| s.saturation),
                 pmu_events_per_s: pmu
@@ -311,6 +363,18 @@ pub fn rows(update: &StatsUpdate) -> Vec<TierRow> {
                 hotplug_requested_bytes: sample.and_then(|s| s.hotplug_requested_bytes),
                 hotplug_plugged_bytes: sample.and_then(|s| s.hotplug_plugged_bytes),
                 hotplug_attributed: tier.hotplug.map(|h| h.region_attributed),
+                dram_hit_not_measured: ratio_nm.clone(),
+                hot_set_dram_share: hot.map(|h| h.share),
+                hot_set_dram_share_low: hot.map(|h| h.share_low),
+                hot_set_dram_share_high: hot.map(|h| h.share_high),
+                hot_set_horizon_s: hot.map(|h| h.horizon_seconds),
+                hot_set_from_pass: hot.map(|h| h.from_pass),
+                hot_set_bytes: hot.map(|h| h.hot_bytes),
+                hot_set_tier_bytes: hot.zip(stats).and_then(|(h, s)| {
+                    let at = s.tiers.iter().position(|t| t.tier == tier.name)?;
+                    h.tier_bytes.get(at).copied()
+                }),
+                signal: steer,
             });
         }
     }
@@ -345,7 +409,7 @@ pub fn rate(r: Option<f64>) -> String {
     }
 }
 
-const HEADER: [&str; 12] = [
+const HEADER: [&str; 15] = [
     "VM",
     "VCPU",
     "TIER",
@@ -356,13 +420,44 @@ const HEADER: [&str; 12] = [
     "YOUNG/SAMPLED",
     "SOURCE",
     "GUEST ACC/s",
+    "HOT SET",
+    "DRAM SHARE",
+    "STEER",
     "DRAM-HIT",
     "GUEST-HIT",
 ];
 
-/// Aligned plain-text table; VM columns only on a VM's first row.
+/// The VM's headline: the PMU's count where it counted every tier, else
+/// the hot-set share accessed bits measure, else `n/m`.
+fn headline(r: &TierRow) -> String {
+    match (
+        r.counted_dram_hit_ratio,
+        r.hot_set_dram_share_low,
+        r.hot_set_dram_share_high,
+    ) {
+        (Some(c), _, _) => format!("{:.1} % pmu", c * 100.0),
+        (None, Some(lo), Some(hi)) => format!(
+            "{} ({})",
+            signal::hot_text(&tier_proto::v1::HotSetShare {
+                share: r.hot_set_dram_share.unwrap_or(lo),
+                share_low: lo,
+                share_high: hi,
+                ..Default::default()
+            }),
+            signal::horizon(
+                r.hot_set_horizon_s.unwrap_or_default(),
+                r.hot_set_from_pass.unwrap_or(false)
+            )
+        ),
+        _ => "n/m".into(),
+    }
+}
+
+/// Aligned plain-text table; VM columns only on a VM's first row. VMs
+/// whose DRAM-HIT is `n/m` get the reason below the table.
 pub fn table(rows: &[TierRow]) -> String {
-    let mut cells: Vec<[String; 12]> = Vec::with_capacity(rows.len());
+    let mut cells: Vec<[String; 15]> = Vec::with_capacity(rows.len());
+    let mut notes = Vec::new();
     for (i, r) in rows.iter().enumerate() {
         let first = i == 0 || rows[i - 1].vm_id != r.vm_id;
         let vm = if first {
@@ -382,9 +477,14 @@ pub fn table(rows: &[TierRow]) -> String {
         };
         let hit = match (first, stats_of(r)) {
             (true, Some(s)) => hit_range(&s, true),
+            (true, None) if r.dram_hit_not_measured.is_some() => "n/m".into(),
             (true, None) => "-".into(),
             (false, _) => String::new(),
         };
+        if let Some(why) = r.dram_hit_not_measured.as_ref().filter(|_| first) {
+            notes.push(format!("{}: DRAM-HIT not measured: {why}", r.vm_name));
+        }
+        let vm_only = |s: String| if first { s } else { String::new() };
         let guest_hit = pct(r.guest_hit_ratio);
         let young = if r.sampled_pages == 0 {
             "-".into()
@@ -406,6 +506,10 @@ pub fn table(rows: &[TierRow]) -> String {
             young,
             r.source.into(),
             rate(r.guest_accesses_per_s),
+            r.hot_set_tier_bytes
+                .map_or("-".into(), |b| human_bytes(b.max(0.0) as u64)),
+            vm_only(headline(r)),
+            vm_only(r.signal.unwrap_or("?").into()),
             hit,
             guest_hit,
         ]);
@@ -429,6 +533,9 @@ pub fn table(rows: &[TierRow]) -> String {
     for row in &cells {
         line(&mut out, row);
     }
+    for n in notes {
+        let _ = writeln!(out, "{n}");
+    }
     out
 }
 
@@ -450,7 +557,7 @@ fn stats_of(r: &TierRow) -> Option<VmStats> {
 /// CSV with a header row; numbers unformatted.
 pub fn csv(rows: &[TierRow]) -> String {
     let mut out = String::from(
-        "vm_id,vm_name,vcpus,tier,kind,size_bytes,resident_bytes,balloon_target_bytes,balloon_actual_bytes,young_pages,sampled_pages,source,guest_accesses_per_s,dram_hit_ratio,guest_hit_ratio,accesses_per_s,dram_hit_error,dram_hit_target,rate_saturation,pmu_events_per_s,pmu_not_measured,pmu_running_ratio,not_measured,dram_hit_low,dram_hit_high,dram_hit_low_open,dram_hit_high_open,counted_dram_hit_ratio,accesses_low_per_s,accesses_high_per_s,accesses_high_open,saturated_pages,fit_misfit,sampler_coverage,sampler_passes,sampler_passes_allowed,sampler_budget_pct,sampler_spent_pct,sampler_limited,actuator,actuator_detail,hotplug_region_bytes,hotplug_requested_bytes,hotplug_plugged_bytes,hotplug_attributed,cold_bytes,cold_bytes_low,cold_bytes_high,promoted_bytes_per_s,promoted_bytes_per_s_low,promoted_bytes_per_s_high,ages_history_s,ages_not_measured",
+        "vm_id,vm_name,vcpus,tier,kind,size_bytes,resident_bytes,balloon_target_bytes,balloon_actual_bytes,young_pages,sampled_pages,source,guest_accesses_per_s,dram_hit_ratio,guest_hit_ratio,accesses_per_s,dram_hit_error,dram_hit_target,rate_saturation,pmu_events_per_s,pmu_not_measured,pmu_running_ratio,not_measured,dram_hit_low,dram_hit_high,dram_hit_low_open,dram_hit_high_open,counted_dram_hit_ratio,accesses_low_per_s,accesses_high_per_s,accesses_high_open,saturated_pages,fit_misfit,sampler_coverage,sampler_passes,sampler_passes_allowed,sampler_budget_pct,sampler_spent_pct,sampler_limited,actuator,actuator_detail,hotplug_region_bytes,hotplug_requested_bytes,hotplug_plugged_bytes,hotplug_attributed,cold_bytes,cold_bytes_low,cold_bytes_high,promoted_bytes_per_s,promoted_bytes_per_s_low,promoted_bytes_per_s_high,ages_history_s,ages_not_measured,dram_hit_not_measured,hot_set_dram_share,hot_set_dram_share_low,hot_set_dram_share_high,hot_set_horizon_s,hot_set_from_pass,hot_set_bytes,hot_set_tier_bytes,signal",
     );
     // One column triple per horizon, ascending: tierd's default horizons
     // always (a stream prints one header, before any VM may have ages),
@@ -527,7 +634,7 @@ pub fn csv(rows: &[TierRow]) -> String {
         out.pop();
         let _ = write!(
             out,
-            ",{},{},{},{},{},{},{},{}",
+            ",{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}",
             opt(r.cold_bytes),
             opt(r.cold_bytes_low),
             opt(r.cold_bytes_high),
@@ -536,6 +643,17 @@ pub fn csv(rows: &[TierRow]) -> String {
             opt(r.promoted_bytes_per_s_high),
             opt(r.ages_history_s),
             csv_field(r.ages_not_measured.as_deref().unwrap_or_default()),
+            csv_field(r.dram_hit_not_measured.as_deref().unwrap_or_default()),
+            opt(r.hot_set_dram_share),
+            opt(r.hot_set_dram_share_low),
+            opt(r.hot_set_dram_share_high),
+            opt(r.hot_set_horizon_s),
+            r.hot_set_from_pass
+                .map(|b| b.to_string())
+                .unwrap_or_default(),
+            opt(r.hot_set_bytes),
+            opt(r.hot_set_tier_bytes),
+            r.signal.unwrap_or_default(),
         );
         for h in &horizons {
             for k in ws_keys(*h) {
@@ -560,12 +678,17 @@ pub fn source_name(s: VmSource) -> &'static str {
 
 /// One update as the JSON object `top --output json` prints per line.
 pub fn update_json(update: &StatsUpdate) -> serde_json::Value {
+    update_json_for(update, None)
+}
+
+/// `update_json` with each row's `signal` under `policy`.
+pub fn update_json_for(update: &StatsUpdate, policy: Option<&Policy>) -> serde_json::Value {
     serde_json::json!({
         "sequence": update.sequence,
         "timestamp_unix_ns": update.timestamp_unix_ns,
         "interval_ns": update.interval_ns,
         "vm_count": update.vms.len(),
-        "rows": rows(update),
+        "rows": rows_for(update, policy),
         "departed_vm_ids": update.departed_vm_ids,
     })
 }
@@ -716,7 +839,9 @@ mod tests {
         assert_eq!(r(&s(Some(0.34), Some(0.71), false, false)), "34-71 %");
         assert_eq!(r(&s(Some(0.34), Some(1.0), false, true)), "≥34 %");
         assert_eq!(r(&s(Some(0.0), Some(0.71), true, false)), "≤71 %");
-        assert_eq!(r(&s(Some(0.0), Some(1.0), true, true)), "0-100 % ?");
+        // 0-100 %: not measured, never a number.
+        assert_eq!(r(&s(Some(0.0), Some(1.0), true, true)), "n/m");
+        assert_eq!(r(&s(Some(0.0), Some(1.0), false, false)), "n/m");
         assert_eq!(r(&s(Some(0.892), Some(0.901), false, false)), "89.2-90.1 %");
         // An older tierd: a point, marked, never "±0.0".
         let old = s(None, None, false, false);
@@ -819,7 +944,7 @@ mod tests {
         ));
         // Without ages: the ages' columns, the default horizons' empty.
         assert!(
-            header.ends_with("ages_not_measured,ws_1s_bytes,ws_1s_bytes_low,ws_1s_bytes_high,ws_10s_bytes,ws_10s_bytes_low,ws_10s_bytes_high,ws_60s_bytes,ws_60s_bytes_low,ws_60s_bytes_high,ws_600s_bytes,ws_600s_bytes_low,ws_600s_bytes_high"),
+            header.ends_with("ages_not_measured,dram_hit_not_measured,hot_set_dram_share,hot_set_dram_share_low,hot_set_dram_share_high,hot_set_horizon_s,hot_set_from_pass,hot_set_bytes,hot_set_tier_bytes,signal,ws_1s_bytes,ws_1s_bytes_low,ws_1s_bytes_high,ws_10s_bytes,ws_10s_bytes_low,ws_10s_bytes_high,ws_60s_bytes,ws_60s_bytes_low,ws_60s_bytes_high,ws_600s_bytes,ws_600s_bytes_low,ws_600s_bytes_high"),
             "{header}"
         );
         // Row 1 has a quoted comma in the VM name: one more split.

@@ -301,12 +301,30 @@ fn top_json_matches_the_schema_csv_has_a_header() {
             .collect();
         assert_eq!(tiers, ["dram", "slow"]);
         seqs.push(v["sequence"].as_u64().unwrap());
+        for r in v["rows"].as_array().unwrap() {
+            // No zero error beside an interval; no number where the
+            // interval says nothing.
+            if !r["dram_hit_low"].is_null() {
+                assert!(r["dram_hit_error"].is_null(), "{l}");
+            }
+            if !r["dram_hit_not_measured"].is_null() {
+                assert!(
+                    r["dram_hit_ratio"].is_null() && r["dram_hit_low"].is_null(),
+                    "{l}"
+                );
+            }
+        }
     }
     assert!(seqs.windows(2).all(|w| w[1] == w[0] + 1), "{seqs:?}");
     // By the last update the host sampler has seen accesses.
     let last: serde_json::Value = serde_json::from_str(lines[3]).unwrap();
     assert_eq!(last["rows"][0]["source"], "hostpte", "{last}");
     assert!(last["rows"][0]["accesses_per_s"].as_f64().unwrap() > 0.0);
+    // What accessed bits measure, and what steers the VM (policy mode
+    // auto, no PMU here): the demo's 50 DRAM and 96 slow pages.
+    let share = last["rows"][0]["hot_set_dram_share"].as_f64();
+    assert!(share.is_some_and(|s| (0.2..0.5).contains(&s)), "{last}");
+    assert_eq!(last["rows"][0]["signal"], "hot-set", "{last}");
 
     let (out, stdout, err) = run_tierctl(&ep, &["top", "-n", "2", "--output", "csv"]);
     assert!(out.status.success(), "{err}");
@@ -314,7 +332,7 @@ fn top_json_matches_the_schema_csv_has_a_header() {
     let header = lines.next().unwrap();
     assert_eq!(
         header,
-        "vm_id,vm_name,vcpus,tier,kind,size_bytes,resident_bytes,balloon_target_bytes,balloon_actual_bytes,young_pages,sampled_pages,source,guest_accesses_per_s,dram_hit_ratio,guest_hit_ratio,accesses_per_s,dram_hit_error,dram_hit_target,rate_saturation,pmu_events_per_s,pmu_not_measured,pmu_running_ratio,not_measured,dram_hit_low,dram_hit_high,dram_hit_low_open,dram_hit_high_open,counted_dram_hit_ratio,accesses_low_per_s,accesses_high_per_s,accesses_high_open,saturated_pages,fit_misfit,sampler_coverage,sampler_passes,sampler_passes_allowed,sampler_budget_pct,sampler_spent_pct,sampler_limited,actuator,actuator_detail,hotplug_region_bytes,hotplug_requested_bytes,hotplug_plugged_bytes,hotplug_attributed,cold_bytes,cold_bytes_low,cold_bytes_high,promoted_bytes_per_s,promoted_bytes_per_s_low,promoted_bytes_per_s_high,ages_history_s,ages_not_measured,ws_1s_bytes,ws_1s_bytes_low,ws_1s_bytes_high,ws_10s_bytes,ws_10s_bytes_low,ws_10s_bytes_high,ws_60s_bytes,ws_60s_bytes_low,ws_60s_bytes_high,ws_600s_bytes,ws_600s_bytes_low,ws_600s_bytes_high"
+        "vm_id,vm_name,vcpus,tier,kind,size_bytes,resident_bytes,balloon_target_bytes,balloon_actual_bytes,young_pages,sampled_pages,source,guest_accesses_per_s,dram_hit_ratio,guest_hit_ratio,accesses_per_s,dram_hit_error,dram_hit_target,rate_saturation,pmu_events_per_s,pmu_not_measured,pmu_running_ratio,not_measured,dram_hit_low,dram_hit_high,dram_hit_low_open,dram_hit_high_open,counted_dram_hit_ratio,accesses_low_per_s,accesses_high_per_s,accesses_high_open,saturated_pages,fit_misfit,sampler_coverage,sampler_passes,sampler_passes_allowed,sampler_budget_pct,sampler_spent_pct,sampler_limited,actuator,actuator_detail,hotplug_region_bytes,hotplug_requested_bytes,hotplug_plugged_bytes,hotplug_attributed,cold_bytes,cold_bytes_low,cold_bytes_high,promoted_bytes_per_s,promoted_bytes_per_s_low,promoted_bytes_per_s_high,ages_history_s,ages_not_measured,dram_hit_not_measured,hot_set_dram_share,hot_set_dram_share_low,hot_set_dram_share_high,hot_set_horizon_s,hot_set_from_pass,hot_set_bytes,hot_set_tier_bytes,signal,ws_1s_bytes,ws_1s_bytes_low,ws_1s_bytes_high,ws_10s_bytes,ws_10s_bytes_low,ws_10s_bytes_high,ws_60s_bytes,ws_60s_bytes_low,ws_60s_bytes_high,ws_600s_bytes,ws_600s_bytes_low,ws_600s_bytes_high"
     );
     let rows: Vec<&str> = lines.collect();
     assert_eq!(rows.len(), 4, "2 updates x 2 tiers, one header:\n{stdout}");
@@ -327,14 +345,20 @@ fn top_json_matches_the_schema_csv_has_a_header() {
     let (out, stdout, _) = run_tierctl(&ep, &["top", "--once"]);
     assert!(out.status.success());
     assert!(
-        stdout.starts_with("update #") && stdout.contains("DRAM-HIT"),
+        stdout.starts_with("update #") && stdout.contains("DRAM-HIT") && stdout.contains("STEER"),
         "{stdout}"
     );
-    assert_eq!(
-        stdout.lines().count(),
-        4,
-        "title, header, 2 tiers:\n{stdout}"
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert!(lines.len() >= 4, "title, header, 2 tiers:\n{stdout}");
+    // Under the table only notes: why a ratio is not measured, decisions.
+    assert!(
+        lines[4..]
+            .iter()
+            .all(|l| l.starts_with("demo: DRAM-HIT not measured: ")
+                || l.starts_with("demo: last decision: ")),
+        "{stdout}"
     );
+    assert!(!stdout.contains("0-100 % ?"), "{stdout}");
 }
 
 fn vms_vm_and_balloon() {

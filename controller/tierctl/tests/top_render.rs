@@ -82,7 +82,9 @@ fn one_row_per_vm_with_a_line_per_tier() {
     assert!(l[5].trim_end().ends_with('-'), "no decision: {}", l[5]);
     // A minute of history is a full sparkline (what the 160 columns leave).
     let spark: String = l[3].chars().filter(|c| ('▁'..='█').contains(c)).collect();
-    assert_eq!(spark.chars().count(), 28, "{}", l[3]);
+    assert_eq!(spark.chars().count(), 16, "{}", l[3]);
+    // Which signal steers it: the synthetic policy is ratio mode, no PMU.
+    assert!(l[3].contains("bits-ratio"), "{}", l[3]);
     // The ratio as a range: closed (vm-0000), open above (vm-0001), a
     // point without an interval from an older tierd (vm-0002).
     assert!(l[3].contains("38-62 %"), "{}", l[3]);

@@ -54,7 +54,7 @@ impl TrackedVm for ChVm {
         discovery::kvm_fd_alive(&self.proc_root, self.key)
     }
 
-    fn resident_bytes(&self) -> Vec<u64> {
+    fn resident_bytes(&self) -> Result<Vec<u64>, String> {
         discovery::resident_bytes(&self.proc_root, self.key.pid, &self.vm.tiers)
     }
 

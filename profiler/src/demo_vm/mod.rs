@@ -52,6 +52,22 @@ impl Default for Phase {
     }
 }
 
+impl Phase {
+    /// The two phases of `tierd run --demo-cycle-s`: the default, then a
+    /// hot set mostly in DRAM (162 of 194 pages, 91 % of the accesses).
+    pub fn cycle() -> [Phase; 2] {
+        [
+            Phase::default(),
+            Phase {
+                dram_pages: 160,
+                dram_repeat: 2,
+                slow_pages: 32,
+                slow_repeat: 1,
+            },
+        ]
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct DemoVmConfig {
     pub dram_bytes: u64,

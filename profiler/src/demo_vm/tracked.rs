@@ -80,8 +80,8 @@ impl TrackedVm for DemoTracked {
         self.demo.is_running()
     }
 
-    fn resident_bytes(&self) -> Vec<u64> {
-        self.demo.regions().iter().map(resident).collect()
+    fn resident_bytes(&self) -> Result<Vec<u64>, String> {
+        Ok(self.demo.regions().iter().map(resident).collect())
     }
 
     fn guest_reported_accesses(&self) -> Option<Vec<u64>> {

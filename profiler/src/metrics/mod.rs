@@ -11,6 +11,7 @@ mod bounds;
 mod budget;
 mod control;
 mod hotplug;
+mod hotset;
 mod process;
 mod text;
 
@@ -74,6 +75,7 @@ pub struct Metrics {
     ages: ages::Ages,
     control: control::Control,
     hotplug: hotplug::Hotplug,
+    hot_set: hotset::HotSet,
     measured: Family<VmLabels, Gauge>,
     active: Family<BackendLabels, Gauge>,
     scan_seconds: Family<BackendLabels, Counter<f64, AtomicU64>>,
@@ -140,6 +142,7 @@ impl Metrics {
             ages: ages::Ages::default(),
             control: control::Control::default(),
             hotplug: hotplug::Hotplug::default(),
+            hot_set: hotset::HotSet::default(),
             measured: Family::default(),
             active: Family::default(),
             scan_seconds: Family::default(),
@@ -230,6 +233,7 @@ impl Metrics {
         m.ages.register(r);
         m.control.register(r);
         m.hotplug.register(r);
+        m.hot_set.register(r);
         r.register(
             "vm_measured",
             "1 if the host sampler read the VM in the last interval, 0 if it cannot (the reason is the stream's VmStats.not_measured and `tierctl top`); hit-ratio series are absent meanwhile",
@@ -322,7 +326,12 @@ impl Metrics {
                         self.saturation.remove(tl);
                     }
                 }
-                self.resident.get_or_create(tl).set(clamp(s.resident_bytes));
+                if s.resident_not_measured.is_empty() {
+                    self.resident.get_or_create(tl).set(clamp(s.resident_bytes));
+                } else {
+                    // Unknown, not 0.
+                    self.resident.remove(tl);
+                }
                 self.balloon_target
                     .get_or_create(tl)
                     .set(clamp(s.balloon_target_bytes));
@@ -337,15 +346,22 @@ impl Metrics {
             }
             let measured = stats.not_measured.is_empty();
             self.measured.get_or_create(vl).set(i64::from(measured));
-            if stats.has_accesses && measured {
+            // A 0-100 % interval is no measurement: no ratio, no bounds.
+            let ratio_ok = stats.has_accesses && measured && stats.dram_hit_not_measured.is_empty();
+            if ratio_ok {
                 self.hit.get_or_create(vl).set(stats.dram_hit_ratio);
-                self.hit_error.get_or_create(vl).set(stats.dram_hit_error);
             } else {
                 // No stale ratio from an earlier interval.
                 self.hit.remove(vl);
+            }
+            // The sampling error alone only where no interval says more.
+            if ratio_ok && stats.dram_hit_low.is_none() {
+                self.hit_error.get_or_create(vl).set(stats.dram_hit_error);
+            } else {
                 self.hit_error.remove(vl);
             }
-            self.bounds.vm(vl, stats, stats.has_accesses && measured);
+            self.bounds.vm(vl, stats, ratio_ok);
+            self.hot_set.vm(vl, stats, ratio_ok);
             self.budget.vm(vl, stats, secs);
             self.hotplug.vm(vl, stats);
         }
@@ -426,6 +442,7 @@ impl Metrics {
         self.budget.forget_vm(&vm);
         self.control.forget_vm(&vm);
         self.hotplug.forget_vm(&vm);
+        self.hot_set.forget_vm(&vm);
         self.hotplug_of.remove(id);
         for t in tiers {
             self.bounds.forget_tier(&t);

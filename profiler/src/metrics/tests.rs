@@ -549,3 +549,72 @@ fn controller_series_follow_the_policy_in_force() {
         assert!(!body.contains(&format!("tierd_{name}{{")), "{name}: {body}");
     }
 }
+
+/// A 0-100 % interval exports no ratio, no bounds and no sampling error,
+/// `dram_hit_measured 0` instead; the hot-set share stands beside it. An
+/// unknown resident size has no series, not 0.
+#[test]
+fn a_vacuous_ratio_is_not_exported_and_the_hot_set_is() {
+    let mut u = update([vec![], vec![]]);
+    let st = &mut u.stats[0];
+    st.has_accesses = true;
+    st.dram_hit_ratio = 0.34;
+    st.dram_hit_error = 0.0;
+    (st.dram_hit_low, st.dram_hit_high) = (Some(0.0), Some(1.0));
+    (st.dram_hit_low_open, st.dram_hit_high_open) = (true, true);
+    st.dram_hit_not_measured = "hostpte: DRAM-hit interval 0-100 %".into();
+    st.hot_set_dram = Some(tier_proto::v1::HotSetShare {
+        horizon_seconds: 1.0,
+        share: 0.25,
+        share_low: 0.24,
+        share_high: 0.26,
+        hot_bytes: 4e6,
+        dram_bytes: 1e6,
+        ..Default::default()
+    });
+    st.tiers[0].resident_not_measured = "/proc/1/smaps unreadable".into();
+    let mut m = Metrics::new();
+    m.update(&u);
+    let body = m.encode();
+    let vm = "{vm=\"v\",name=\"v\"} ";
+    for gone in [
+        "tierd_vm_dram_hit_ratio{",
+        "tierd_vm_dram_hit_sampling_error_ratio{",
+        "tierd_vm_dram_hit_ratio_low{",
+        "tierd_vm_dram_hit_ratio_high{",
+        "tierd_tier_resident_bytes{vm=\"v\",tier=\"dram\"",
+    ] {
+        assert!(!body.contains(gone), "{gone} in\n{body}");
+    }
+    assert_eq!(
+        value(&body, &format!("tierd_vm_dram_hit_measured{vm}")),
+        Some(0.0)
+    );
+    assert_eq!(
+        value(&body, &format!("tierd_vm_hot_set_dram_ratio{vm}")),
+        Some(0.25)
+    );
+    assert_eq!(
+        value(&body, &format!("tierd_vm_hot_set_dram_ratio_low{vm}")),
+        Some(0.24)
+    );
+    assert_eq!(
+        value(&body, &format!("tierd_vm_hot_set_horizon_seconds{vm}")),
+        Some(1.0)
+    );
+    // A measured interval: the ratio and its bounds, still no zero error.
+    let st = &mut u.stats[0];
+    st.dram_hit_not_measured.clear();
+    st.dram_hit_low = Some(0.3);
+    m.update(&u);
+    let body = m.encode();
+    assert_eq!(
+        value(&body, &format!("tierd_vm_dram_hit_ratio{vm}")),
+        Some(0.34)
+    );
+    assert_eq!(
+        value(&body, &format!("tierd_vm_dram_hit_measured{vm}")),
+        Some(1.0)
+    );
+    assert!(!body.contains("tierd_vm_dram_hit_sampling_error_ratio{"));
+}

@@ -53,7 +53,7 @@ impl TrackedVm for QemuVm {
         now.is_some() && now == self.started
     }
 
-    fn resident_bytes(&self) -> Vec<u64> {
+    fn resident_bytes(&self) -> Result<Vec<u64>, String> {
         crate::discovery::resident_bytes(&self.proc_root, self.vm.vmm_pid, &self.vm.tiers)
     }
 

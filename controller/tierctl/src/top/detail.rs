@@ -12,7 +12,7 @@ use tier_proto::v1::{DecisionOutcome, TierKind};
 
 use super::ages::age_line;
 use super::app::App;
-use super::estimate::{estimate_line, tier_estimate};
+use super::estimate::{estimate_line, hot_set_line, tier_estimate};
 use super::format::{action, ago, delta, delta_style, pct, spark};
 use super::model::{VmView, WINDOW_NS};
 
@@ -101,6 +101,13 @@ fn header_lines(app: &App, v: &VmView, width: usize) -> Vec<Line<'static>> {
             estimate_line(s),
             Style::new().fg(Color::DarkGray),
         ));
+        if let Some(h) = hot_set_line(s) {
+            out.push(Line::raw(h));
+        }
+        out.push(Line::raw(format!(
+            "steered by: {}",
+            v.steer(app.policy.as_ref())
+        )));
     }
     if let Some(s) = &v.stats {
         for l in actuator_lines(&v.vm, s, width) {
@@ -354,6 +361,14 @@ fn history_lines(app: &App, v: &VmView, width: usize) -> Vec<Line<'static>> {
     out.push(spark_line(
         "DRAM-hit".into(),
         v.history.iter().map(|p| (p.t_ns, p.hit)).collect(),
+        end,
+        width,
+        Some(1.0),
+        &pct,
+    ));
+    out.push(spark_line(
+        "hot set DRAM".into(),
+        v.history.iter().map(|p| (p.t_ns, p.hot)).collect(),
         end,
         width,
         Some(1.0),

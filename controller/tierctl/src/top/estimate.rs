@@ -12,6 +12,9 @@ pub(super) fn estimate_line(s: &VmStats) -> String {
     let p = |v: f64| format!("{:.1} %", v * 100.0);
     let bits = if !s.has_accesses {
         "accessed bits: no accesses".to_string()
+    } else if let Some(why) = crate::signal::ratio_not_measured(s) {
+        // No point, no sampling error: the interval says nothing.
+        format!("accessed bits: DRAM-hit not measured: {why}")
     } else {
         let sampling = if s.dram_hit_error > 0.0 {
             format!(", page sampling alone ±{:.1}", s.dram_hit_error * 100.0)
@@ -41,6 +44,20 @@ pub(super) fn estimate_line(s: &VmStats) -> String {
         Some(c) => format!("PMU-counted {} on every tier (acted on); {bits}", p(c)),
         None => bits,
     }
+}
+
+/// What accessed bits measure of the split: the hot set's share in DRAM,
+/// with its interval, horizon and size; `None` where not measured.
+pub(super) fn hot_set_line(s: &VmStats) -> Option<String> {
+    let h = crate::signal::hot_set(s)?;
+    Some(format!(
+        "hot set ({}): {} in DRAM of {} touched (point {:.1} %, dram {})",
+        crate::signal::horizon(h.horizon_seconds, h.from_pass),
+        crate::signal::hot_text(h).trim_start_matches("hot "),
+        tier_proto::human_bytes(h.hot_bytes.max(0.0) as u64),
+        h.share * 100.0,
+        tier_proto::human_bytes(h.dram_bytes.max(0.0) as u64),
+    ))
 }
 
 /// One tier's estimate: the accesses' interval, pages too hot to count,
@@ -83,6 +100,14 @@ mod tests {
             estimate_line(&s),
             "accessed bits: 34.0-100.0 % (point 34.3 %); open above: DRAM holds pages too hot to count"
         );
+        s.dram_hit_low = Some(0.0);
+        s.dram_hit_not_measured = "hostpte: DRAM-hit interval 0-100 %".into();
+        assert_eq!(
+            estimate_line(&s),
+            "accessed bits: DRAM-hit not measured: hostpte: DRAM-hit interval 0-100 %"
+        );
+        assert!(!estimate_line(&s).contains("34.3"));
+        (s.dram_hit_low, s.dram_hit_not_measured) = (Some(0.34), String::new());
         s.counted_dram_hit_ratio = Some(0.667);
         assert!(
             estimate_line(&s).starts_with(
@@ -90,6 +115,26 @@ mod tests {
             ),
             "{}",
             estimate_line(&s)
+        );
+    }
+
+    #[test]
+    fn the_hot_set_line() {
+        let mut s = VmStats::default();
+        assert_eq!(hot_set_line(&s), None);
+        s.hot_set_dram = Some(tier_proto::v1::HotSetShare {
+            horizon_seconds: 0.39,
+            share: 0.342,
+            share_low: 0.342,
+            share_high: 0.342,
+            hot_bytes: 146.0 * 4096.0,
+            dram_bytes: 50.0 * 4096.0,
+            tier_bytes: vec![50.0 * 4096.0, 96.0 * 4096.0],
+            from_pass: true,
+        });
+        assert_eq!(
+            hot_set_line(&s).unwrap(),
+            "hot set (pass 0.39 s): 34.2 % in DRAM of 584.0K touched (point 34.2 %, dram 200.0K)"
         );
     }
 

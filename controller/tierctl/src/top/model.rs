@@ -23,8 +23,12 @@ pub struct TierPoint {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Point {
     pub t_ns: u64,
-    /// DRAM-hit ratio; None when no access was seen.
+    /// DRAM-hit ratio; None when no access was seen or not measured.
     pub hit: Option<f64>,
+    /// Hot-set DRAM share; None where not measured.
+    pub hot: Option<f64>,
+    /// The headline (`VmView::headline`).
+    pub headline: Option<f64>,
     /// Same order as the VM's tiers.
     pub tiers: Vec<TierPoint>,
 }
@@ -53,11 +57,35 @@ impl VmView {
 
     /// DRAM-hit ratio of the latest interval: the PMU's count where it
     /// counted every tier (what the controller acts on), else the
-    /// host-sampled estimate's point.
+    /// host-sampled estimate's point where its interval says something.
     pub fn hit(&self) -> Option<f64> {
         let s = self.stats.as_ref()?;
         s.counted_dram_hit_ratio
-            .or(s.has_accesses.then_some(s.dram_hit_ratio))
+            .or_else(|| crate::signal::measured_ratio(s))
+    }
+
+    /// Share of the hot set in DRAM, where measured.
+    pub fn hot(&self) -> Option<f64> {
+        crate::signal::hot_set(self.stats.as_ref()?).map(|h| h.share)
+    }
+
+    /// What `top` headlines: the PMU's count, else the hot-set share
+    /// (what accessed bits measure), else the accessed-bit ratio.
+    pub fn headline(&self) -> Option<f64> {
+        let s = self.stats.as_ref()?;
+        s.counted_dram_hit_ratio
+            .or_else(|| self.hot())
+            .or_else(|| self.hit())
+    }
+
+    /// Which signal steers the VM under `policy` (`signal::steer`); `?`
+    /// before the policy or the VM's first stats are known.
+    pub fn steer(&self, policy: Option<&tier_proto::v1::Policy>) -> &'static str {
+        match (self.stats.as_ref(), policy) {
+            (Some(s), Some(p)) => crate::signal::mode_of(p, &self.vm.id, &self.vm.name)
+                .map_or("?", |m| crate::signal::steer(s, m)),
+            _ => "?",
+        }
     }
 
     /// Why the host sampler has no reading of the VM this interval.
@@ -123,6 +151,8 @@ impl VmView {
         self.history.push_back(Point {
             t_ns,
             hit: self.hit(),
+            hot: self.hot(),
+            headline: self.headline(),
             tiers: self.now.clone(),
         });
         let oldest = t_ns.saturating_sub(WINDOW_NS);

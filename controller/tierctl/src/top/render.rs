@@ -16,6 +16,7 @@ use super::detail;
 use super::format::{action, delta, delta_style, pct, spark};
 use super::layout::BOTTOM_LINES;
 use super::model::{VmView, WINDOW_NS};
+use crate::signal::{hot_set, hot_text};
 use crate::view::{hit_range, rate};
 
 /// Draws the whole screen.
@@ -153,7 +154,7 @@ struct Col {
     drop: u8,
 }
 
-const COLS: [Col; 12] = [
+const COLS: [Col; 13] = [
     col("VM", 16, Some(SortColumn::Name), 0),
     col("VCPU", 4, Some(SortColumn::Vcpus), 5),
     col("TIER", 10, None, 0),
@@ -161,7 +162,8 @@ const COLS: [Col; 12] = [
     col("BALLOON T/A", 13, None, 4),
     col("ACC/s", 8, Some(SortColumn::Access), 1),
     col("SOURCE", 8, None, 6),
-    col("DRAM-HIT", 11, Some(SortColumn::Hit), 0),
+    col("STEER", 10, None, 3),
+    col("DRAM", 12, Some(SortColumn::Hit), 0),
     col("TARGET", 7, None, 3),
     col("DELTA", 7, Some(SortColumn::Delta), 0),
     col("LAST MINUTE", 0, None, 7),
@@ -182,12 +184,12 @@ const SPARK_MIN: u16 = 10;
 const SPARK_MAX: u16 = 60;
 
 /// Widths of the columns that fit in `width` (0 = column dropped).
-fn column_widths(width: u16) -> [u16; 12] {
-    let mut w: [u16; 12] = std::array::from_fn(|i| match COLS[i].width {
+fn column_widths(width: u16) -> [u16; 13] {
+    let mut w: [u16; 13] = std::array::from_fn(|i| match COLS[i].width {
         0 => SPARK_MIN,
         n => n,
     });
-    let total = |w: &[u16; 12]| -> u16 {
+    let total = |w: &[u16; 13]| -> u16 {
         let shown = w.iter().filter(|&&x| x > 0).count() as u16;
         w.iter().sum::<u16>() + shown.saturating_sub(1)
     };
@@ -270,7 +272,7 @@ fn render_table(app: &App, f: &mut Frame<'_>, area: Rect) {
 }
 
 /// The cells of one VM's row, one line per tier where a column is per tier.
-fn vm_cells(app: &App, v: &VmView, default: Option<f64>, spark_w: usize) -> [Cell<'static>; 12] {
+fn vm_cells(app: &App, v: &VmView, default: Option<f64>, spark_w: usize) -> [Cell<'static>; 13] {
     let n = v.vm.tiers.len();
     let per_tier = |f: &dyn Fn(usize) -> String| -> Cell<'static> {
         Cell::from(Text::from(
@@ -308,7 +310,7 @@ fn vm_cells(app: &App, v: &VmView, default: Option<f64>, spark_w: usize) -> [Cel
     });
     let d = v.delta(default);
     let trend = spark(
-        v.history.iter().map(|p| (p.t_ns, p.hit)),
+        v.history.iter().map(|p| (p.t_ns, p.headline)),
         app.shown().timestamp_ns,
         WINDOW_NS,
         spark_w,
@@ -326,9 +328,12 @@ fn vm_cells(app: &App, v: &VmView, default: Option<f64>, spark_w: usize) -> [Cel
         balloon,
         acc,
         source,
-        // A PMU count stands even when the sampler could not read the VM.
+        Cell::from(v.steer(app.policy.as_ref())),
+        // A PMU count stands even when the sampler could not read the VM;
+        // where none counted, the hot-set share accessed bits measure.
         Cell::from(match &v.stats {
             Some(s) if s.counted_dram_hit_ratio.is_some() => hit_range(s, false),
+            Some(s) if hot_set(s).is_some() => hot_set(s).map(hot_text).unwrap_or_default(),
             _ if v.not_measured().is_some() => "n/m".to_string(),
             Some(s) => hit_range(s, false),
             None => "-".into(),
@@ -357,7 +362,7 @@ const HELP: &[(&str, &str)] = &[
 
 fn render_help(f: &mut Frame<'_>, area: Rect) {
     let w = area.width.min(72);
-    let h = (HELP.len() as u16 + 6).min(area.height);
+    let h = (HELP.len() as u16 + 9).min(area.height);
     let r = Rect {
         x: area.x + (area.width - w) / 2,
         y: area.y + (area.height - h) / 2,
@@ -374,6 +379,15 @@ fn render_help(f: &mut Frame<'_>, area: Rect) {
         })
         .collect();
     lines.push(Line::raw(""));
+    lines.push(Line::raw(
+        "DRAM: PMU-counted hit ratio, else the hot set's DRAM",
+    ));
+    lines.push(Line::raw(
+        "share (accessed bits), else n/m. STEER: what the",
+    ));
+    lines.push(Line::raw(
+        "controller acts on (pmu, hot-set, bits-ratio, none).",
+    ));
     lines.push(Line::raw(
         "DELTA = DRAM-HIT - TARGET, in points: red starved,",
     ));
@@ -396,11 +410,11 @@ mod tests {
     fn columns_give_way_on_narrow_terminals() {
         let wide = column_widths(200);
         assert!(wide.iter().all(|&w| w > 0));
-        assert!((SPARK_MIN..=SPARK_MAX).contains(&wide[10]));
+        assert!((SPARK_MIN..=SPARK_MAX).contains(&wide[11]));
         let narrow = column_widths(100);
-        assert_eq!(narrow[11], 0, "last action goes first");
+        assert_eq!(narrow[12], 0, "last action goes first");
         assert!(
-            narrow[0] > 0 && narrow[7] > 0 && narrow[9] > 0,
+            narrow[0] > 0 && narrow[8] > 0 && narrow[10] > 0,
             "VM, hit, delta stay"
         );
         let total: u16 =

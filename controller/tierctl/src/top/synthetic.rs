@@ -178,6 +178,7 @@ pub fn decision(i: usize, seq: u64) -> Option<Decision> {
         expected_ratio: 0.7,
         outcome: DecisionOutcome::Applied as i32,
         detail: "synthetic".into(),
+        signal: 0,
     })
 }
 
