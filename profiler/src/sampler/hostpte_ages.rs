@@ -228,7 +228,8 @@ impl HostPteAges {
                 // Cold is counted over the pages the walk could see (as
                 // the ept backends' sample is drawn from resident pages),
                 // not memory never mapped.
-                let resident = w.resident.unwrap_or(0.0).min(pages);
+                // Unknown until a reading saw the tier: no cold then.
+                let resident = w.resident.map(|r| r.min(pages));
                 let mut recent: Vec<Whole> = w.recent.iter().copied().collect();
                 if sweeping {
                     recent.extend_from_slice(&w.sweep_hist);

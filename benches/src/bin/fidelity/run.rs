@@ -308,7 +308,8 @@ pub(crate) fn readings(u: &StatsUpdate, vm_id: &str) -> (Option<[u64; 2]>, Optio
     let guest = (g.len() == s.tiers.len()).then(|| [g[di], g[wi]]);
     let (d, w) = (&s.tiers[di], &s.tiers[wi]);
     let est = d.estimated_accesses + w.estimated_accesses;
-    let ratio = (est > 0.0).then(|| d.estimated_accesses / est);
+    // A tier no pass read has unknown accesses, not none: no ratio.
+    let ratio = (est > 0.0 && d.passes > 0 && w.passes > 0).then(|| d.estimated_accesses / est);
     let host = match u.health.first() {
         Some(h) if d.passes > 0 || w.passes > 0 => Some(Host {
             ratio,
@@ -324,7 +325,8 @@ pub(crate) fn readings(u: &StatsUpdate, vm_id: &str) -> (Option<[u64; 2]>, Optio
                 .filter(|(i, _)| *i != di && *i != wi)
                 .map(|(_, t)| TierPasses::of(t))
                 .collect(),
-            interval: ratio_interval(d, w, ratio.unwrap_or(0.0)),
+            // No point, no interval: a missing ratio is missing, not 0.
+            interval: ratio.and_then(|p| ratio_interval(d, w, p)),
             vm_interval: s.dram_hit_low.zip(s.dram_hit_high),
         }),
         _ => None,
