@@ -210,7 +210,22 @@ pub fn run(p: Pipeline<'_>, matrix: &[Workload]) -> anyhow::Result<Output> {
             let truth_ws = |at: Instant, h: f64| {
                 source.touched_within(at, Duration::try_from_secs_f64(h).ok()?)
             };
-            let ws = points(&update, &row.vm_id, read, &truth_ws);
+            // Pages of dram and slow: where a working set's interval says
+            // nothing (0 to the whole tier).
+            let pages = registry
+                .iter()
+                .find(|t| t.vm().id == row.vm_id)
+                .map(|t| {
+                    ["dram", "slow"].map(|n| {
+                        t.vm()
+                            .tiers
+                            .iter()
+                            .find(|x| x.name == n)
+                            .map_or(0, |x| x.size_bytes / 4096)
+                    })
+                })
+                .unwrap_or_default();
+            let ws = points(&update, &row.vm_id, read, &truth_ws, pages);
             records.push(Record {
                 index: records.len(),
                 t_s: started.elapsed().as_secs_f64(),
