@@ -19,7 +19,7 @@
 //! narrower, than the full interval.
 
 use super::bounds::{Bounds, Programs};
-use super::{Estimate, Fit, MIN_SPREAD, POOL_SLACK, POOL_Z, VmWindows, plain};
+use super::{CAP, Estimate, Fit, MIN_SPREAD, POOL_SLACK, POOL_Z, VmWindows, plain};
 
 /// Intervals a full fit serves at most (itself included) before the VM is
 /// fitted in full again, however well its passes agree.
@@ -109,7 +109,7 @@ impl VmFit {
         programs: &mut Programs,
         may_refit: bool,
     ) -> (Vec<TierOut>, FitPath) {
-        if let Some(out) = self.carry(tiers) {
+        if let Some(out) = self.carry(tiers, alpha, programs) {
             return (out, FitPath::Reused);
         }
         if let Some(out) = self.reuse(tiers) {
@@ -214,11 +214,33 @@ impl VmFit {
     /// of the plain sum, which weighs tiers by pages. The passes stay out
     /// of the windows (they fit any rate) and the kept fit grows older;
     /// the interval is what the programs give such passes (none here: the
-    /// aggregator's firm low end, open above).
-    fn carry(&mut self, tiers: &[TierIn<'_>]) -> Option<Vec<TierOut>> {
+    /// aggregator's firm low end, open above). Not where a kept rate is
+    /// doubtful: a tier whose passes no steady mixture fitted (misfit
+    /// above the nominal `z`: it changed within them) or held at the cap
+    /// (a lower bound of its rate); then every tier takes the plain sum,
+    /// as mixing the two would weigh one tier by touches, another by pages.
+    fn carry(
+        &mut self,
+        tiers: &[TierIn<'_>],
+        alpha: f64,
+        programs: &mut Programs,
+    ) -> Option<Vec<TierOut>> {
         let age = self.age? + 1;
         if self.kept.len() != tiers.len() || tiers.iter().all(|t| t.passes.is_empty()) {
             return None;
+        }
+        for (k, t) in self.kept.iter().zip(tiers) {
+            if t.passes.is_empty() {
+                continue;
+            }
+            let z = programs.z_all(k.ts.len(), alpha);
+            if k.bounds.is_some_and(|b| b.misfit > z) {
+                return None;
+            }
+            let t_min = k.ts.iter().copied().fold(f64::INFINITY, f64::min);
+            if k.rate.is_some_and(|r| r * t_min >= CAP * (1.0 - 1e-9)) {
+                return None;
+            }
         }
         let one_length = |p: &[(f64, f64)]| {
             let t_min = p.iter().map(|p| p.0).fold(f64::INFINITY, f64::min);
@@ -368,6 +390,19 @@ mod tests {
         // The schedule returns: the kept fit still serves it.
         let (_, path) = v.fit(&[tier(&d), tier(&s)], 0.025, &mut programs, true);
         assert_eq!(path, FitPath::Reused);
+        // A kept fit of passes that changed within the interval (dram
+        // idle, then busy): no steady mixture fits them, so its rate is
+        // not carried; the plain sum instead.
+        let mut changed = VmFit::default();
+        let mut d_change = expected(1024.0, 7.8, &TS);
+        for p in &mut d_change[..2] {
+            p.1 = 0.0;
+        }
+        let (full, _) = changed.fit(&[tier(&d_change), tier(&s)], 0.025, &mut programs, true);
+        let z = programs.z_all(TS.len(), 0.025);
+        assert!(full[0].bounds.is_some_and(|b| b.misfit > z), "{full:?}");
+        let (out, _) = changed.fit(&[tier(&dl), tier(&sl)], 0.025, &mut programs, true);
+        assert_eq!(out[0].estimate.accesses, dl[0].1);
         // Without a kept fit: the plain sum.
         let mut fresh = VmFit::default();
         let (out, _) = fresh.fit(&[tier(&dl), tier(&sl)], 0.025, &mut programs, true);
