@@ -385,8 +385,8 @@ pub fn age_scores(
         .collect()
 }
 
-/// One ept model's working-set verdict per horizon, pooled like
-/// [`age_scores`] (every tier, truth 0 too).
+/// One ept model's working-set verdict per horizon, over the points
+/// [`age_scores`] takes (tiers with a non-zero truth: widths are % of it).
 pub fn age_verdicts(outcomes: &[Outcome], model: usize) -> Vec<(f64, Verdict)> {
     super::ages::HORIZONS
         .iter()
@@ -394,7 +394,7 @@ pub fn age_verdicts(outcomes: &[Outcome], model: usize) -> Vec<(f64, Verdict)> {
             let pairs: Vec<Pair> = outcomes
                 .iter()
                 .flat_map(|o| &o.ages)
-                .filter(|a| a.horizon == h)
+                .filter(|a| a.horizon == h && a.truth > 0.0)
                 .map(|a| {
                     let e = a.est[model];
                     Pair {
