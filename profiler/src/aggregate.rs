@@ -460,7 +460,11 @@ impl Aggregator {
                         resident_not_measured: resident_why.clone(),
                         ..Default::default()
                     };
-                    if let Some(r) = r.filter(|r| r.passes > 0) {
+                    // A tier read without an estimate is left unread (its
+                    // VM's ratio unknown), never an estimate of 0.
+                    if let Some(r) = r.filter(|r| r.passes > 0)
+                        && let Some(e) = fitted.get(i).copied()
+                    {
                         let pages = (t.size_bytes / PAGE).max(1);
                         let scale = pages as f64 / r.sampled_pages as f64;
                         sample.sampled_pages = r.sampled_pages;
@@ -468,7 +472,6 @@ impl Aggregator {
                         sample.coverage = (r.sampled_pages as f64 / pages as f64).min(1.0);
                         sample.estimated_accessed_bytes =
                             (r.young_max as f64 * scale) as u64 * PAGE;
-                        let e = fitted.get(i).copied().unwrap_or_default();
                         sample.estimated_accesses = e.accesses * scale;
                         sample.saturation = e.saturation;
                         if let Some(b) = e.bounds {
@@ -493,8 +496,18 @@ impl Aggregator {
                 .collect::<Vec<_>>();
             fast.clear();
             fast.extend(vm.tiers.iter().map(|t| t.kind().is_fast()));
-            let (ratio, has) = hit_ratio(&tiers, &fast);
-            let error = hit_error(&tiers, &fast);
+            // A tier no pass read while others were read: its accesses
+            // are unknown, not 0, so the VM's ratio is too.
+            let unread: Vec<String> = unread_tiers(&tiers, &resident)
+                .into_iter()
+                .map(str::to_string)
+                .collect();
+            let (ratio, has) = if unread.is_empty() {
+                hit_ratio(&tiers, &fast)
+            } else {
+                (0.0, false)
+            };
+            let error = if has { hit_error(&tiers, &fast) } else { 0.0 };
             let interval = has.then(|| hit_interval(&tiers, &fast, ratio)).flatten();
             crate::hotset::mark_vacuous(&mut tiers, &vm.tiers);
             let hot_set_dram = crate::hotset::dram_share(&tiers, &fast);
@@ -505,6 +518,15 @@ impl Aggregator {
                 high_open: i.high_open,
             });
             let dram_hit_not_measured = crate::hotset::ratio_not_measured(backend, bounds);
+            let quiet = quiet.or_else(|| {
+                (!unread.is_empty()).then(|| {
+                    format!(
+                        "no pass read tier {} this interval: its accesses and the \
+                         DRAM-hit ratio are unknown",
+                        unread.join(", ")
+                    )
+                })
+            });
             stats.push(VmStats {
                 vm_id: vm.id.clone(),
                 tiers,
@@ -695,6 +717,21 @@ fn delta(now: &[u64], before: Option<&[u64]>) -> Vec<u64> {
         .collect()
 }
 
+/// Tiers without a pass this interval while others of the VM had one
+/// (none when no tier had a pass): their accesses are unknown. A tier
+/// known to hold no resident page has none to touch and reads 0.
+fn unread_tiers<'a>(tiers: &'a [TierSample], resident: &[u64]) -> Vec<&'a str> {
+    if tiers.iter().all(|t| t.passes == 0) {
+        return Vec::new();
+    }
+    tiers
+        .iter()
+        .enumerate()
+        .filter(|(i, t)| t.passes == 0 && resident.get(*i) != Some(&0))
+        .map(|(_, t)| t.tier.as_str())
+        .collect()
+}
+
 /// Half-width of a ~95 % interval for the hit ratio from sampling: zero when
 /// every page was examined, else a binomial bound on the sampled share.
 pub fn hit_error(tiers: &[TierSample], fast: &[bool]) -> f64 {
@@ -726,6 +763,8 @@ pub fn hit_interval(tiers: &[TierSample], fast: &[bool], point: f64) -> Option<H
     // (low, high; None = open) summed over the fast and the slow tiers.
     let mut sum = [(0.0, Some(0.0)), (0.0, Some(0.0))];
     for (t, f) in tiers.iter().zip(fast) {
+        // The aggregator asks only when every tier without a pass holds
+        // no resident page (`unread_tiers`): it adds nothing.
         if t.passes == 0 {
             continue;
         }
@@ -1001,6 +1040,71 @@ mod tests {
             } else {
                 assert_eq!(t[0].accesses_low, None, "{:?}", t[0]);
                 assert_eq!(s.dram_hit_low, None);
+            }
+        }
+    }
+
+    /// A tier that no pass read while the other was read: its accesses are
+    /// unknown, so the VM has no ratio, no interval, and says why; a tier
+    /// known to hold no resident page reads an exact 0.
+    #[test]
+    fn a_tier_without_a_pass_leaves_the_ratio_unknown_not_zero() {
+        use std::time::Duration;
+        struct Vm2(ScriptedVm, Vec<u64>);
+        impl crate::registry::TrackedVm for Vm2 {
+            fn vm(&self) -> &tier_proto::v1::Vm {
+                self.0.vm()
+            }
+            fn alive(&self) -> bool {
+                true
+            }
+            fn resident_bytes(&self) -> Result<Vec<u64>, String> {
+                match self.1.is_empty() {
+                    true => Err("smaps unreadable".into()),
+                    false => Ok(self.1.clone()),
+                }
+            }
+            fn guest_reported_accesses(&self) -> Option<Vec<u64>> {
+                None
+            }
+            fn synthetic_readings(&self) -> Option<Vec<TierReading>> {
+                self.0.synthetic_readings()
+            }
+        }
+        let reading = |sampled: u64, young: u64| TierReading {
+            sampled_pages: sampled,
+            young_pages: young,
+            exposure: Some(Duration::from_millis(990)),
+        };
+        // Resident unknown, or known and non-zero: unknown; known 0: zero.
+        for (resident, known) in [
+            (vec![], false),
+            (vec![4096 * PAGE, 4096 * PAGE], false),
+            (vec![4096 * PAGE, 0], true),
+        ] {
+            let script = vec![
+                vec![reading(4096, 300), reading(0, 0)],
+                vec![TierReading::default(); 2],
+            ];
+            let mut reg = Registry::default();
+            reg.insert(Box::new(Vm2(
+                ScriptedVm(two_tier_vm(), std::sync::Mutex::new(script)),
+                resident.clone(),
+            )));
+            let mut agg = Aggregator::default();
+            let t0 = Instant::now();
+            agg.tick_at(&mut reg, None, 1_000_000_000, t0);
+            let u = agg.tick_at(&mut reg, None, 1_000_000_000, t0 + Duration::from_secs(1));
+            let s = &u.stats[0];
+            assert_eq!((s.tiers[0].passes, s.tiers[1].passes), (1, 0));
+            if known {
+                assert!(s.has_accesses, "{resident:?} {s:?}");
+                assert_eq!(s.dram_hit_ratio, 1.0);
+                assert!(s.not_measured.is_empty(), "{}", s.not_measured);
+            } else {
+                assert!(!s.has_accesses, "{resident:?} {s:?}");
+                assert_eq!((s.dram_hit_low, s.dram_hit_high), (None, None));
+                assert!(s.not_measured.contains("tier slow"), "{}", s.not_measured);
             }
         }
     }

@@ -231,6 +231,8 @@ fn main() -> anyhow::Result<()> {
     );
     report::print_fleet(&rows);
     println!();
+    let verdict_pairs = report::print_verdicts(&outcomes);
+    println!();
     let age_pairs = report::print_ages(&outcomes);
     let mut fcsv = String::from(
         "backend,vms,to_target_median,not_converged,dram_moved_gib,moves,wrong_moves,within_eps_end\n",
@@ -283,6 +285,7 @@ fn main() -> anyhow::Result<()> {
         ),
         ("controller_wrong_moves_pmu", wrong("pmu-count").to_string()),
     ];
+    pairs.extend(verdict_pairs.iter().map(|(k, v)| (k.as_str(), v.clone())));
     pairs.extend(age_pairs.iter().map(|(k, v)| (k.as_str(), v.clone())));
     println!("{}", result_line(&pairs));
     Ok(())

@@ -27,6 +27,8 @@ pub struct AgeRec {
     pub tier: usize,
     pub truth: f64,
     pub est: [Option<(f64, f64, f64)>; 2],
+    /// The tier's population: an interval from 0 to it says nothing.
+    pub full: f64,
 }
 
 /// The recency records of one ept model.

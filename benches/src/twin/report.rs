@@ -8,6 +8,7 @@ use super::run::{Est, Outcome};
 use super::{BACKENDS, PAGE_BACKENDS};
 use crate::fidelity::ErrorStats;
 use crate::plot::{Panel, Series, grid};
+use crate::verdict::{HEADER, Pair, Unit, Verdict};
 
 /// Intervals before this are warm-up (arming, rate windows filling).
 pub const WARMUP: usize = 2;
@@ -125,6 +126,40 @@ pub fn score(o: &Outcome) -> Vec<Score> {
             }
         })
         .collect()
+}
+
+/// Backend `b`'s scored intervals of `o` against the LLC-miss truth (what
+/// the tiers serve), as the shared verdict takes them.
+pub fn ratio_pairs(o: &Outcome, b: usize) -> Vec<Pair> {
+    o.intervals[WARMUP.min(o.intervals.len())..]
+        .iter()
+        .filter_map(|i| {
+            let e = &i.est[b];
+            Some(Pair::ratio(i.truth_mem?, e.point, e.low.zip(e.high)))
+        })
+        .collect()
+}
+
+/// The ratio interval's verdict per backend over every workload; returns
+/// the RESULT pairs (`<backend>_cov_hit`, ...).
+pub fn print_verdicts(outcomes: &[Outcome]) -> Vec<(String, String)> {
+    println!(
+        "DRAM-hit interval per backend against the LLC-miss truth, all workloads (cover: share holding the truth, vacuous 0-100 % ones included; w_med/w_p95: width; 1side/vacu: one / both ends at 0 or 100 %; goal: cover >= 0.95 and w_med <= 10 pp; pmu-*: a count, its interval is the point):"
+    );
+    println!("  {:<11} {HEADER}", "backend");
+    let mut out = Vec::new();
+    for (b, name) in BACKENDS.iter().enumerate() {
+        let pairs: Vec<Pair> = outcomes.iter().flat_map(|o| ratio_pairs(o, b)).collect();
+        let v = Verdict::of(&pairs, Unit::Pp);
+        println!("  {:<11} {}", name, v.columns());
+        let key = name.replace(['+', '-'], "");
+        out.extend(
+            v.result_pairs("hit")
+                .into_iter()
+                .map(|(k, x)| (format!("{key}_{k}"), x)),
+        );
+    }
+    out
 }
 
 fn f(v: Option<f64>, digits: usize) -> String {
@@ -350,29 +385,61 @@ pub fn age_scores(
         .collect()
 }
 
+/// One ept model's working-set verdict per horizon, over the points
+/// [`age_scores`] takes (tiers with a non-zero truth: widths are % of it).
+pub fn age_verdicts(outcomes: &[Outcome], model: usize) -> Vec<(f64, Verdict)> {
+    super::ages::HORIZONS
+        .iter()
+        .map(|&h| {
+            let pairs: Vec<Pair> = outcomes
+                .iter()
+                .flat_map(|o| &o.ages)
+                .filter(|a| a.horizon == h && a.truth > 0.0)
+                .map(|a| {
+                    let e = a.est[model];
+                    Pair {
+                        truth: (a.truth, a.truth),
+                        point: e.map(|e| e.0),
+                        interval: e.map(|e| (e.1, e.2)),
+                        full: a.full,
+                    }
+                })
+                .collect();
+            (h, Verdict::of(&pairs, Unit::Pct))
+        })
+        .collect()
+}
+
 /// The working-set table of both ept models; returns RESULT pairs.
 pub fn print_ages(outcomes: &[Outcome]) -> Vec<(String, String)> {
     println!(
         "working set per tier through tierd's ages code (ages::recency fed each pass's young bits; from_recency's ~95 % interval), pooled over workloads, tiers and intervals:"
     );
     println!(
-        "  {:<10} {:>8} {:>8} {:>10} {:>9}",
+        "  {:<10} {:>8} {:>8} {:>10} {:>9}  {HEADER}",
         "model", "horizon", "points", "p95 err%", "coverage"
     );
     let mut pairs = Vec::new();
     for (model, name, key) in [(0, "ept", "ept"), (1, "ept+flush", "eptflush")] {
-        for (h, p, c, n) in age_scores(outcomes, model) {
+        let verdicts = age_verdicts(outcomes, model);
+        for ((h, p, c, n), (_, v)) in age_scores(outcomes, model).into_iter().zip(verdicts) {
             println!(
-                "  {:<10} {:>8} {:>8} {:>10} {:>9}",
+                "  {:<10} {:>8} {:>8} {:>10} {:>9}  {}",
                 name,
                 format!("{h}s"),
                 n,
                 f(p, 1),
-                f(c, 2)
+                f(c, 2),
+                v.columns()
             );
             let na = |v: Option<f64>, d: usize| v.map_or("na".into(), |x| format!("{x:.d$}"));
             pairs.push((format!("{key}_ws_p95_err_pct_{h}s"), na(p, 1)));
             pairs.push((format!("{key}_ws_coverage_{h}s"), na(c, 2)));
+            pairs.extend(
+                v.result_pairs(&format!("ws_{h}s"))
+                    .into_iter()
+                    .map(|(k, x)| (format!("{key}_{k}"), x)),
+            );
         }
     }
     pairs

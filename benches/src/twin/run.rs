@@ -464,6 +464,7 @@ pub fn run(w: &Workload, cfg: &Config) -> Outcome {
                         tier,
                         truth,
                         est,
+                        full: population[tier],
                     });
                 }
             }

@@ -28,8 +28,11 @@ fn entry(h: f64, r: Result<Bounded, String>) -> WorkingSet {
 
 /// Fills cold bytes from the longest horizon's entry (when measured) and
 /// the top-level reason when no horizon is measured.
-fn finish(mut a: TierAges, population: f64) -> TierAges {
-    if let Some(w) = a.working_set.last().filter(|w| w.not_measured.is_empty()) {
+/// `population`: pages cold is counted over; None (unknown): no cold.
+fn finish(mut a: TierAges, population: Option<f64>) -> TierAges {
+    if let Some(w) = a.working_set.last().filter(|w| w.not_measured.is_empty())
+        && let Some(population) = population
+    {
         let total = population * PAGE;
         a.cold_bytes = Some((total - w.bytes).max(0.0));
         a.cold_bytes_low = Some((total - w.bytes_high).max(0.0));
@@ -81,7 +84,7 @@ pub fn from_recency(rec: &mut Recency, horizons: &[f64], population: f64, unseen
         a.promoted_bytes_per_s_low = Some(b.low * k);
         a.promoted_bytes_per_s_high = Some(b.high * k);
     }
-    finish(a, population)
+    finish(a, Some(population))
 }
 
 /// Translations one vCPU's TLBs can hold: the largest second-level data
@@ -104,13 +107,13 @@ pub fn tlb_unseen_pages(vcpus: u32, unit_pages: f64, tier_pages: f64) -> f64 {
 /// interval's readings, `recent` those the edges may be bounded by;
 /// `missing` says why a horizon no reading reaches is not measured. Cold
 /// is counted over the `resident` pages the readings could see, of the
-/// tier's `pages`.
+/// tier's `pages` (None: unknown, and so is cold).
 pub fn from_whole(
     horizons: &[f64],
     current: &[Whole],
     recent: &[Whole],
     pages: f64,
-    resident: f64,
+    resident: Option<f64>,
     history: f64,
     missing: impl Fn(f64) -> Option<String>,
 ) -> TierAges {
@@ -152,7 +155,7 @@ mod tests {
             },
         ];
         // A tier of 1000 pages, 300 resident; history 5 s.
-        let a = from_whole(&[1.0], &r, &[], 1000.0, 300.0, 5.0, |_| None);
+        let a = from_whole(&[1.0], &r, &[], 1000.0, Some(300.0), 5.0, |_| None);
         let w = &a.working_set[0];
         assert!(w.not_measured.is_empty(), "{w:?}");
         assert_eq!(w.bytes, 100.0 * PAGE);
@@ -165,6 +168,10 @@ mod tests {
             (lo, hi),
             (300.0 * PAGE - w.bytes_high, 300.0 * PAGE - w.bytes_low)
         );
+        // Resident unknown: the working set stands, cold is unknown, not 0.
+        let a = from_whole(&[1.0], &r, &[], 1000.0, None, 5.0, |_| None);
+        assert_eq!(a.working_set[0].bytes, 100.0 * PAGE);
+        assert_eq!((a.cold_bytes, a.cold_bytes_high), (None, None));
     }
 
     /// Every page read, every horizon on pass edges: the sample is exact,

@@ -200,7 +200,7 @@ impl Programs {
 
     /// Šidák: every one of `passes` passes within `z` at once, with
     /// probability `1 - alpha`.
-    fn z_all(&mut self, passes: usize, alpha: f64) -> f64 {
+    pub(crate) fn z_all(&mut self, passes: usize, alpha: f64) -> f64 {
         let m = passes.max(1) as f64;
         self.z(1.0 - (1.0 - alpha).powf(1.0 / m))
     }

@@ -19,7 +19,7 @@
 //! narrower, than the full interval.
 
 use super::bounds::{Bounds, Programs};
-use super::{Estimate, Fit, POOL_SLACK, POOL_Z, VmWindows, plain};
+use super::{CAP, Estimate, Fit, MIN_SPREAD, POOL_SLACK, POOL_Z, VmWindows, plain};
 
 /// Intervals a full fit serves at most (itself included) before the VM is
 /// fitted in full again, however well its passes agree.
@@ -109,6 +109,9 @@ impl VmFit {
         programs: &mut Programs,
         may_refit: bool,
     ) -> (Vec<TierOut>, FitPath) {
+        if let Some(out) = self.carry(tiers, alpha, programs) {
+            return (out, FitPath::Reused);
+        }
         if let Some(out) = self.reuse(tiers) {
             let passes: Vec<&[(f64, f64)]> = tiers.iter().map(|t| t.passes).collect();
             self.windows.extend(&passes);
@@ -205,6 +208,78 @@ impl VmFit {
         Some(out)
     }
 
+    /// An interval whose passes cannot tell rate from pages (all of one
+    /// length: hostpte's long pass, docs/working-set.md) reads each tier's
+    /// young pages at its kept rate, where the VM has a kept fit, instead
+    /// of the plain sum, which weighs tiers by pages. The passes stay out
+    /// of the windows (they fit any rate) and the kept fit grows older;
+    /// the interval is what the programs give such passes (none here: the
+    /// aggregator's firm low end, open above). Not where a kept rate is
+    /// doubtful: a tier whose passes no steady mixture fitted (misfit
+    /// above the nominal `z`: it changed within them) or held at the cap
+    /// (a lower bound of its rate); then every tier takes the plain sum,
+    /// as mixing the two would weigh one tier by touches, another by pages.
+    fn carry(
+        &mut self,
+        tiers: &[TierIn<'_>],
+        alpha: f64,
+        programs: &mut Programs,
+    ) -> Option<Vec<TierOut>> {
+        let age = self.age? + 1;
+        if self.kept.len() != tiers.len() || tiers.iter().all(|t| t.passes.is_empty()) {
+            return None;
+        }
+        for (k, t) in self.kept.iter().zip(tiers) {
+            if t.passes.is_empty() {
+                continue;
+            }
+            let z = programs.z_all(k.ts.len(), alpha);
+            if k.bounds.is_some_and(|b| b.misfit > z) {
+                return None;
+            }
+            let t_min = k.ts.iter().copied().fold(f64::INFINITY, f64::min);
+            if k.rate.is_some_and(|r| r * t_min >= CAP * (1.0 - 1e-9)) {
+                return None;
+            }
+        }
+        let one_length = |p: &[(f64, f64)]| {
+            let t_min = p.iter().map(|p| p.0).fold(f64::INFINITY, f64::min);
+            let t_max = p.iter().map(|p| p.0).fold(0.0, f64::max);
+            p.is_empty() || t_max < MIN_SPREAD * t_min
+        };
+        if !tiers.iter().all(|t| one_length(t.passes)) {
+            return None;
+        }
+        let out = self
+            .kept
+            .iter()
+            .zip(tiers)
+            .map(|(k, t)| {
+                let p = t.passes;
+                let estimate = match k.rate {
+                    Some(r) if !p.is_empty() && p.iter().all(|p| p.0 > 0.0) => {
+                        let e = Fit::at(p, r).estimate(p);
+                        // Saturation as the kept schedule's shortest pass
+                        // saw it: what the rate means.
+                        let t_min = k.ts.iter().copied().fold(f64::INFINITY, f64::min);
+                        Estimate {
+                            saturation: t_min.is_finite().then(|| -(-r * t_min).exp_m1()),
+                            ..e
+                        }
+                    }
+                    _ => plain(p),
+                };
+                TierOut {
+                    estimate,
+                    bounds: None,
+                    age,
+                }
+            })
+            .collect();
+        self.age = Some(age);
+        Some(out)
+    }
+
     /// A full fit that is due and has no room: kept rates (plain sums
     /// without), firm lower ends, upper ends open.
     fn deferred(&self, tiers: &[TierIn<'_>], alpha: f64, programs: &mut Programs) -> Vec<TierOut> {
@@ -287,6 +362,51 @@ mod tests {
                 .iter()
                 .all(|p| *p == FitPath::Reused)
         );
+    }
+
+    /// One pass of the whole interval (hostpte's long pass) reads the
+    /// tiers' young pages at their kept rates: the ratio of touches, not
+    /// of pages; the next interval's passes still reuse the kept fit.
+    #[test]
+    fn a_long_pass_carries_the_kept_rates() {
+        let mut programs = Programs::default();
+        let mut v = VmFit::default();
+        // 1024 pages at 7.8 touches/s against 4096 at 0.49: 8 k against 2 k.
+        let (d, s) = (expected(1024.0, 7.8, &TS), expected(4096.0, 0.49, &TS));
+        let (_, path) = v.fit(&[tier(&d), tier(&s)], 0.025, &mut programs, true);
+        assert_eq!(path, FitPath::Full);
+        let long = [0.99];
+        let (dl, sl) = (expected(1024.0, 7.8, &long), expected(4096.0, 0.49, &long));
+        let (out, path) = v.fit(&[tier(&dl), tier(&sl)], 0.025, &mut programs, true);
+        assert_eq!(path, FitPath::Reused);
+        assert_eq!(out[0].age, 1);
+        let (a, b) = (out[0].estimate.accesses, out[1].estimate.accesses);
+        let truth = 1024.0 * 7.8 / (1024.0 * 7.8 + 4096.0 * 0.49);
+        assert!((a / (a + b) - truth).abs() < 1e-3, "{a} {b} {truth}");
+        // The plain sum would have weighed pages: far off.
+        let pages = dl[0].1 / (dl[0].1 + sl[0].1);
+        assert!((pages - truth).abs() > 0.3, "{pages} {truth}");
+        assert!(out.iter().all(|o| o.bounds.is_none()));
+        // The schedule returns: the kept fit still serves it.
+        let (_, path) = v.fit(&[tier(&d), tier(&s)], 0.025, &mut programs, true);
+        assert_eq!(path, FitPath::Reused);
+        // A kept fit of passes that changed within the interval (dram
+        // idle, then busy): no steady mixture fits them, so its rate is
+        // not carried; the plain sum instead.
+        let mut changed = VmFit::default();
+        let mut d_change = expected(1024.0, 7.8, &TS);
+        for p in &mut d_change[..2] {
+            p.1 = 0.0;
+        }
+        let (full, _) = changed.fit(&[tier(&d_change), tier(&s)], 0.025, &mut programs, true);
+        let z = programs.z_all(TS.len(), 0.025);
+        assert!(full[0].bounds.is_some_and(|b| b.misfit > z), "{full:?}");
+        let (out, _) = changed.fit(&[tier(&dl), tier(&sl)], 0.025, &mut programs, true);
+        assert_eq!(out[0].estimate.accesses, dl[0].1);
+        // Without a kept fit: the plain sum.
+        let mut fresh = VmFit::default();
+        let (out, _) = fresh.fit(&[tier(&dl), tier(&sl)], 0.025, &mut programs, true);
+        assert_eq!(out[0].estimate.accesses, dl[0].1);
     }
 
     #[test]

@@ -312,10 +312,15 @@ impl EptAgeing {
         Ok(sampled
             .iter()
             .enumerate()
-            .map(|(i, &n)| TierReading {
-                sampled_pages: n,
-                young_pages: per_round(counts.tiers.get(i).map_or(0, |c| c.young_pages), rounds, n),
-                exposure,
+            // A tier the programs kept no count for was not read: no
+            // pass (its accesses unknown), not 0 young pages.
+            .map(|(i, &n)| match counts.tiers.get(i) {
+                Some(c) => TierReading {
+                    sampled_pages: n,
+                    young_pages: per_round(c.young_pages, rounds, n),
+                    exposure,
+                },
+                None => TierReading::default(),
             })
             .collect())
     }

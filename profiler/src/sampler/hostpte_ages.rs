@@ -198,6 +198,25 @@ impl HostPteAges {
         Some((of - left, of))
     }
 
+    /// Intervals from the one that just ended to the next long-pass reading
+    /// of `pid` as scheduled (a sampler budget's skip or a sweep may move
+    /// it); None when there is none, or a sweep holds the process.
+    fn next_long_in(&self, pid: u32) -> Option<u64> {
+        let every = u64::from(self.config.long_pass_every);
+        if every == 0 {
+            return None;
+        }
+        match self.long.get(&pid) {
+            Some(l) if l.of == 1 => return Some(1),
+            Some(_) => return None,
+            None => {}
+        }
+        // `ticks` is the next tick: a long pass opened there closes (and
+        // is read) one tick later.
+        let k = (every - (self.ticks + u64::from(pid)) % every) % every;
+        Some(k + 2)
+    }
+
     /// Ages of `vm` over the interval that just ended; its readings move to
     /// the recent ones.
     pub fn ages(&mut self, vm: &Vm) -> Vec<TierAges> {
@@ -206,6 +225,7 @@ impl HostPteAges {
         // A sweep's readings span intervals: they stay out of the recent
         // ones, which bound a horizon's edges with short passes.
         let sweeping = self.sweeping(vm.vmm_pid).is_some();
+        let next_long = self.next_long_in(vm.vmm_pid);
         let Some(v) = self.vms.get_mut(&vm.id) else {
             return vm
                 .tiers
@@ -219,6 +239,10 @@ impl HostPteAges {
             .sweep()
             .map(|_| (self.config.sweep_s, self.config.sweep_every_s));
         let history = v.first.elapsed().as_secs_f64();
+        let interval_s = self.config.interval_s;
+        let next = next_long.map_or(String::new(), |n| {
+            format!("; next in about {} s", n as f64 * self.config.interval_s)
+        });
         v.tiers.resize_with(vm.tiers.len(), TierWhole::default);
         vm.tiers
             .iter()
@@ -228,16 +252,18 @@ impl HostPteAges {
                 // Cold is counted over the pages the walk could see (as
                 // the ept backends' sample is drawn from resident pages),
                 // not memory never mapped.
-                let resident = w.resident.unwrap_or(0.0).min(pages);
+                // Unknown until a reading saw the tier: no cold then.
+                let resident = w.resident.map(|r| r.min(pages));
                 let mut recent: Vec<Whole> = w.recent.iter().copied().collect();
                 if sweeping {
                     recent.extend_from_slice(&w.sweep_hist);
                 }
-                let long = w.long;
+                // Before the first long pass: one as long as an interval.
+                let long = w.long.or((every > 0).then_some(interval_s));
                 let missing = |h: f64| match (long, sweep) {
                     (Some(e), _) if !closed && every > 0 && h <= e * 1.5 => Some(format!(
                         "hostpte measures {h}s in its long pass (one interval in {every}); \
-                         not this one"
+                         not this one{next}"
                     )),
                     (_, Some((len, each))) if h <= len * 1.25 => Some(format!(
                         "hostpte measures {h}s in its sweep ({len} s every {each} s); \
@@ -270,5 +296,81 @@ impl HostPteAges {
                 a
             })
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+    use tier_proto::v1::Tier;
+
+    /// Between long passes the 1 s horizon says when the next comes; the
+    /// long pass then closes in the interval it said.
+    #[test]
+    fn the_next_long_pass_is_announced_when_it_comes() {
+        let mut a = HostPteAges::default();
+        a.set_config(&AgesConfig {
+            horizons: vec![1.0],
+            long_pass_every: 5,
+            sweep_s: 0.0,
+            ..AgesConfig::default()
+        });
+        let vm = Vm {
+            id: "vm".into(),
+            vmm_pid: 7,
+            tiers: vec![Tier {
+                name: "dram".into(),
+                size_bytes: 64 * PAGE,
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        let reading = |e: f64| TierReading {
+            sampled_pages: 64,
+            young_pages: 10,
+            exposure: Some(Duration::from_secs_f64(e)),
+        };
+        // One pass per interval, as its last: exposure 1 s when it closes
+        // a long pass, else as the schedule's last 0.375 s pass.
+        let (mut expected, mut measured, mut announced) = (None, 0, 0);
+        for tick in 0..30u64 {
+            a.interval_ends();
+            a.walked(7);
+            let long = a.closed.get(&7) == Some(&1);
+            a.record(&vm, &[reading(if long { 1.0 } else { 0.375 })], &[64]);
+            // Watched long enough for the horizon from the start.
+            if let Some(v) = a.vms.get_mut("vm")
+                && let Some(t) = v.first.checked_sub(Duration::from_secs(60))
+            {
+                v.first = t;
+            }
+            a.pass_done();
+            let ages = a.ages(&vm);
+            let w = &ages[0].working_set[0];
+            if w.not_measured.is_empty() {
+                assert!(long, "tick {tick}: {w:?}");
+                if let Some(e) = expected.take() {
+                    assert_eq!(e, tick, "announced for tick {e}, came at {tick}");
+                }
+                measured += 1;
+                continue;
+            }
+            assert!(!long);
+            let n: f64 = w
+                .not_measured
+                .split("next in about ")
+                .nth(1)
+                .and_then(|t| t.strip_suffix(" s"))
+                .and_then(|t| t.parse().ok())
+                .unwrap_or_else(|| panic!("tick {tick}: {}", w.not_measured));
+            let at = tick + n as u64;
+            if let Some(e) = expected {
+                assert_eq!(e, at, "tick {tick}: {}", w.not_measured);
+            }
+            expected = Some(at);
+            announced += 1;
+        }
+        assert!(measured >= 5 && announced >= 20, "{measured} {announced}");
     }
 }

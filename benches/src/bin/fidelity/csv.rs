@@ -115,7 +115,7 @@ pub fn write_summary_csv(
     others: &[&Source],
 ) -> anyhow::Result<()> {
     let mut out = String::from(
-        "workload,workload_name,kind,source,n,mean_pp,p95_pp,max_pp,lags,coverage,no_interval,width_median_pp\n",
+        "workload,workload_name,kind,source,n,mean_pp,p95_pp,max_pp,lags,coverage,no_interval,width_median_pp,width_p95_pp,one_sided,vacuous,no_ratio\n",
     );
     for s in others {
         let l = lags(records, truth, s);
@@ -131,18 +131,23 @@ pub fn write_summary_csv(
                 )
             });
             let cov = coverage(records, truth, s, |r| r.workload == w);
+            let o3 = |x: Option<f64>| x.map_or(String::new(), |x| format!("{x:.3}"));
+            let o4 = |x: Option<f64>| x.map_or(String::new(), |x| format!("{x:.4}"));
             let _ = writeln!(
                 out,
-                "{},\"{}\",{},{},{n},{a},{b},{c},{},{},{},{}",
+                "{},\"{}\",{},{},{n},{a},{b},{c},{},{},{},{},{},{},{},{}",
                 w + 1,
                 work.name,
                 work.kind.label(),
                 s.name,
                 lag.join(";"),
-                cov.map_or(String::new(), |c| format!("{:.4}", c.share())),
+                o4(cov.and_then(|c| c.coverage)),
                 cov.map_or(String::new(), |c| c.no_interval.to_string()),
-                cov.and_then(|c| c.width_median)
-                    .map_or(String::new(), |w| format!("{:.3}", w * 100.0)),
+                o3(cov.and_then(|c| c.width_median)),
+                o3(cov.and_then(|c| c.width_p95)),
+                o4(cov.and_then(|c| c.one_sided)),
+                o4(cov.and_then(|c| c.vacuous)),
+                cov.map_or(String::new(), |c| c.none.to_string()),
             );
         }
     }

@@ -135,9 +135,13 @@ pub fn run(opts: &Opts, sampler: &mut dyn Sampler) -> anyhow::Result<Output> {
             )?;
             sums.pages = history.pages_since(mark);
             let (_, host) = readings(&update, &vm_id);
-            let ws = points(&update, &vm_id, read, &|at, h| {
-                history.touched_within(at, Duration::try_from_secs_f64(h).ok()?)
-            });
+            let ws = points(
+                &update,
+                &vm_id,
+                read,
+                &|at, h| history.touched_within(at, Duration::try_from_secs_f64(h).ok()?),
+                tier_pages,
+            );
             let warmup = k < opts.warmup;
             if !warmup {
                 insns += sums.instructions;

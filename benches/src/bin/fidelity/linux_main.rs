@@ -104,10 +104,9 @@ pub fn bench(
         ),
     ];
     for m in ["hit_miss", "hit_touch", "ws_1s", "ws_10s"] {
-        let (cov, width, n) = crate::linux_score::pooled(&rows, m);
-        pairs.push((format!("cov_{m}"), f(cov)));
-        pairs.push((format!("wmed_{m}"), f(width)));
-        pairs.push((format!("n_{m}"), n.to_string()));
+        if let Some(v) = crate::linux_score::pooled(&rows, m) {
+            pairs.extend(v.result_pairs(m));
+        }
     }
     if let Some(c) = out.cost {
         println!(

@@ -5,21 +5,9 @@
 
 use std::fmt::Write as _;
 
-use tier_benches::Summary;
-
 use crate::linux::{LRecord, Output};
 
-const EPS: f64 = 1e-9;
-
-/// One (truth, estimate) pair; the estimate is (point, low, high) or
-/// absent (no reading, or no interval: not covered).
-#[derive(Debug, Clone, Copy)]
-pub struct Pair {
-    /// Truth as a band (equal ends: exact).
-    pub truth: (f64, f64),
-    pub point: Option<f64>,
-    pub interval: Option<(f64, f64)>,
-}
+use tier_benches::verdict::{Pair, Unit, Verdict};
 
 /// How one metric did over a workload's scored intervals.
 #[derive(Debug, Clone)]
@@ -44,70 +32,15 @@ pub struct Row {
     pub unit: &'static str,
     /// Why not measured (first reason), for working sets.
     pub why: Option<String>,
+    /// The scored intervals (pooled over workloads for the RESULT).
+    pub pairs: Vec<Pair>,
+    pub verdict: Verdict,
 }
 
-fn p95(v: &mut [f64]) -> Option<f64> {
-    if v.is_empty() {
-        return None;
-    }
-    v.sort_by(f64::total_cmp);
-    let rank = (0.95 * v.len() as f64).ceil() as usize;
-    Some(v[rank.clamp(1, v.len()) - 1])
-}
-
-fn median(v: &[f64]) -> Option<f64> {
-    Summary::of(v).map(|s| s.median)
-}
-
-/// Scores pairs; `scale` turns a value into the unit (100 for ratios to
-/// pp); `relative`: widths and errors as % of the truth's low end;
-/// `full`: the value the vacuous interval's high end reaches.
-fn score(pairs: &[Pair], scale: f64, relative: bool, full: f64) -> Row {
-    let given: Vec<&Pair> = pairs.iter().filter(|p| p.point.is_some()).collect();
-    let n = given.len();
-    let share = |k: usize| (n > 0).then(|| k as f64 / n as f64);
-    let norm = |x: f64, t: (f64, f64)| {
-        if relative {
-            x / t.0.max(1.0) * 100.0
-        } else {
-            x * scale
-        }
-    };
-    let covered = given
-        .iter()
-        .filter(|p| {
-            p.interval
-                .is_some_and(|(lo, hi)| lo - EPS <= p.truth.1 && p.truth.0 <= hi + EPS)
-        })
-        .count();
-    let mut widths: Vec<f64> = given
-        .iter()
-        .filter_map(|p| p.interval.map(|(lo, hi)| norm(hi - lo, p.truth)))
-        .filter(|w| w.is_finite())
-        .collect();
-    let low_open = |lo: f64| lo <= EPS;
-    let high_open = |hi: f64| !hi.is_finite() || hi >= full - EPS;
-    let one_sided = given
-        .iter()
-        .filter(|p| {
-            p.interval
-                .is_some_and(|(lo, hi)| low_open(lo) != high_open(hi))
-        })
-        .count();
-    let vacuous = given
-        .iter()
-        .filter(|p| {
-            p.interval
-                .is_some_and(|(lo, hi)| low_open(lo) && high_open(hi))
-        })
-        .count();
-    let mut errs: Vec<f64> = given
-        .iter()
-        .filter_map(|p| {
-            let x = p.point?;
-            Some(norm((x - x.clamp(p.truth.0, p.truth.1)).abs(), p.truth))
-        })
-        .collect();
+/// Scores pairs with the verdict every fidelity bench shares
+/// (`tier_benches::verdict`).
+fn score(pairs: &[Pair], unit: Unit) -> Row {
+    let v = Verdict::of(pairs, unit);
     let truths: Vec<f64> = pairs
         .iter()
         .map(|p| (p.truth.0 + p.truth.1) / 2.0)
@@ -115,18 +48,20 @@ fn score(pairs: &[Pair], scale: f64, relative: bool, full: f64) -> Row {
     Row {
         workload: String::new(),
         metric: String::new(),
-        n,
-        none: pairs.len() - n,
-        coverage: share(covered),
-        width_median: median(&widths),
-        width_p95: p95(&mut widths),
-        one_sided: share(one_sided),
-        vacuous: share(vacuous),
-        err_p95: p95(&mut errs),
+        n: v.n,
+        none: v.none,
+        coverage: v.coverage,
+        width_median: v.width_median,
+        width_p95: v.width_p95,
+        one_sided: v.one_sided,
+        vacuous: v.vacuous,
+        err_p95: v.err_p95,
         truth_min: truths.iter().copied().reduce(f64::min),
         truth_max: truths.iter().copied().reduce(f64::max),
-        unit: if relative { "%" } else { "pp" },
+        unit: unit.label(),
         why: None,
+        pairs: pairs.to_vec(),
+        verdict: v,
     }
 }
 
@@ -137,11 +72,11 @@ fn ratio_pairs(rs: &[&LRecord], share: impl Fn(&LRecord) -> [u64; 2]) -> Vec<Pai
             let [d, s] = share(r);
             let t = (d + s > 0).then(|| d as f64 / (d + s) as f64)?;
             let host = r.host.as_ref();
-            Some(Pair {
-                truth: (t, t),
-                point: host.and_then(|h| h.ratio),
-                interval: host.and_then(|h| h.interval),
-            })
+            Some(Pair::ratio(
+                t,
+                host.and_then(|h| h.ratio),
+                host.and_then(|h| h.interval),
+            ))
         })
         .collect()
 }
@@ -162,11 +97,11 @@ pub fn rows(out: &Output) -> Vec<Row> {
         };
         push(
             "hit_miss".into(),
-            score(&ratio_pairs(&rs, |r| r.sums.misses), 100.0, false, 1.0),
+            score(&ratio_pairs(&rs, |r| r.sums.misses), Unit::Pp),
         );
         push(
             "hit_touch".into(),
-            score(&ratio_pairs(&rs, |r| r.sums.touches), 100.0, false, 1.0),
+            score(&ratio_pairs(&rs, |r| r.sums.touches), Unit::Pp),
         );
         let mut horizons: Vec<f64> = rs
             .iter()
@@ -189,10 +124,11 @@ pub fn rows(out: &Output) -> Vec<Row> {
                             truth: (p.truth.0 as f64, p.truth.1 as f64),
                             point: e.map(|e| e.0),
                             interval: e.map(|e| (e.1, e.2)),
+                            full: out.tier_pages[tier] as f64,
                         }
                     })
                     .collect();
-                let mut row = score(&pairs, 1.0, true, out.tier_pages[tier] as f64);
+                let mut row = score(&pairs, Unit::Pct);
                 // Working-set truth shown in MiB.
                 row.truth_min = row.truth_min.map(|p| p * 4096.0 / f64::from(1u32 << 20));
                 row.truth_max = row.truth_max.map(|p| p * 4096.0 / f64::from(1u32 << 20));
@@ -213,7 +149,7 @@ pub fn table(rows: &[Row]) -> String {
     let mut s = String::new();
     let _ = writeln!(
         s,
-        "{:<13} {:<15} {:>4} {:>5} {:>6} {:>8} {:>8} {:>6} {:>6} {:>8}  {:<17} not measured because",
+        "{:<13} {:<15} {:>4} {:>5} {:>6} {:>8} {:>8} {:>6} {:>6} {:>8} {:>4}  {:<17} not measured because",
         "workload",
         "metric",
         "n",
@@ -224,6 +160,7 @@ pub fn table(rows: &[Row]) -> String {
         "1side",
         "vacu",
         "err_p95",
+        "goal",
         "truth range"
     );
     for r in rows {
@@ -239,7 +176,7 @@ pub fn table(rows: &[Row]) -> String {
         };
         let _ = writeln!(
             s,
-            "{:<13} {:<15} {:>4} {:>5} {:>6} {:>8} {:>8} {:>6} {:>6} {:>8}  {:<17} {}",
+            "{:<13} {:<15} {:>4} {:>5} {:>6} {:>8} {:>8} {:>6} {:>6} {:>8} {:>4}  {:<17} {}",
             r.workload,
             r.metric,
             r.n,
@@ -250,6 +187,11 @@ pub fn table(rows: &[Row]) -> String {
             f(r.one_sided, 2),
             f(r.vacuous, 2),
             f(r.err_p95, 1) + r.unit,
+            match r.verdict.meets_goal() {
+                Some(true) => "yes",
+                Some(false) => "no",
+                None => "-",
+            },
             range,
             if r.n == 0 {
                 r.why.as_deref().unwrap_or("-")
@@ -261,22 +203,16 @@ pub fn table(rows: &[Row]) -> String {
     s
 }
 
-/// Coverage and median width of `metric` (a prefix) pooled over workloads,
-/// weighting each row by its intervals.
-pub fn pooled(rows: &[Row], metric: &str) -> (Option<f64>, Option<f64>, usize) {
+/// The verdict of `metric` (a prefix) over every workload's scored
+/// intervals together.
+pub fn pooled(rows: &[Row], metric: &str) -> Option<Verdict> {
     let rs: Vec<&Row> = rows
         .iter()
-        .filter(|r| r.metric.starts_with(metric) && r.n > 0)
+        .filter(|r| r.metric.starts_with(metric))
         .collect();
-    let n: usize = rs.iter().map(|r| r.n).sum();
-    let cov = (n > 0).then(|| {
-        rs.iter()
-            .map(|r| r.coverage.unwrap_or(0.0) * r.n as f64)
-            .sum::<f64>()
-            / n as f64
-    });
-    let widths: Vec<f64> = rs.iter().filter_map(|r| r.width_median).collect();
-    (cov, median(&widths), n)
+    let unit = rs.first()?.verdict.unit;
+    let pairs: Vec<Pair> = rs.iter().flat_map(|r| r.pairs.iter().copied()).collect();
+    Some(Verdict::of(&pairs, unit))
 }
 
 /// summary-linux.csv.
@@ -371,47 +307,20 @@ pub fn ws_csv(out: &Output) -> String {
 mod tests {
     use super::*;
 
-    fn pair(t: f64, p: f64, lo: f64, hi: f64) -> Pair {
-        Pair {
-            truth: (t, t),
-            point: Some(p),
-            interval: Some((lo, hi)),
-        }
-    }
-
     #[test]
-    fn coverage_width_and_open_ends() {
-        let pairs = [
-            pair(0.5, 0.5, 0.4, 0.6), // covered, 20 pp
-            pair(0.5, 0.7, 0.6, 0.8), // missed, 20 pp, error 20 pp
-            pair(0.5, 0.5, 0.0, 0.6), // one-sided
-            pair(0.5, 0.5, 0.0, 1.0), // vacuous
-            Pair {
-                truth: (0.5, 0.5),
-                point: None,
-                interval: None,
-            },
-        ];
-        let r = score(&pairs, 100.0, false, 1.0);
-        assert_eq!((r.n, r.none), (4, 1));
-        assert_eq!(r.coverage, Some(0.75));
-        assert_eq!(r.one_sided, Some(0.25));
-        assert_eq!(r.vacuous, Some(0.25));
-        assert!((r.err_p95.unwrap() - 20.0).abs() < 1e-9);
-        assert!((r.width_median.unwrap() - 40.0).abs() < 1e-9);
-    }
-
-    #[test]
-    fn working_sets_score_against_the_band_in_percent() {
-        let p = Pair {
-            truth: (100.0, 110.0),
-            point: Some(120.0),
-            interval: Some((105.0, 130.0)),
-        };
-        let r = score(&[p], 1.0, true, 1000.0);
-        assert_eq!(r.coverage, Some(1.0));
-        assert!((r.err_p95.unwrap() - 10.0).abs() < 1e-9);
-        assert!((r.width_median.unwrap() - 25.0).abs() < 1e-9);
-        assert_eq!(r.one_sided, Some(0.0));
+    fn rows_carry_the_shared_verdict_and_pool_over_workloads() {
+        let a = Pair::ratio(0.5, Some(0.5), Some((0.0, 1.0)));
+        let b = Pair::ratio(0.5, Some(0.52), Some((0.45, 0.55)));
+        let mut r1 = score(&[a, a], Unit::Pp);
+        let mut r2 = score(&[b, b, b], Unit::Pp);
+        r1.metric = "hit_miss".into();
+        r2.metric = "hit_miss".into();
+        assert_eq!(r1.vacuous, Some(1.0));
+        assert_eq!(r2.coverage, Some(1.0));
+        let v = pooled(&[r1, r2], "hit_miss").unwrap();
+        assert_eq!(v.n, 5);
+        assert!((v.vacuous.unwrap() - 0.4).abs() < 1e-12, "{v:?}");
+        assert!((v.width_median.unwrap() - 10.0).abs() < 1e-9, "{v:?}");
+        assert_eq!(pooled(&[], "hit_miss"), None);
     }
 }

@@ -285,7 +285,7 @@ fn main() -> anyhow::Result<()> {
         println!("  {}", f.display());
     }
     let f = |x: Option<f64>| x.map_or("na".to_string(), |x| format!("{x:.2}"));
-    let pairs = match headline {
+    let pairs = match &headline {
         Some(h) => vec![
             ("p95_err_pp", f(h.all.map(|e| e.p95))),
             ("mean_err_pp", f(h.all.map(|e| e.mean))),
@@ -305,7 +305,21 @@ fn main() -> anyhow::Result<()> {
             ("skew_rows", skew_rows.to_string()),
         ],
     };
+    // The ratio interval's verdict: whole matrix, uniform rows, skew rows.
+    let verdicts: Vec<(String, String)> = headline
+        .iter()
+        .flat_map(|h| {
+            [
+                ("hit", h.verdict),
+                ("hit_uniform", h.verdict_uniform),
+                ("hit_skew", h.verdict_skew),
+            ]
+        })
+        .filter_map(|(m, v)| Some(v?.result_pairs(m)))
+        .flatten()
+        .collect();
     let mut pairs = pairs;
+    pairs.extend(verdicts.iter().map(|(k, v)| (k.as_str(), v.clone())));
     pairs.extend(ws_result.iter().map(|(k, v)| (k.as_str(), v.clone())));
     println!("{}", result_line(&pairs));
     Ok(())

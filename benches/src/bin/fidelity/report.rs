@@ -5,9 +5,9 @@ use std::path::{Path, PathBuf};
 use tier_benches::fidelity::{ErrorStats, Lag, detect_lag, error_pp, ratio};
 use tier_benches::plot::{Panel, Series, grid};
 
-use crate::coverage::Coverage;
 use crate::matrix::{Kind, Workload};
 use crate::run::Record;
+use tier_benches::verdict::{Pair, Unit, Verdict};
 
 /// One source's DRAM-hit ratio per interval.
 pub struct Source {
@@ -83,22 +83,23 @@ pub(crate) fn errors(
         .collect()
 }
 
-/// Coverage of `s`'s intervals over the scored records selected by `keep`
-/// (None: `s` has no intervals at all, or no record is scored).
+/// The verdict of `s`'s intervals over the scored records selected by
+/// `keep` (None: `s` has no intervals at all, or no record is scored). An
+/// interval where `s` has no ratio counts as `none`, not as a ratio of 0.
 pub(crate) fn coverage(
     records: &[Record],
     truth: &Source,
     s: &Source,
     keep: impl Fn(&Record) -> bool,
-) -> Option<Coverage> {
+) -> Option<Verdict> {
     let iv = s.intervals.as_ref()?;
-    let pairs: Vec<(f64, Option<(f64, f64)>)> = records
+    let pairs: Vec<Pair> = records
         .iter()
         .enumerate()
         .filter(|(_, r)| !r.warmup && keep(r))
-        .filter_map(|(i, _)| Some((truth.ratios[i]?, iv[i])))
+        .filter_map(|(i, _)| Some(Pair::ratio(truth.ratios[i]?, s.ratios[i], iv[i])))
         .collect();
-    Coverage::of(&pairs)
+    (!pairs.is_empty()).then(|| Verdict::of(&pairs, Unit::Pp))
 }
 
 /// Lowest coverage over the rows of `matrix` (rows with no scored interval
@@ -110,8 +111,7 @@ pub fn coverage_min(
     s: &Source,
 ) -> Option<f64> {
     (0..matrix.len())
-        .filter_map(|w| coverage(records, truth, s, |r| r.workload == w))
-        .map(|c| c.share())
+        .filter_map(|w| coverage(records, truth, s, |r| r.workload == w)?.coverage)
         .min_by(f64::total_cmp)
 }
 
@@ -207,6 +207,11 @@ pub struct Headline {
     pub lag_bad: usize,
     /// Lowest per-row coverage of the ratio interval.
     pub coverage_min: Option<f64>,
+    /// The ratio interval's verdict over the whole matrix, and over the
+    /// uniform rows (every kind but skew) and the skew rows.
+    pub verdict: Option<Verdict>,
+    pub verdict_uniform: Option<Verdict>,
+    pub verdict_skew: Option<Verdict>,
 }
 
 /// Prints the per-source and per-workload tables; returns the host
@@ -266,6 +271,13 @@ pub fn print_tables(
                 lag_max: max,
                 lag_bad: bad,
                 coverage_min: coverage_min(matrix, records, truth, s),
+                verdict: coverage(records, truth, s, |_| true),
+                verdict_uniform: coverage(records, truth, s, |r| {
+                    matrix[r.workload].kind != Kind::Skew
+                }),
+                verdict_skew: coverage(records, truth, s, |r| {
+                    matrix[r.workload].kind == Kind::Skew
+                }),
             });
         }
     }
@@ -340,10 +352,10 @@ fn print_workloads(
         s.name
     );
     println!(
-        "  cover = share of scored intervals whose ~95 % ratio interval (dram and slow tiers' accesses_low/high) holds the truth; no_int = intervals without one (counted as not covered); width = median interval width (pp)"
+        "  cover = share of scored intervals with a ratio whose ~95 % ratio interval (dram and slow tiers' accesses_low/high) holds the truth (vacuous 0-100 % ones count); no_int = intervals with a ratio and no interval (not covered); w_med/w_p95 = interval width (pp); 1side/vacu = share with one / both ends at 0 or 100 %; goal = cover >= 0.95 and w_med <= 10 pp"
     );
     println!(
-        "{:<3} {:<40} {:<9} {:>6} {:>6} {:>8} {:>5} {:>8} {:>8} {:>8}  {:<10} {:<8} {:>5} {:>6} {:>6}",
+        "{:<3} {:<40} {:<9} {:>6} {:>6} {:>8} {:>5} {:>8} {:>8} {:>8}  {:<10} {:<8} {:>5} {:>6} {:>6} {:>6} {:>5} {:>5} {:>4}",
         "#",
         "workload",
         "kind",
@@ -358,7 +370,11 @@ fn print_workloads(
         "p95<=2pp",
         "cover",
         "no_int",
-        "width",
+        "w_med",
+        "w_p95",
+        "1side",
+        "vacu",
+        "goal",
     );
     let changes = lags(records, truth, s);
     for (w, work) in matrix.iter().enumerate() {
@@ -371,8 +387,10 @@ fn print_workloads(
         let lag = workload_lags(&changes, w);
         let pct = |x: Option<f64>| x.map_or("-".into(), |x| format!("{:.1}", x * 100.0));
         let cov = coverage(records, truth, s, |r| r.workload == w);
+        let f1 = |x: Option<f64>| x.map_or("-".into(), |x| format!("{x:.1}"));
+        let f2 = |x: Option<f64>| x.map_or("-".into(), |x| format!("{x:.2}"));
         println!(
-            "{:<3} {:<40} {:<9} {:>6} {:>6} {:>8} {}  {:<10} {:<8} {:>5} {:>6} {:>6}",
+            "{:<3} {:<40} {:<9} {:>6} {:>6} {:>8} {}  {:<10} {:<8} {:>5} {:>6} {:>6} {:>6} {:>5} {:>5} {:>4}",
             w + 1,
             work.name,
             work.kind.label(),
@@ -390,9 +408,17 @@ fn print_workloads(
                 Some(_) => "NO",
                 None => "-",
             },
-            cov.map_or("-".into(), |c| format!("{:.2}", c.share())),
+            f2(cov.and_then(|c| c.coverage)),
             cov.map_or("-".into(), |c| c.no_interval.to_string()),
-            pct(cov.and_then(|c| c.width_median)),
+            f1(cov.and_then(|c| c.width_median)),
+            f1(cov.and_then(|c| c.width_p95)),
+            f2(cov.and_then(|c| c.one_sided)),
+            f2(cov.and_then(|c| c.vacuous)),
+            match cov.and_then(|c| c.meets_goal()) {
+                Some(true) => "yes",
+                Some(false) => "no",
+                None => "-",
+            },
         );
     }
 }

@@ -210,7 +210,22 @@ pub fn run(p: Pipeline<'_>, matrix: &[Workload]) -> anyhow::Result<Output> {
             let truth_ws = |at: Instant, h: f64| {
                 source.touched_within(at, Duration::try_from_secs_f64(h).ok()?)
             };
-            let ws = points(&update, &row.vm_id, read, &truth_ws);
+            // Pages of dram and slow: where a working set's interval says
+            // nothing (0 to the whole tier).
+            let pages = registry
+                .iter()
+                .find(|t| t.vm().id == row.vm_id)
+                .map(|t| {
+                    ["dram", "slow"].map(|n| {
+                        t.vm()
+                            .tiers
+                            .iter()
+                            .find(|x| x.name == n)
+                            .map_or(0, |x| x.size_bytes / 4096)
+                    })
+                })
+                .unwrap_or_default();
+            let ws = points(&update, &row.vm_id, read, &truth_ws, pages);
             records.push(Record {
                 index: records.len(),
                 t_s: started.elapsed().as_secs_f64(),
@@ -308,7 +323,8 @@ pub(crate) fn readings(u: &StatsUpdate, vm_id: &str) -> (Option<[u64; 2]>, Optio
     let guest = (g.len() == s.tiers.len()).then(|| [g[di], g[wi]]);
     let (d, w) = (&s.tiers[di], &s.tiers[wi]);
     let est = d.estimated_accesses + w.estimated_accesses;
-    let ratio = (est > 0.0).then(|| d.estimated_accesses / est);
+    // A tier no pass read has unknown accesses, not none: no ratio.
+    let ratio = (est > 0.0 && d.passes > 0 && w.passes > 0).then(|| d.estimated_accesses / est);
     let host = match u.health.first() {
         Some(h) if d.passes > 0 || w.passes > 0 => Some(Host {
             ratio,
@@ -324,7 +340,8 @@ pub(crate) fn readings(u: &StatsUpdate, vm_id: &str) -> (Option<[u64; 2]>, Optio
                 .filter(|(i, _)| *i != di && *i != wi)
                 .map(|(_, t)| TierPasses::of(t))
                 .collect(),
-            interval: ratio_interval(d, w, ratio.unwrap_or(0.0)),
+            // No point, no interval: a missing ratio is missing, not 0.
+            interval: ratio.and_then(|p| ratio_interval(d, w, p)),
             vm_interval: s.dram_hit_low.zip(s.dram_hit_high),
         }),
         _ => None,

@@ -6,6 +6,7 @@
 use std::time::Instant;
 
 use tier_benches::fidelity::ErrorStats;
+use tier_benches::verdict::{Pair, Unit, Verdict};
 use tier_proto::v1::StatsUpdate;
 
 const PAGE: f64 = 4096.0;
@@ -21,6 +22,8 @@ pub struct WsPoint {
     pub truth: (u64, u64),
     /// (point, low, high) pages; None: not measured, and why.
     pub est: Result<(f64, f64, f64), String>,
+    /// The tier's pages: an interval from 0 to these says nothing.
+    pub pages: u64,
 }
 
 /// The points of one update: the dram and slow tiers' ages against
@@ -30,6 +33,7 @@ pub fn points(
     vm_id: &str,
     at: Instant,
     truth: &dyn Fn(Instant, f64) -> Option<[(u64, u64); 2]>,
+    pages: [u64; 2],
 ) -> Vec<WsPoint> {
     let Some(s) = u.stats.iter().find(|s| s.vm_id == vm_id) else {
         return Vec::new();
@@ -57,6 +61,7 @@ pub fn points(
                 } else {
                     Err(w.not_measured.clone())
                 },
+                pages: pages[tier],
             });
         }
     }
@@ -79,6 +84,9 @@ pub struct WsScore {
     pub not_measured: usize,
     /// One reason it was not measured.
     pub why: Option<String>,
+    /// Coverage, width and open ends (the verdict every fidelity bench
+    /// shares), over measured and unmeasured points alike.
+    pub verdict: Verdict,
 }
 
 /// |estimate - truth| / truth in %, against the nearest end of the
@@ -121,7 +129,20 @@ pub fn score<'a>(points: impl Iterator<Item = &'a WsPoint>) -> Vec<WsScore> {
                 .filter(|p| p.truth.0 > 0)
                 .map(|p| (p.truth.1 - p.truth.0) as f64 / p.truth.0 as f64 * 100.0)
                 .collect();
+            let pairs: Vec<Pair> = ps
+                .iter()
+                .map(|p| {
+                    let e = p.est.as_ref().ok();
+                    Pair {
+                        truth: (p.truth.0 as f64, p.truth.1 as f64),
+                        point: e.map(|e| e.0),
+                        interval: e.map(|e| (e.1, e.2)),
+                        full: p.pages as f64,
+                    }
+                })
+                .collect();
             WsScore {
+                verdict: Verdict::of(&pairs, Unit::Pct),
                 horizon,
                 err: ErrorStats::of(&errs),
                 err_tier: [0, 1].map(|t| ErrorStats::of(&errs_of(Some(t)))),
@@ -141,7 +162,7 @@ pub fn print(scores: &[WsScore]) -> Vec<(String, String)> {
         "working set per horizon (dram and slow tiers, scored intervals; error = |estimate - pages the guest touched| / touched, against the truth's band; truth± = p95 width of that band, % of it):"
     );
     println!(
-        "  {:>8} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>7}  not measured because",
+        "  {:>8} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>7} {:>9} {:>9} {:>6} {:>6} {:>4}  not measured because",
         "horizon",
         "measured",
         "n/m",
@@ -150,13 +171,18 @@ pub fn print(scores: &[WsScore]) -> Vec<(String, String)> {
         "dram p95",
         "slow p95",
         "coverage",
-        "truth±"
+        "truth±",
+        "w_med",
+        "w_p95",
+        "1side",
+        "vacu",
+        "goal"
     );
     let mut pairs = Vec::new();
     for s in scores {
         let f = |x: Option<f64>| x.map_or("-".to_string(), |x| format!("{x:.2}"));
         println!(
-            "  {:>8} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>7}  {}",
+            "  {:>8} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>7} {:>9} {:>9} {:>6} {:>6} {:>4}  {}",
             format!("{}s", s.horizon),
             s.measured,
             s.not_measured,
@@ -166,6 +192,15 @@ pub fn print(scores: &[WsScore]) -> Vec<(String, String)> {
             f(s.err_tier[1].map(|e| e.p95)),
             f(s.coverage),
             f(s.truth_width),
+            f(s.verdict.width_median) + "%",
+            f(s.verdict.width_p95) + "%",
+            f(s.verdict.one_sided),
+            f(s.verdict.vacuous),
+            match s.verdict.meets_goal() {
+                Some(true) => "yes",
+                Some(false) => "no",
+                None => "-",
+            },
             s.why.as_deref().unwrap_or("-")
         );
         let na = |x: Option<f64>| x.map_or("na".to_string(), |x| format!("{x:.2}"));
@@ -173,6 +208,7 @@ pub fn print(scores: &[WsScore]) -> Vec<(String, String)> {
         pairs.push((format!("ws_p95_err_pct_{h}s"), na(s.err.map(|e| e.p95))));
         pairs.push((format!("ws_coverage_{h}s"), na(s.coverage)));
         pairs.push((format!("ws_measured_{h}s"), s.measured.to_string()));
+        pairs.extend(s.verdict.result_pairs(&format!("ws_{h}s")));
     }
     pairs
 }
@@ -188,6 +224,7 @@ mod tests {
             tier: 0,
             truth: (truth, truth),
             est,
+            pages: 1000,
         };
         let pts = [
             p(1.0, 100, Ok((104.0, 99.0, 110.0))),
@@ -202,6 +239,10 @@ mod tests {
         assert_eq!((s[1].measured, s[1].not_measured), (0, 1));
         assert_eq!(s[1].why.as_deref(), Some("beyond"));
         assert_eq!(s[0].truth_width, Some(0.0));
+        // Widths 11 and 10 % of the truth; one point without an estimate.
+        assert_eq!(s[0].verdict.n, 2);
+        assert!((s[0].verdict.width_median.unwrap() - 10.5).abs() < 1e-9);
+        assert_eq!((s[1].verdict.n, s[1].verdict.none), (0, 1));
     }
 
     /// A truth known within a band: no error inside it, the distance to
@@ -213,6 +254,7 @@ mod tests {
             tier: 1,
             truth: (100, 110),
             est: Ok(est),
+            pages: 1000,
         };
         let pts = [p((105.0, 104.0, 106.0)), p((120.0, 111.0, 130.0))];
         let s = score(pts.iter());
