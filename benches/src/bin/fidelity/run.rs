@@ -324,7 +324,11 @@ pub(crate) fn readings(u: &StatsUpdate, vm_id: &str) -> (Option<[u64; 2]>, Optio
     let (d, w) = (&s.tiers[di], &s.tiers[wi]);
     let est = d.estimated_accesses + w.estimated_accesses;
     // A tier no pass read has unknown accesses, not none: no ratio.
-    let ratio = (est > 0.0 && d.passes > 0 && w.passes > 0).then(|| d.estimated_accesses / est);
+    let raw = (est > 0.0 && d.passes > 0 && w.passes > 0).then(|| d.estimated_accesses / est);
+    // The point scored is the one tierd publishes: none where it says the
+    // ratio is not measured (a 0-100 % interval, a long pass it could not
+    // carry a fit through); the interval is scored either way.
+    let ratio = raw.filter(|_| s.dram_hit_not_measured.is_empty());
     let host = match u.health.first() {
         Some(h) if d.passes > 0 || w.passes > 0 => Some(Host {
             ratio,
@@ -341,7 +345,7 @@ pub(crate) fn readings(u: &StatsUpdate, vm_id: &str) -> (Option<[u64; 2]>, Optio
                 .map(|(_, t)| TierPasses::of(t))
                 .collect(),
             // No point, no interval: a missing ratio is missing, not 0.
-            interval: ratio.and_then(|p| ratio_interval(d, w, p)),
+            interval: raw.and_then(|p| ratio_interval(d, w, p)),
             vm_interval: s.dram_hit_low.zip(s.dram_hit_high),
         }),
         _ => None,
