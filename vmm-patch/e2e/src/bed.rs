@@ -117,12 +117,24 @@ impl Guest {
     /// Starts touching `mib` MiB in the background; with `grow`, only
     /// `grow.0` MiB of it until `grow.1` seconds from now.
     pub fn touch(&mut self, mib: u64, grow: Option<(u64, u64)>) -> anyhow::Result<()> {
+        self.touch_stride(mib, grow, None)
+    }
+
+    /// [`Guest::touch`] writing every `stride` bytes of a pass (default: a
+    /// page).
+    pub fn touch_stride(
+        &mut self,
+        mib: u64,
+        grow: Option<(u64, u64)>,
+        stride: Option<u64>,
+    ) -> anyhow::Result<()> {
         let g = grow.map_or(String::new(), |(h, s)| {
             format!(" --hot-mib {h} --grow-after-s {s}")
         });
+        let st = stride.map_or(String::new(), |s| format!(" --stride {s}"));
         self.bed
             .sh(
-                &format!("tier-bed-agent touch --mib {mib}{g} > /tmp/touch-{mib}.log 2>&1 &"),
+                &format!("tier-bed-agent touch --mib {mib}{g}{st} > /tmp/touch-{mib}.log 2>&1 &"),
                 CMD,
             )
             .map(drop)
