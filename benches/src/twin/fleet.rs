@@ -83,6 +83,10 @@ pub struct FleetResult {
     /// Modelled time and all-DRAM time summed over those VM-intervals, ns.
     pub time_ns: f64,
     pub ref_ns: f64,
+    /// DRAM all VMs held, summed over costed intervals, and the budget.
+    pub dram_held: f64,
+    pub intervals_costed: u64,
+    pub budget: u64,
 }
 
 /// Who sets the VMs' DRAM.
@@ -344,6 +348,7 @@ pub fn run_with(
     let mut res = FleetResult {
         backend: backend.name(),
         vms,
+        budget: f.budget,
         ..Default::default()
     };
     // Per VM: the last interval it was outside epsilon, per phase.
@@ -493,6 +498,8 @@ pub fn run_with(
 /// Costs interval `k` of every cooperative VM as it is held now.
 fn cost(sims: &[SimVm], k: u64, costing: Option<Costing>, res: &mut FleetResult) {
     let Some(c) = costing else { return };
+    res.dram_held += sims.iter().map(|v| v.held().0 as f64).sum::<f64>();
+    res.intervals_costed += 1;
     for v in sims.iter().filter(|v| v.guest == Guest::Cooperative) {
         let l = v.load(k);
         let insns = (l.dram_accesses + l.slow_accesses) * c.insns_per_access;
@@ -507,5 +514,59 @@ fn cost(sims: &[SimVm], k: u64, costing: Option<Costing>, res: &mut FleetResult)
         }
         res.hot_slow += l.slow_hot as f64;
         res.hot_all += (l.dram_hot + l.slow_hot) as f64;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sims() -> (Vec<SimVm>, u64) {
+        let f = fleet(&FleetSpec {
+            vms: 16,
+            uncooperative: 0.2,
+            seed: 7,
+            ..Default::default()
+        });
+        (f.vms, f.budget)
+    }
+
+    #[test]
+    fn static_splits_stay_within_budget_and_size() {
+        let (s, budget) = sims();
+        for prop in [false, true] {
+            let a = static_split(&s, budget, prop);
+            assert!(a.iter().sum::<u64>() <= budget);
+            assert!(a.iter().zip(&s).all(|(a, v)| *a <= v.dram_size));
+        }
+        let eq = static_split(&s, budget, false);
+        let cap = budget / s.len() as u64 / PAGE * PAGE;
+        assert!(eq.iter().zip(&s).all(|(a, v)| *a == cap.min(v.dram_size)));
+    }
+
+    #[test]
+    fn oracle_fills_the_budget_by_gain_and_keeps_refusers_whole() {
+        let (s, budget) = sims();
+        let a = oracle_alloc(&s, 0, budget);
+        assert!(a.iter().sum::<u64>() <= budget);
+        for (a, v) in a.iter().zip(&s) {
+            assert!(*a <= v.dram_size);
+            if v.guest != Guest::Cooperative {
+                assert_eq!(*a, v.dram_size);
+            }
+        }
+        // More DRAM at the oracle's split moves no fewer accesses into
+        // DRAM than an equal one of the same budget.
+        let hits = |alloc: &[u64]| -> f64 {
+            s.iter()
+                .zip(alloc)
+                .map(|(v, &d)| {
+                    let p = v.phase(0).expect("a first phase");
+                    p.load(d, v.dram_size + v.slow_size - d).dram_accesses
+                })
+                .sum()
+        };
+        let eq = static_split(&s, budget, false);
+        assert!(hits(&a) >= hits(&eq) - 1e-6, "{} < {}", hits(&a), hits(&eq));
     }
 }

@@ -60,7 +60,7 @@ fn main() -> anyhow::Result<()> {
         run::BUDGET >> 20
     );
     println!(
-        "  schedule: a touches 16 of its {} MiB until {} s, then all of it (grows past its DRAM); b idles on 16 MiB; watched {} s",
+        "  schedule: a touches 16 of its {} MiB until {} s, then all of it (grows past its DRAM); b idles on 16 MiB; every 64-byte line of the hot set per pass; watched {} s",
         sched.grow_mib,
         sched.phase_s,
         sched.phase_s + sched.after_s
@@ -366,7 +366,10 @@ fn fleet(model: &CostModel, vms: usize, insns_per_access: f64) -> anyhow::Result
         base("oracle"),
     );
     println!(
-        "{:<20} {:>7} {:>8} {:>8} {:>8} {:>8} {:>9} {:>10} {:>7} {:>9} {:>9}",
+        "agg = modelled time over all-DRAM time summed over cooperative VM-intervals; mean/p95/max per VM-interval; slow shr = hot bytes on the slow tier; DRAM used = held / budget; share eq/prop = (static - p) / (static - oracle) on agg, against the equal / proportional split:"
+    );
+    println!(
+        "{:<20} {:>7} {:>8} {:>8} {:>8} {:>8} {:>9} {:>9} {:>10} {:>7} {:>9} {:>9}",
         "policy",
         "n",
         "agg %",
@@ -374,6 +377,7 @@ fn fleet(model: &CostModel, vms: usize, insns_per_access: f64) -> anyhow::Result
         "p95 %",
         "max %",
         "slow shr",
+        "DRAM used",
         "moved GiB",
         "moves",
         "share eq",
@@ -390,7 +394,7 @@ fn fleet(model: &CostModel, vms: usize, insns_per_access: f64) -> anyhow::Result
         };
         let f = |x: Option<f64>| x.map_or("-".into(), |x| format!("{x:.2}"));
         println!(
-            "{:<20} {:>7} {:>8.2} {:>8.2} {:>8.2} {:>8.2} {:>8.1}% {:>10.1} {:>7} {:>9} {:>9}",
+            "{:<20} {:>7} {:>8.2} {:>8.2} {:>8.2} {:>8.2} {:>8.1}% {:>8.1}% {:>10.1} {:>7} {:>9} {:>9}",
             name,
             r.slowdowns.len(),
             pct(a),
@@ -398,6 +402,7 @@ fn fleet(model: &CostModel, vms: usize, insns_per_access: f64) -> anyhow::Result
             pct(p95),
             pct(max),
             100.0 * r.hot_slow / r.hot_all.max(1.0),
+            100.0 * r.dram_held / (r.intervals_costed.max(1) as f64 * r.budget.max(1) as f64),
             r.dram_moved_gib,
             r.moves,
             f(share(eq)),

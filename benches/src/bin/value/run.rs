@@ -19,6 +19,8 @@ pub const BUDGET: u64 = 2 * (BOOT_MIB + PLUGGED_MIB) * MIB;
 /// The oracle resizes only when its target is this far from the request
 /// (block-sized jitter of the window's counts would otherwise churn).
 const ORACLE_HYSTERESIS: u64 = 8 * MIB;
+/// The workloads' stride: a cache line.
+const LINE: u64 = 64;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Policy {
@@ -112,7 +114,8 @@ impl Env {
 }
 
 /// The schedule: a touches `IDLE_MIB` of its `grow_mib` until `phase_s`,
-/// then all of it; b idles on `IDLE_MIB` throughout.
+/// then all of it; b idles on `IDLE_MIB` throughout; both write every
+/// cache line of their hot set each pass.
 #[derive(Debug, Clone, Copy)]
 pub struct Schedule {
     pub phase_s: u64,
@@ -188,8 +191,9 @@ pub async fn run(env: &Env, s: Schedule, policy: Policy, work: &Path) -> anyhow:
         }
         wait_plugged(&mut guests, REGION_MIB * MIB)?;
     }
-    guests[0].touch(s.grow_mib, Some((IDLE_MIB, s.phase_s)))?;
-    guests[1].touch(IDLE_MIB, None)?;
+    // Every cache line of a pass: a hot set beyond the 32 MiB LLC misses.
+    guests[0].touch_stride(s.grow_mib, Some((IDLE_MIB, s.phase_s)), Some(LINE))?;
+    guests[1].touch_stride(IDLE_MIB, None, Some(LINE))?;
     let mut tierd = match policy {
         Policy::Ratio | Policy::WorkingSet => {
             let mode = if policy == Policy::Ratio {
