@@ -54,6 +54,16 @@ fn main() -> anyhow::Result<()> {
             num("--insns-per-miss", 20.0)?,
         );
     }
+    if let Some(csv) = val("--from-csv") {
+        // Re-cost a recorded run under this model: no guest is booted.
+        println!(
+            "value: re-costing {csv}: time = insns x {} CPI / {} GHz + (dram misses x {} ns + slow misses x {} ns) / MLP {}",
+            model.cpi, model.ghz, model.dram_ns, model.slow_ns, model.mlp
+        );
+        let runs = read_csv(std::path::Path::new(csv))?;
+        let sums = summaries(&model, &runs);
+        return report(&sums, &runs, &model);
+    }
     let env = run::Env::from_env()?;
     println!(
         "value: source linux: 2 Debian 6.12 guests under QEMU TCG with tier_truth; each: DRAM node 128 MiB boot + virtio-mem (64 of 256 MiB plugged), slow node the same; host DRAM budget {} MiB",
@@ -84,7 +94,7 @@ fn main() -> anyhow::Result<()> {
         println!(
             "  done: {} intervals, workloads alive {}, DRAM moved {} MiB; vmstat a {:?} b {:?}",
             r.ticks.len() / run::GUESTS.len(),
-            r.alive,
+            r.alive.map_or("-".into(), |a| a.to_string()),
             r.moved >> 20,
             r.vmstat.first(),
             r.vmstat.get(1)
@@ -92,16 +102,79 @@ fn main() -> anyhow::Result<()> {
         runs.push(r);
     }
     write_csv(&out.join("value.csv"), &model, &runs)?;
-    let sums: Vec<(Policy, Summary)> = runs
-        .iter()
-        .map(|r| {
-            let s: Vec<_> = r.ticks.iter().map(|t| t.sample).collect();
-            (r.policy, summarise(&model, &s, run::GUESTS.len(), r.moved))
-        })
-        .collect();
+    let sums = summaries(&model, &runs);
     report(&sums, &runs, &model)?;
     plot(&out, &sums, &runs, &model)?;
     Ok(())
+}
+
+fn summaries(model: &CostModel, runs: &[RunOut]) -> Vec<(Policy, Summary)> {
+    runs.iter()
+        .map(|r| {
+            let s: Vec<_> = r.ticks.iter().map(|t| t.sample).collect();
+            (r.policy, summarise(model, &s, run::GUESTS.len(), r.moved))
+        })
+        .collect()
+}
+
+/// Runs back from [`write_csv`]'s file: DRAM moved from each guest's
+/// changes of DRAM held, resizes as those changes.
+fn read_csv(path: &std::path::Path) -> anyhow::Result<Vec<RunOut>> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let mut runs: Vec<RunOut> = Vec::new();
+    for (n, line) in text.lines().enumerate().skip(1) {
+        let f: Vec<&str> = line.split(',').collect();
+        anyhow::ensure!(
+            f.len() >= 9,
+            "{}:{}: {} fields",
+            path.display(),
+            n + 1,
+            f.len()
+        );
+        let num = |i: usize| -> anyhow::Result<u64> {
+            f[i].parse()
+                .with_context(|| format!("{}:{}: field {}", path.display(), n + 1, i + 1))
+        };
+        let policy = Policy::parse(f[0])?;
+        let guest = run::GUESTS
+            .iter()
+            .position(|g| *g == f[2])
+            .with_context(|| format!("{}:{}: guest {:?}", path.display(), n + 1, f[2]))?;
+        let tick = run::Tick {
+            t: f[1].parse().context("t_s")?,
+            sample: tier_benches::value::Sample {
+                guest,
+                instructions: num(3)?,
+                misses: [num(4)?, num(5)?],
+                pages: [num(6)?, num(7)?],
+                dram_bytes: num(8)?,
+            },
+        };
+        if runs.last().is_none_or(|r| r.policy != policy) {
+            runs.push(RunOut {
+                policy,
+                ticks: Vec::new(),
+                moved: 0,
+                resizes: 0,
+                alive: None,
+                vmstat: Vec::new(),
+            });
+        }
+        if let Some(r) = runs.last_mut() {
+            r.ticks.push(tick);
+        }
+    }
+    for r in &mut runs {
+        let mut last = std::collections::BTreeMap::new();
+        for t in &r.ticks {
+            if let Some(prev) = last.insert(t.sample.guest, t.sample.dram_bytes) {
+                r.moved += prev.abs_diff(t.sample.dram_bytes);
+            }
+        }
+        r.resizes = run::count_requests(&r.ticks);
+    }
+    Ok(runs)
 }
 
 fn pct(x: f64) -> f64 {
@@ -120,9 +193,10 @@ fn report(sums: &[(Policy, Summary)], runs: &[RunOut], model: &CostModel) -> any
         "policies (slowdown % = modelled time over all-DRAM time: agg = summed over guest-intervals, mean/p95/max = per guest-interval; slow share = touched pages on the slow node; DRAM = mean held per guest; oracle share = (static - p) / (static - oracle) on agg):"
     );
     println!(
-        "{:<14} {:>6} {:>8} {:>8} {:>8} {:>8} {:>8} {:>10} {:>10} {:>10} {:>8} {:>7} {:>6}",
+        "{:<14} {:>6} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>10} {:>10} {:>10} {:>8} {:>7} {:>6}",
         "policy",
         "n",
+        "agg %",
         "mean %",
         "p95 %",
         "max %",
@@ -151,7 +225,7 @@ fn report(sums: &[(Policy, Summary)], runs: &[RunOut], model: &CostModel) -> any
             s.moved >> 20,
             r.resizes,
             share(s).map_or("-".into(), |x| format!("{x:.2}")),
-            r.alive
+            r.alive.map_or("-".into(), |a| a.to_string())
         );
     }
     // The benches' standard table: slowdown per guest-interval, ratio of

@@ -137,7 +137,8 @@ pub struct RunOut {
     /// DRAM plugged plus unplugged, bytes.
     pub moved: u64,
     pub resizes: usize,
-    pub alive: bool,
+    /// Whether both workloads ran to the end (None: re-read from a CSV).
+    pub alive: Option<bool>,
     /// The guests' tiering counters at the end.
     pub vmstat: Vec<std::collections::BTreeMap<String, u64>>,
 }
@@ -277,13 +278,13 @@ pub async fn run(env: &Env, s: Schedule, policy: Policy, work: &Path) -> anyhow:
         ticks,
         moved,
         resizes,
-        alive,
+        alive: Some(alive),
         vmstat,
     })
 }
 
 /// Changes of DRAM held between consecutive ticks of a guest.
-fn count_requests(ticks: &[Tick]) -> usize {
+pub fn count_requests(ticks: &[Tick]) -> usize {
     let mut last = std::collections::BTreeMap::new();
     let mut n = 0;
     for t in ticks {
