@@ -51,7 +51,7 @@ fn main() -> anyhow::Result<()> {
         return fleet(
             &model,
             num("--fleet-vms", 1000.0)? as usize,
-            num("--insns-per-miss", 20.0)?,
+            num("--insns-per-miss", 2.8)?,
         );
     }
     if let Some(csv) = val("--from-csv") {
