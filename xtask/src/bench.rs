@@ -130,22 +130,6 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     run::cargo_env(&cmd, &env)
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn unknown_bench_lists_the_known_ones() {
-        let err = run(Args {
-            name: "no-such-bench".into(),
-            args: Vec::new(),
-        })
-        .unwrap_err()
-        .to_string();
-        assert!(err.contains("no bench named \"no-such-bench\""), "{err}");
-    }
-}
-
 /// The bed's environment for the value bench; a variable already set is
 /// kept (a prepared bed elsewhere).
 fn value_env() -> anyhow::Result<Vec<(String, String)>> {
@@ -209,4 +193,20 @@ fn release_agent() -> anyhow::Result<PathBuf> {
             .arg(&out),
     )?;
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unknown_bench_lists_the_known_ones() {
+        let err = run(Args {
+            name: "no-such-bench".into(),
+            args: Vec::new(),
+        })
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("no bench named \"no-such-bench\""), "{err}");
+    }
 }
