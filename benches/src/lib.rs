@@ -7,6 +7,7 @@ pub mod plot;
 pub mod progress;
 pub mod sys;
 pub mod twin;
+pub mod value;
 pub mod verdict;
 pub mod workload;
 

@@ -150,6 +150,64 @@ fn segments(points: &[(f64, Option<f64>)]) -> Vec<Vec<(f64, f64)>> {
     out
 }
 
+/// Writes labelled points `(label, x, y)` as one scatter chart; axes span
+/// the points with a margin and start at 0.
+pub fn scatter(
+    path: &Path,
+    title: &str,
+    points: &[(String, f64, f64)],
+    x_label: &str,
+    y_label: &str,
+) -> Result<(), PlotError> {
+    let err = |e: &dyn std::fmt::Display| PlotError {
+        path: path.display().to_string(),
+        message: e.to_string(),
+    };
+    let finite: Vec<&(String, f64, f64)> = points
+        .iter()
+        .filter(|p| p.1.is_finite() && p.2.is_finite())
+        .collect();
+    if finite.is_empty() {
+        return Err(err(&"nothing to plot"));
+    }
+    let top = |f: fn(&(String, f64, f64)) -> f64| {
+        finite.iter().map(|p| f(p)).fold(0.0f64, f64::max) * 1.15 + 1.0
+    };
+    let (xmax, ymax) = (top(|p| p.1), top(|p| p.2));
+    let root = SVGBackend::new(path, (640, 420)).into_drawing_area();
+    root.fill(&WHITE).map_err(|e| err(&e))?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(title, ("sans-serif", 15))
+        .margin(10)
+        .x_label_area_size(32)
+        .y_label_area_size(44)
+        .build_cartesian_2d(0.0f64..xmax, 0.0f64..ymax)
+        .map_err(|e| err(&e))?;
+    chart
+        .configure_mesh()
+        .x_desc(x_label)
+        .y_desc(y_label)
+        .label_style(("sans-serif", 11))
+        .light_line_style(TRANSPARENT)
+        .draw()
+        .map_err(|e| err(&e))?;
+    for (i, (label, x, y)) in finite.iter().map(|p| (&p.0, p.1, p.2)).enumerate() {
+        let color = COLORS[i % COLORS.len()];
+        chart
+            .draw_series(std::iter::once(Circle::new((x, y), 5, color.filled())))
+            .map_err(|e| err(&e))?;
+        chart
+            .draw_series(std::iter::once(Text::new(
+                label.clone(),
+                (x, y),
+                ("sans-serif", 11).into_font().color(&color),
+            )))
+            .map_err(|e| err(&e))?;
+    }
+    root.present().map_err(|e| err(&e))?;
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

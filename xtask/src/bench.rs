@@ -1,9 +1,11 @@
 //! `cargo xtask bench NAME [ARGS]`: one benchmark of the tier-benches
 //! crate, built in release beside tierd.
 
-use anyhow::bail;
+use std::path::PathBuf;
 
-use crate::{linux_bed_fidelity, run};
+use anyhow::{Context, bail};
+
+use crate::{linux_bed, linux_bed_fidelity, run};
 
 /// Run one benchmark from benches/ (prints a table and a RESULT line).
 #[derive(Debug, PartialEq, clap::Args)]
@@ -65,6 +67,10 @@ const BENCHES: &[(&str, &str)] = &[
         "trace-driven twin of EPT ageing, hostpte and PMU at real access rates through tierd's estimator and controller: errors, coverage, hot set, cost per GiB, fleets",
     ),
     (
+        "value",
+        "modelled guest slowdown vs slow-tier share under all-DRAM, static, guest tiering, tierd (ratio, working_set) and an oracle, on the Linux bed; --fleet: 1000 simulated VMs per backend",
+    ),
+    (
         "fuzz",
         "10^6 seeded cases per untrusted-input parser (vm.info, vm.counters, control lines, stats buffers, config): panics, RSS",
     ),
@@ -101,6 +107,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             "preparing the Linux bed (kernels, truth plugin, kv_zipf)",
         );
         linux_bed_fidelity::env()?
+    } else if name == "value" && !args.iter().any(|a| a == "--fleet" || a == "--from-csv") {
+        run::step(
+            "bench",
+            "preparing the Linux bed (kernels, truth plugin, agent, tierd)",
+        );
+        value_env()?
     } else {
         Vec::new()
     };
@@ -116,6 +128,71 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     ];
     cmd.extend(args.iter().map(String::as_str));
     run::cargo_env(&cmd, &env)
+}
+
+/// The bed's environment for the value bench; a variable already set is
+/// kept (a prepared bed elsewhere).
+fn value_env() -> anyhow::Result<Vec<(String, String)>> {
+    let keys = [
+        "TIERD_BED_KERNELS",
+        "TIERD_BED_TIERD",
+        "TIERD_BED_AGENT",
+        "TIERD_TRUTH_PLUGIN",
+    ];
+    let set: Vec<(String, String)> = keys
+        .iter()
+        .filter_map(|k| {
+            Some((
+                k.to_string(),
+                std::env::var(k).ok().filter(|v| !v.is_empty())?,
+            ))
+        })
+        .collect();
+    if set.len() == keys.len() {
+        return Ok(set);
+    }
+    let env = match linux_bed::test_env()? {
+        Ok(env) => env,
+        Err(why) => bail!("cannot run the Linux bed: {why}"),
+    };
+    // The workload's instructions per miss enter the cost model: the
+    // guest runs an optimised agent, not the tests' debug build.
+    let agent = release_agent()?.display().to_string();
+    Ok(env
+        .into_iter()
+        .map(|(k, v)| {
+            let kept = set.iter().find(|s| s.0 == k).map(|s| s.1.clone());
+            let v = if k == "TIERD_BED_AGENT" {
+                agent.clone()
+            } else {
+                v
+            };
+            (k, kept.unwrap_or(v))
+        })
+        .collect())
+}
+
+/// tier-bed-agent in release, stripped, under its own name for the guest.
+fn release_agent() -> anyhow::Result<PathBuf> {
+    run::cargo(&[
+        "build",
+        "--release",
+        "-p",
+        "tier-bed-agent",
+        "--bin",
+        "tier-bed-agent",
+    ])?;
+    let target = run::target_dir()?;
+    let dir = target.join("linux-bed").join("release");
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    let out = dir.join("tier-bed-agent");
+    run::status(
+        std::process::Command::new("objcopy")
+            .arg("--strip-debug")
+            .arg(target.join("release").join("tier-bed-agent"))
+            .arg(&out),
+    )?;
+    Ok(out)
 }
 
 #[cfg(test)]

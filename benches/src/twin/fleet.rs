@@ -74,6 +74,120 @@ pub struct FleetResult {
     pub wrong_moves: usize,
     /// VM-intervals within epsilon at the end of each phase, share.
     pub within_end: f64,
+    /// Per cooperative VM-interval with accesses: modelled slowdown
+    /// (`crate::value::CostModel`, when costed).
+    pub slowdowns: Vec<f64>,
+    /// Hot bytes on the slow tier and in all, summed over VM-intervals.
+    pub hot_slow: f64,
+    pub hot_all: f64,
+    /// Modelled time and all-DRAM time summed over those VM-intervals, ns.
+    pub time_ns: f64,
+    pub ref_ns: f64,
+    /// DRAM all VMs held, summed over costed intervals, and the budget.
+    pub dram_held: f64,
+    pub intervals_costed: u64,
+    pub budget: u64,
+}
+
+/// Who sets the VMs' DRAM.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Decider {
+    /// tierd's controller on the backend's readings.
+    Tierd,
+    /// The budget split equally (capped at each VM's DRAM), fixed.
+    StaticEqual,
+    /// The budget split in proportion to each VM's DRAM size, fixed.
+    StaticProportional,
+    /// Each interval, the budget split greedily by the exact marginal
+    /// accesses of the VMs' current phases (hindsight).
+    Oracle,
+}
+
+impl Decider {
+    pub fn name(self) -> &'static str {
+        match self {
+            Decider::Tierd => "tierd",
+            Decider::StaticEqual => "static-equal",
+            Decider::StaticProportional => "static-proportional",
+            Decider::Oracle => "oracle",
+        }
+    }
+}
+
+/// How a VM-interval is costed: the model and instructions per access.
+#[derive(Debug, Clone, Copy)]
+pub struct Costing {
+    pub model: crate::value::CostModel,
+    pub insns_per_access: f64,
+}
+
+/// Granularity of the oracle's split.
+const ORACLE_BLOCK: u64 = 64 << 20;
+
+/// DRAM per VM for a fixed split of `budget`.
+fn static_split(sims: &[SimVm], budget: u64, proportional: bool) -> Vec<u64> {
+    let total: u64 = sims.iter().map(|v| v.dram_size).sum();
+    sims.iter()
+        .map(|v| {
+            let share = if proportional {
+                (budget as f64 * v.dram_size as f64 / total.max(1) as f64) as u64
+            } else {
+                budget / sims.len().max(1) as u64
+            };
+            share.min(v.dram_size) / PAGE * PAGE
+        })
+        .collect()
+}
+
+/// The oracle's DRAM per VM in interval `k`: blocks of the budget go one
+/// at a time to the VM whose next block turns the most accesses from slow
+/// into DRAM hits (each phase's share law is concave, so greedy is
+/// optimal up to the block).
+pub fn oracle_alloc(sims: &[SimVm], k: u64, budget: u64) -> Vec<u64> {
+    use std::collections::BinaryHeap;
+    let gain = |v: &SimVm, d: u64| -> f64 {
+        let Some(p) = v.phase(k) else { return 0.0 };
+        let total = v.dram_size + v.slow_size;
+        let now = p.load(d, total - d).dram_accesses;
+        let next = p.load(
+            (d + ORACLE_BLOCK).min(v.dram_size),
+            total - (d + ORACLE_BLOCK).min(v.dram_size),
+        );
+        next.dram_accesses - now
+    };
+    // A guest that refuses its balloon keeps all its DRAM whatever it is
+    // given.
+    let mut alloc: Vec<u64> = sims
+        .iter()
+        .map(|v| {
+            if v.guest == Guest::Cooperative {
+                0
+            } else {
+                v.dram_size
+            }
+        })
+        .collect();
+    let mut heap: BinaryHeap<(u64, usize)> = BinaryHeap::new();
+    let key = |g: f64| (g.max(0.0) * 1e6) as u64;
+    for (i, v) in sims.iter().enumerate() {
+        if alloc[i] == 0 {
+            heap.push((key(gain(v, 0)), i));
+        }
+    }
+    let mut left = budget.saturating_sub(alloc.iter().sum());
+    while let Some((g, i)) = heap.pop() {
+        if g == 0 || left == 0 {
+            break;
+        }
+        let v = &sims[i];
+        let add = ORACLE_BLOCK.min(v.dram_size - alloc[i]).min(left);
+        alloc[i] += add;
+        left -= add;
+        if alloc[i] < v.dram_size {
+            heap.push((key(gain(v, alloc[i])), i));
+        }
+    }
+    alloc
 }
 
 fn policy(budget: u64) -> Config {
@@ -184,6 +298,28 @@ fn pass(
 
 /// Runs `intervals` intervals of a fleet of `vms` on `backend`.
 pub fn run(backend: Backend, vms: usize, intervals: u64, phase_at: u64, seed: u64) -> FleetResult {
+    run_with(
+        backend,
+        vms,
+        intervals,
+        phase_at,
+        seed,
+        Decider::Tierd,
+        None,
+    )
+}
+
+/// [`run`] with the DRAM set by `decider`, each VM-interval costed by
+/// `costing` when given (the non-tierd deciders read no backend).
+pub fn run_with(
+    backend: Backend,
+    vms: usize,
+    intervals: u64,
+    phase_at: u64,
+    seed: u64,
+    decider: Decider,
+    costing: Option<Costing>,
+) -> FleetResult {
     let spec = FleetSpec {
         vms,
         phase_change: Some((phase_at, 0.3)),
@@ -212,15 +348,37 @@ pub fn run(backend: Backend, vms: usize, intervals: u64, phase_at: u64, seed: u6
     let mut res = FleetResult {
         backend: backend.name(),
         vms,
+        budget: f.budget,
         ..Default::default()
     };
     // Per VM: the last interval it was outside epsilon, per phase.
     let mut last_out = vec![[None::<u64>; 2]; sims.len()];
     let mut ever_in = vec![[false; 2]; sims.len()];
     let mut within_end = Vec::new();
+    let fixed = match decider {
+        Decider::StaticEqual => Some(static_split(&sims, f.budget, false)),
+        Decider::StaticProportional => Some(static_split(&sims, f.budget, true)),
+        _ => None,
+    };
     for k in 0..intervals {
         for v in &mut sims {
             v.move_balloons(STEP);
+        }
+        if decider != Decider::Tierd {
+            let alloc = fixed
+                .clone()
+                .unwrap_or_else(|| oracle_alloc(&sims, k, f.budget));
+            for (v, a) in sims.iter_mut().zip(alloc) {
+                let before = v.dram.target;
+                v.dram.target = v.dram_size - a;
+                if before != v.dram.target && k > 0 {
+                    res.moves += 1;
+                    res.dram_moved_gib +=
+                        before.abs_diff(v.dram.target) as f64 / (1u64 << 30) as f64;
+                }
+            }
+            cost(&sims, k, costing, &mut res);
+            continue;
         }
         let state: Vec<VmState> = sims
             .iter()
@@ -286,6 +444,7 @@ pub fn run(backend: Backend, vms: usize, intervals: u64, phase_at: u64, seed: u6
             })
             .collect();
         let plan = controller.decide(&obs, k * 1_000_000_000);
+        cost(&sims, k, costing, &mut res);
         let ph = usize::from(k >= phase_at);
         for (i, (v, t)) in sims.iter_mut().zip(&plan.targets).enumerate() {
             let truth = v.load(k).ratio();
@@ -334,4 +493,80 @@ pub fn run(backend: Backend, vms: usize, intervals: u64, phase_at: u64, seed: u6
     }
     res.within_end = within_end.iter().sum::<f64>() / within_end.len().max(1) as f64;
     res
+}
+
+/// Costs interval `k` of every cooperative VM as it is held now.
+fn cost(sims: &[SimVm], k: u64, costing: Option<Costing>, res: &mut FleetResult) {
+    let Some(c) = costing else { return };
+    res.dram_held += sims.iter().map(|v| v.held().0 as f64).sum::<f64>();
+    res.intervals_costed += 1;
+    for v in sims.iter().filter(|v| v.guest == Guest::Cooperative) {
+        let l = v.load(k);
+        let insns = (l.dram_accesses + l.slow_accesses) * c.insns_per_access;
+        let m = [
+            l.dram_accesses.round() as u64,
+            l.slow_accesses.round() as u64,
+        ];
+        if let Some(x) = c.model.slowdown(insns.round() as u64, m) {
+            res.slowdowns.push(x);
+            res.time_ns += c.model.time_ns(insns.round() as u64, m);
+            res.ref_ns += c.model.reference_ns(insns.round() as u64, m);
+        }
+        res.hot_slow += l.slow_hot as f64;
+        res.hot_all += (l.dram_hot + l.slow_hot) as f64;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sims() -> (Vec<SimVm>, u64) {
+        let f = fleet(&FleetSpec {
+            vms: 16,
+            uncooperative: 0.2,
+            seed: 7,
+            ..Default::default()
+        });
+        (f.vms, f.budget)
+    }
+
+    #[test]
+    fn static_splits_stay_within_budget_and_size() {
+        let (s, budget) = sims();
+        for prop in [false, true] {
+            let a = static_split(&s, budget, prop);
+            assert!(a.iter().sum::<u64>() <= budget);
+            assert!(a.iter().zip(&s).all(|(a, v)| *a <= v.dram_size));
+        }
+        let eq = static_split(&s, budget, false);
+        let cap = budget / s.len() as u64 / PAGE * PAGE;
+        assert!(eq.iter().zip(&s).all(|(a, v)| *a == cap.min(v.dram_size)));
+    }
+
+    #[test]
+    fn oracle_fills_the_budget_by_gain_and_keeps_refusers_whole() {
+        let (s, budget) = sims();
+        let a = oracle_alloc(&s, 0, budget);
+        assert!(a.iter().sum::<u64>() <= budget);
+        for (a, v) in a.iter().zip(&s) {
+            assert!(*a <= v.dram_size);
+            if v.guest != Guest::Cooperative {
+                assert_eq!(*a, v.dram_size);
+            }
+        }
+        // More DRAM at the oracle's split moves no fewer accesses into
+        // DRAM than an equal one of the same budget.
+        let hits = |alloc: &[u64]| -> f64 {
+            s.iter()
+                .zip(alloc)
+                .map(|(v, &d)| {
+                    let p = v.phase(0).expect("a first phase");
+                    p.load(d, v.dram_size + v.slow_size - d).dram_accesses
+                })
+                .sum()
+        };
+        let eq = static_split(&s, budget, false);
+        assert!(hits(&a) >= hits(&eq) - 1e-6, "{} < {}", hits(&a), hits(&eq));
+    }
 }

@@ -10,7 +10,6 @@
 //! there, no guest OOMs, the loop settles.
 
 mod checks;
-mod guest;
 mod run;
 
 use std::path::PathBuf;

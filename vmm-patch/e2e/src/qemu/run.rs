@@ -1,7 +1,6 @@
 //! The run: boot, work, start tierd, watch every interval.
 
 use std::collections::BTreeMap;
-use std::path::Path;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
@@ -12,18 +11,10 @@ use tokio_stream::StreamExt;
 
 use crate::Args;
 use crate::checks;
-use crate::guest::{Guest, Split};
+use tier_e2e::bed::{self, Guest, Split};
 
-pub const MIB: u64 = 1 << 20;
-/// Each guest's DRAM node: 128 MiB of boot memory and a virtio-mem device
-/// of up to 256 MiB plugging 64 at first; its slow node the same.
-const BOOT_MIB: u64 = 128;
-const PLUGGED_MIB: u64 = 64;
-const REGION_MIB: u64 = 256;
-/// What a guest keeps touching while it idles.
-const IDLE_MIB: u64 = 16;
-/// The hot set is the working set within this many seconds.
-const HOT_HORIZON_S: f64 = 5.0;
+pub use tier_e2e::bed::MIB;
+use tier_e2e::bed::{BOOT_MIB, HOT_HORIZON_S, IDLE_MIB, PLUGGED_MIB, REGION_MIB};
 
 /// One guest in one interval.
 #[derive(Debug, Clone, Default)]
@@ -122,12 +113,16 @@ pub async fn run(args: &Args) -> anyhow::Result<bool> {
     a.touch(args.grow_mib, Some((IDLE_MIB, args.phase_secs)))?;
     b.touch(IDLE_MIB, None)?;
 
-    let mut tierd = Tierd::with_config(&args.tierd, &work, &config(&work, &qmp_dir))?;
+    let mut tierd = Tierd::with_config(&args.tierd, &work, &bed::tierd_config(&work, &qmp_dir))?;
     let mut client = tierd.client(Duration::from_secs(30)).await?;
     println!("tierd: pid {}, log {}", tierd.pid(), tierd.log.display());
     client
         .set_policy(SetPolicyRequest {
-            policy: Some(policy(&args.mode)?),
+            policy: Some(bed::policy(
+                &args.mode,
+                &["a", "b"],
+                2 * (BOOT_MIB + PLUGGED_MIB) * MIB,
+            )?),
         })
         .await
         .context("SetPolicy")?;
@@ -223,70 +218,4 @@ fn hot_set(s: &VmStats) -> Option<(f64, f64)> {
         sum = (sum.0 + w.bytes_low, sum.1 + w.bytes_high);
     }
     (!s.tiers.is_empty()).then_some(sum)
-}
-
-/// tierd's config: hostpte on the QEMU processes found through the QMP
-/// sockets in `qmp_dir` only (no other VMM of this host), node 0 DRAM and
-/// node 1 CXL, the controller on.
-fn config(work: &Path, qmp_dir: &Path) -> String {
-    format!(
-        "socket = {socket:?}\n\
-         socket_mode = \"0600\"\n\
-         interval_ms = 1000\n\
-         backend = \"hostpte\"\n\
-         [sampler]\n\
-         cpu_budget_pct = 0\n\
-         ws_horizons_s = [1, 5]\n\
-         ws_sweep_s = 5\n\
-         ws_sweep_every_s = 10\n\
-         [tier_kinds]\n\
-         node0 = \"dram\"\n\
-         node1 = \"cxl\"\n\
-         [metrics]\n\
-         listen = \"\"\n\
-         [discovery]\n\
-         ch_api_dir = \"\"\n\
-         ch_cmdline = false\n\
-         kvm_fd = false\n\
-         qemu_qmp = [{glob:?}]\n\
-         [controller]\n\
-         enabled = true\n",
-        socket = work.join("tierd.sock").display().to_string(),
-        glob = qmp_dir.join("*.qmp").display().to_string(),
-    )
-}
-
-/// The host DRAM budget is what both guests' DRAM nodes hold at the start;
-/// neither may go below its boot memory.
-fn policy(mode: &str) -> anyhow::Result<Policy> {
-    let mode = match mode {
-        "ratio" => PolicyMode::Ratio,
-        "working-set" => PolicyMode::WorkingSet,
-        m => anyhow::bail!("--mode {m:?}: give ratio or working-set"),
-    };
-    Ok(Policy {
-        enabled: true,
-        dry_run: false,
-        default_target: 0.9,
-        epsilon: 0.05,
-        host_dram_budget_bytes: 2 * (BOOT_MIB + PLUGGED_MIB) * MIB,
-        max_step_bytes: 128 * MIB,
-        cooldown_intervals: 1,
-        idle_threshold: 0.3,
-        vms: ["a", "b"]
-            .iter()
-            .map(|v| VmPolicy {
-                vm: (*v).into(),
-                limits: vec![TierLimits {
-                    tier: "node0".into(),
-                    floor_bytes: BOOT_MIB * MIB,
-                    ceiling_bytes: 0,
-                }],
-                ..Default::default()
-            })
-            .collect(),
-        mode: mode as i32,
-        hot_horizon_seconds: HOT_HORIZON_S,
-        promotion_slo: 0.0,
-    })
 }

@@ -257,11 +257,12 @@ fn main() -> anyhow::Result<()> {
                 },
                 grow_after: Duration::from_secs(num("--grow-after-s", 0)?),
                 pause: Duration::from_millis(num("--pause-ms", 0)?),
+                stride: usize::try_from(num("--stride", 4096)?)?,
             })
         }
         _ => {
             bail!(
-                "usage: tier-bed-agent damon [--pages N] [--hot N] [--sample-ms N] [--rounds N] | touch [--mib N] [--hot-mib H --grow-after-s T] [--pause-ms N]"
+                "usage: tier-bed-agent damon [--pages N] [--hot N] [--sample-ms N] [--rounds N] | touch [--mib N] [--hot-mib H --grow-after-s T] [--pause-ms N] [--stride BYTES]"
             )
         }
     }

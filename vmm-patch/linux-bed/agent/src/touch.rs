@@ -1,7 +1,8 @@
 //! `tier-bed-agent touch --mib N [--hot-mib H --grow-after-s T]`: the
 //! closed loop's guest workload. Populates an N MiB anonymous buffer (no
 //! THP, so the guest's own tiering moves it page by page), then keeps
-//! writing one byte per page of its first H MiB per pass, and of all N MiB
+//! writing one byte per page (or per `--stride` bytes) of its first H MiB
+//! per pass, and of all N MiB
 //! from T seconds after it started: a hot set that grows in place, without
 //! the minute a fresh allocation takes under the truth plugin (every byte
 //! the kernel zeroes is counted). Runs until killed; says on stdout when
@@ -21,10 +22,17 @@ pub struct Touch {
     pub hot_mib: Option<usize>,
     pub grow_after: Duration,
     pub pause: Duration,
+    /// Bytes between writes in a pass: a page (the default) keeps the
+    /// pass's lines few enough to stay in a last-level cache; 64 writes
+    /// every line, so a hot set larger than the LLC misses it.
+    pub stride: usize,
 }
 
 pub fn run(t: Touch) -> anyhow::Result<()> {
     let len = t.mib << 20;
+    if t.stride == 0 || t.stride > PAGE {
+        bail!("--stride {} outside 1..={PAGE}", t.stride);
+    }
     if t.hot_mib.is_some_and(|h| h > t.mib) {
         bail!("--hot-mib {:?} > --mib {}", t.hot_mib, t.mib);
     }
@@ -46,13 +54,13 @@ pub fn run(t: Touch) -> anyhow::Result<()> {
     // SAFETY: ptr/len are the mapping made above.
     unsafe { libc::madvise(ptr, len, libc::MADV_NOHUGEPAGE) };
     let base = ptr.cast::<u8>();
-    let write = |pages: usize, v: u8| {
-        for p in 0..pages {
-            // SAFETY: p * PAGE < len: inside the mapping.
-            unsafe { std::ptr::write_volatile(base.add(p * PAGE), v) };
+    let write = |bytes: usize, stride: usize, v: u8| {
+        for off in (0..bytes).step_by(stride) {
+            // SAFETY: off < bytes <= len: inside the mapping.
+            unsafe { std::ptr::write_volatile(base.add(off), v) };
         }
     };
-    write(len / PAGE, 1);
+    write(len, PAGE, 1);
     println!(
         "touch: {} MiB populated in {:.1?}",
         t.mib,
@@ -74,7 +82,7 @@ pub fn run(t: Touch) -> anyhow::Result<()> {
         } else {
             t.hot_mib.unwrap_or(t.mib)
         };
-        write((hot << 20) / PAGE, pass);
+        write(hot << 20, t.stride, pass);
         pass = pass.wrapping_add(1).max(1);
         std::thread::sleep(t.pause);
     }

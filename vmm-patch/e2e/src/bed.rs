@@ -1,4 +1,4 @@
-//! One Linux guest of the QEMU loop: Debian's 6.12 under QEMU TCG on the
+//! One Linux guest of the QEMU loop and the value bench: Debian's 6.12 under QEMU TCG on the
 //! Linux bed with the truth plugin, its own tiering on, a workload from
 //! tier-bed-agent, and what it did each interval by the plugin's counts.
 
@@ -9,6 +9,18 @@ use std::time::Duration;
 use anyhow::Context;
 use tier_linux_bed::truth::{Snapshot, Truth};
 use tier_linux_bed::{Bed, Kernel, Machine, VirtioMem};
+use tier_proto::v1::*;
+
+pub const MIB: u64 = 1 << 20;
+/// Each guest's DRAM node: 128 MiB of boot memory and a virtio-mem device
+/// of up to 256 MiB plugging 64 at first; its slow node the same.
+pub const BOOT_MIB: u64 = 128;
+pub const PLUGGED_MIB: u64 = 64;
+pub const REGION_MIB: u64 = 256;
+/// What a guest keeps touching while it idles.
+pub const IDLE_MIB: u64 = 16;
+/// The hot set is the working set within this many seconds.
+pub const HOT_HORIZON_S: f64 = 5.0;
 
 const CMD: Duration = Duration::from_secs(60);
 
@@ -32,6 +44,12 @@ pub struct Split {
     /// Distinct pages touched in the last [`WS_SECS`] seconds (the truth
     /// of the hot set at the controller's horizon), bytes.
     pub ws_bytes: u64,
+    /// Instructions the guest executed in the interval.
+    pub instructions: u64,
+    /// LLC misses to node 0 (DRAM) and node 1 (slow) pages.
+    pub misses: [u64; 2],
+    /// Distinct pages touched on node 0 and node 1.
+    pub pages_touched: [u64; 2],
 }
 
 /// The hot horizon the truth's working set is taken over.
@@ -47,6 +65,8 @@ pub struct Guest {
     last: Snapshot,
     /// Recent snapshots and when they were taken, oldest first.
     history: std::collections::VecDeque<(std::time::Instant, Snapshot)>,
+    /// The counts of the last [`WS_SECS`] seconds, as of the last interval.
+    window: Option<Snapshot>,
 }
 
 impl Guest {
@@ -77,6 +97,7 @@ impl Guest {
             truth_file,
             last,
             history: std::collections::VecDeque::new(),
+            window: None,
         })
     }
 
@@ -96,12 +117,24 @@ impl Guest {
     /// Starts touching `mib` MiB in the background; with `grow`, only
     /// `grow.0` MiB of it until `grow.1` seconds from now.
     pub fn touch(&mut self, mib: u64, grow: Option<(u64, u64)>) -> anyhow::Result<()> {
+        self.touch_stride(mib, grow, None)
+    }
+
+    /// [`Guest::touch`] writing every `stride` bytes of a pass (default: a
+    /// page).
+    pub fn touch_stride(
+        &mut self,
+        mib: u64,
+        grow: Option<(u64, u64)>,
+        stride: Option<u64>,
+    ) -> anyhow::Result<()> {
         let g = grow.map_or(String::new(), |(h, s)| {
             format!(" --hot-mib {h} --grow-after-s {s}")
         });
+        let st = stride.map_or(String::new(), |s| format!(" --stride {s}"));
         self.bed
             .sh(
-                &format!("tier-bed-agent touch --mib {mib}{g} > /tmp/touch-{mib}.log 2>&1 &"),
+                &format!("tier-bed-agent touch --mib {mib}{g}{st} > /tmp/touch-{mib}.log 2>&1 &"),
                 CMD,
             )
             .map(drop)
@@ -136,33 +169,72 @@ impl Guest {
         {
             self.history.pop_front();
         }
-        let ws_bytes = match self.history.front() {
-            Some((_, old)) => {
-                now.since(old)
-                    .context("truth snapshot")?
-                    .total()
-                    .pages_touched
-                    * tier_linux_bed::truth::PAGE
-            }
-            None => 0,
+        self.window = match self.history.front() {
+            Some((_, old)) => Some(now.since(old).context("truth snapshot")?),
+            None => None,
         };
+        let ws_bytes = self
+            .window
+            .as_ref()
+            .map_or(0, |w| w.total().pages_touched * tier_linux_bed::truth::PAGE);
         self.history.push_back((at, now.clone()));
         self.last = now;
         let sum = |node: &str| {
             self.ranges(node)
                 .into_iter()
                 .map(|(g, l)| d.sum_in(g, l))
-                .fold((0u64, 0u64), |a, s| (a.0 + s.touches, a.1 + s.misses))
+                .fold((0u64, 0u64, 0u64), |a, s| {
+                    (a.0 + s.touches, a.1 + s.misses, a.2 + s.pages_touched)
+                })
         };
-        let (dt, dm) = sum("0");
-        let (st, sm) = sum("1");
+        let (dt, dm, dp) = sum("0");
+        let (st, sm, sp) = sum("1");
         let share = |a: u64, b: u64| (a + b > 0).then(|| a as f64 / (a + b) as f64);
         Ok(Split {
             touch: share(dt, st),
             miss: share(dm, sm),
             touches: dt + st,
             ws_bytes,
+            instructions: d.counters.instructions,
+            misses: [dm, sm],
+            pages_touched: [dp, sp],
         })
+    }
+
+    /// LLC misses per guest page over the last [`WS_SECS`] seconds, as of
+    /// the last [`Guest::interval`] (empty before a window has passed).
+    pub fn window_page_misses(&self) -> Vec<u64> {
+        self.window
+            .as_ref()
+            .map_or(Vec::new(), |w| w.misses.clone())
+    }
+
+    /// Turns the guest's own tiering off: no demotion, no NUMA balancing
+    /// (pages stay on the node the kernel first gave them).
+    pub fn disable_tiering(&mut self) -> anyhow::Result<()> {
+        self.bed
+            .sh(
+                "echo 0 > /sys/kernel/mm/numa/demotion_enabled && \
+                 echo 0 > /proc/sys/kernel/numa_balancing",
+                CMD,
+            )
+            .map(drop)
+            .context("disabling the guest's tiering")
+    }
+
+    /// Bytes in use on guest node `node` (its meminfo's MemUsed).
+    pub fn node_used(&mut self, node: u32) -> anyhow::Result<u64> {
+        let out = self.bed.sh(
+            &format!("cat /sys/devices/system/node/node{node}/meminfo"),
+            CMD,
+        )?;
+        out.lines()
+            .find_map(|l| {
+                let rest = l.split_once("MemUsed:")?.1;
+                rest.split_whitespace().next()?.parse::<u64>().ok()
+            })
+            .map(|kib| kib * 1024)
+            .with_context(|| format!("no MemUsed in node{node}'s meminfo: {out}"))
     }
 
     /// The virtio-mem devices as QEMU reports them.
@@ -186,4 +258,70 @@ impl Drop for Guest {
     fn drop(&mut self) {
         let _ = std::fs::remove_file(&self.truth_file);
     }
+}
+
+/// tierd's config: hostpte on the QEMU processes found through the QMP
+/// sockets in `qmp_dir` only (no other VMM of this host), node 0 DRAM and
+/// node 1 CXL, the controller on.
+pub fn tierd_config(work: &Path, qmp_dir: &Path) -> String {
+    format!(
+        "socket = {socket:?}\n\
+         socket_mode = \"0600\"\n\
+         interval_ms = 1000\n\
+         backend = \"hostpte\"\n\
+         [sampler]\n\
+         cpu_budget_pct = 0\n\
+         ws_horizons_s = [1, 5]\n\
+         ws_sweep_s = 5\n\
+         ws_sweep_every_s = 10\n\
+         [tier_kinds]\n\
+         node0 = \"dram\"\n\
+         node1 = \"cxl\"\n\
+         [metrics]\n\
+         listen = \"\"\n\
+         [discovery]\n\
+         ch_api_dir = \"\"\n\
+         ch_cmdline = false\n\
+         kvm_fd = false\n\
+         qemu_qmp = [{glob:?}]\n\
+         [controller]\n\
+         enabled = true\n",
+        socket = work.join("tierd.sock").display().to_string(),
+        glob = qmp_dir.join("*.qmp").display().to_string(),
+    )
+}
+
+/// The controller's policy in `mode` (`ratio`, `working-set`) for `vms`
+/// under a host DRAM `budget`; no guest's DRAM goes below its boot memory.
+pub fn policy(mode: &str, vms: &[&str], budget: u64) -> anyhow::Result<Policy> {
+    let mode = match mode {
+        "ratio" => PolicyMode::Ratio,
+        "working-set" => PolicyMode::WorkingSet,
+        m => anyhow::bail!("--mode {m:?}: give ratio or working-set"),
+    };
+    Ok(Policy {
+        enabled: true,
+        dry_run: false,
+        default_target: 0.9,
+        epsilon: 0.05,
+        host_dram_budget_bytes: budget,
+        max_step_bytes: 128 * MIB,
+        cooldown_intervals: 1,
+        idle_threshold: 0.3,
+        vms: vms
+            .iter()
+            .map(|v| VmPolicy {
+                vm: (*v).into(),
+                limits: vec![TierLimits {
+                    tier: "node0".into(),
+                    floor_bytes: BOOT_MIB * MIB,
+                    ceiling_bytes: 0,
+                }],
+                ..Default::default()
+            })
+            .collect(),
+        mode: mode as i32,
+        hot_horizon_seconds: HOT_HORIZON_S,
+        promotion_slo: 0.0,
+    })
 }

@@ -1,0 +1,539 @@
+//! `cargo xtask bench value`: what acting on tierd gains (docs/value.md).
+//! Two Linux guests on the bed share a host DRAM budget below their
+//! combined demand; the same schedule runs under each policy (all DRAM,
+//! static split, the guests' own tiering, tierd's controller in both
+//! modes, an oracle) and each guest's time is modelled from its exact
+//! counts. Prints the policy table, writes a CSV of every interval and an
+//! SVG, ends with one RESULT line.
+
+mod run;
+
+use std::io::Write;
+use std::path::PathBuf;
+
+use anyhow::Context;
+use tier_benches::value::{CostModel, Summary, gain_share, summarise};
+use tier_benches::{Row, Summary as Mmm, print_table, result_line};
+
+use run::{Policy, RunOut, Schedule};
+
+fn main() -> anyhow::Result<()> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let val = |k: &str| {
+        args.iter()
+            .position(|a| a == k)
+            .and_then(|i| args.get(i + 1))
+    };
+    let num = |k: &str, d: f64| -> anyhow::Result<f64> {
+        val(k).map_or(Ok(d), |v| v.parse().with_context(|| format!("{k} {v:?}")))
+    };
+    let d = CostModel::default();
+    let model = CostModel {
+        cpi: num("--cpi", d.cpi)?,
+        ghz: num("--ghz", d.ghz)?,
+        dram_ns: num("--dram-ns", d.dram_ns)?,
+        slow_ns: num("--slow-ns", d.slow_ns)?,
+        mlp: num("--mlp", d.mlp)?,
+    };
+    model.validate()?;
+    let sched = Schedule {
+        phase_s: num("--phase-s", 60.0)? as u64,
+        after_s: num("--after-s", 100.0)? as u64,
+        grow_mib: num("--grow-mib", 200.0)? as u64,
+    };
+    let policies: Vec<Policy> = match val("--policies") {
+        Some(v) => v.split(',').map(Policy::parse).collect::<Result<_, _>>()?,
+        None => Policy::ALL.to_vec(),
+    };
+    let out = PathBuf::from(val("--out").map_or("target/value", String::as_str));
+    std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
+    if args.iter().any(|a| a == "--fleet") {
+        return fleet(
+            &model,
+            num("--fleet-vms", 1000.0)? as usize,
+            num("--insns-per-miss", 2.8)?,
+        );
+    }
+    if let Some(csv) = val("--from-csv") {
+        // Re-cost a recorded run under this model: no guest is booted.
+        println!(
+            "value: re-costing {csv}: time = insns x {} CPI / {} GHz + (dram misses x {} ns + slow misses x {} ns) / MLP {}",
+            model.cpi, model.ghz, model.dram_ns, model.slow_ns, model.mlp
+        );
+        let runs = read_csv(std::path::Path::new(csv))?;
+        let sums = summaries(&model, &runs);
+        return report(&sums, &runs, &model);
+    }
+    let env = run::Env::from_env()?;
+    println!(
+        "value: source linux: 2 Debian 6.12 guests under QEMU TCG with tier_truth; each: DRAM node 128 MiB boot + virtio-mem (64 of 256 MiB plugged), slow node the same; host DRAM budget {} MiB",
+        run::BUDGET >> 20
+    );
+    println!(
+        "  schedule: a touches 16 of its {} MiB until {} s, then all of it (grows past its DRAM); b idles on 16 MiB; every 64-byte line of the hot set per pass; watched {} s",
+        sched.grow_mib,
+        sched.phase_s,
+        sched.phase_s + sched.after_s
+    );
+    println!(
+        "  cost model: time = insns x {} CPI / {} GHz + (dram misses x {} ns + slow misses x {} ns) / MLP {}; slowdown = time / time with every miss in DRAM",
+        model.cpi, model.ghz, model.dram_ns, model.slow_ns, model.mlp
+    );
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("tokio")?;
+    let mut runs = Vec::new();
+    let mut failed = Vec::new();
+    for p in &policies {
+        println!("policy {}: {}", p.name(), p.what());
+        // A TCG guest now and then fails to boot here (a kernel oops under
+        // load): one more try, then the policy is reported missing.
+        let mut r = None;
+        for attempt in 1..=2 {
+            let tmp = tempfile::tempdir().context("work dir")?;
+            match rt.block_on(run::run(&env, sched, *p, tmp.path())) {
+                Ok(out) => {
+                    r = Some(out);
+                    break;
+                }
+                Err(e) => println!("  policy {} attempt {attempt} failed: {e:#}", p.name()),
+            }
+        }
+        let Some(r) = r else {
+            failed.push(p.name());
+            continue;
+        };
+        println!(
+            "  done: {} intervals, workloads alive {}, DRAM moved {} MiB; vmstat a {:?} b {:?}",
+            r.ticks.len() / run::GUESTS.len(),
+            r.alive.map_or("-".into(), |a| a.to_string()),
+            r.moved >> 20,
+            r.vmstat.first(),
+            r.vmstat.get(1)
+        );
+        runs.push(r);
+        // Each policy's counts are kept as soon as it ends.
+        write_csv(&out.join("value.csv"), &model, &runs)?;
+    }
+    if !failed.is_empty() {
+        println!("policies that failed twice: {}", failed.join(","));
+    }
+    let sums = summaries(&model, &runs);
+    report(&sums, &runs, &model)?;
+    plot(&out, &sums, &runs, &model)?;
+    Ok(())
+}
+
+fn summaries(model: &CostModel, runs: &[RunOut]) -> Vec<(Policy, Summary)> {
+    runs.iter()
+        .map(|r| {
+            let s: Vec<_> = r.ticks.iter().map(|t| t.sample).collect();
+            (r.policy, summarise(model, &s, run::GUESTS.len(), r.moved))
+        })
+        .collect()
+}
+
+/// Runs back from [`write_csv`]'s file: DRAM moved from each guest's
+/// changes of DRAM held, resizes as those changes.
+fn read_csv(path: &std::path::Path) -> anyhow::Result<Vec<RunOut>> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let mut runs: Vec<RunOut> = Vec::new();
+    for (n, line) in text.lines().enumerate().skip(1) {
+        let f: Vec<&str> = line.split(',').collect();
+        anyhow::ensure!(
+            f.len() >= 9,
+            "{}:{}: {} fields",
+            path.display(),
+            n + 1,
+            f.len()
+        );
+        let num = |i: usize| -> anyhow::Result<u64> {
+            f[i].parse()
+                .with_context(|| format!("{}:{}: field {}", path.display(), n + 1, i + 1))
+        };
+        let policy = Policy::parse(f[0])?;
+        let guest = run::GUESTS
+            .iter()
+            .position(|g| *g == f[2])
+            .with_context(|| format!("{}:{}: guest {:?}", path.display(), n + 1, f[2]))?;
+        let tick = run::Tick {
+            t: f[1].parse().context("t_s")?,
+            sample: tier_benches::value::Sample {
+                guest,
+                instructions: num(3)?,
+                misses: [num(4)?, num(5)?],
+                pages: [num(6)?, num(7)?],
+                dram_bytes: num(8)?,
+            },
+        };
+        if runs.last().is_none_or(|r| r.policy != policy) {
+            runs.push(RunOut {
+                policy,
+                ticks: Vec::new(),
+                moved: 0,
+                resizes: 0,
+                alive: None,
+                vmstat: Vec::new(),
+            });
+        }
+        if let Some(r) = runs.last_mut() {
+            r.ticks.push(tick);
+        }
+    }
+    for r in &mut runs {
+        let mut last = std::collections::BTreeMap::new();
+        for t in &r.ticks {
+            if let Some(prev) = last.insert(t.sample.guest, t.sample.dram_bytes) {
+                r.moved += prev.abs_diff(t.sample.dram_bytes);
+            }
+        }
+        r.resizes = run::count_requests(&r.ticks);
+    }
+    Ok(runs)
+}
+
+fn pct(x: f64) -> f64 {
+    (x - 1.0) * 100.0
+}
+
+fn report(sums: &[(Policy, Summary)], runs: &[RunOut], model: &CostModel) -> anyhow::Result<()> {
+    let find = |p: Policy| sums.iter().find(|s| s.0 == p).map(|s| &s.1);
+    let (st, or) = (find(Policy::Static), find(Policy::Oracle));
+    let share = |s: &Summary| match (st, or) {
+        (Some(st), Some(or)) => gain_share(st.aggregate, s.aggregate, or.aggregate),
+        _ => None,
+    };
+    println!();
+    println!(
+        "policies (slowdown % = modelled time over all-DRAM time: agg = summed over guest-intervals, mean/p95/max = per guest-interval; slow share = touched pages on the slow node; DRAM = mean held per guest; oracle share = (static - p) / (static - oracle) on agg):"
+    );
+    println!(
+        "{:<14} {:>6} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>10} {:>10} {:>10} {:>8} {:>7} {:>6}",
+        "policy",
+        "n",
+        "agg %",
+        "mean %",
+        "p95 %",
+        "max %",
+        "a mean",
+        "b mean",
+        "slow shr",
+        "DRAM MiB",
+        "moved MiB",
+        "resizes",
+        "oracle",
+        "alive"
+    );
+    for ((p, s), r) in sums.iter().zip(runs) {
+        println!(
+            "{:<14} {:>6} {:>8.2} {:>8.2} {:>8.2} {:>8.2} {:>8.2} {:>8.2} {:>9.1}% {:>10.0} {:>10} {:>8} {:>7} {:>6}",
+            p.name(),
+            s.samples,
+            pct(s.aggregate),
+            pct(s.mean),
+            pct(s.p95),
+            pct(s.max),
+            pct(s.per_guest.first().copied().unwrap_or(f64::NAN)),
+            pct(s.per_guest.get(1).copied().unwrap_or(f64::NAN)),
+            s.slow_share * 100.0,
+            s.dram_mean / (1u64 << 20) as f64,
+            s.moved >> 20,
+            r.resizes,
+            share(s).map_or("-".into(), |x| format!("{x:.2}")),
+            r.alive.map_or("-".into(), |a| a.to_string())
+        );
+    }
+    // The benches' standard table: slowdown per guest-interval, ratio of
+    // medians against the static split.
+    let rows: Vec<Row> = runs
+        .iter()
+        .filter_map(|r| {
+            let v: Vec<f64> = r
+                .ticks
+                .iter()
+                .filter_map(|t| model.slowdown(t.sample.instructions, t.sample.misses))
+                .map(pct)
+                .collect();
+            Some((r.policy, Mmm::of(&v)?))
+        })
+        .collect::<Vec<_>>()
+        .iter()
+        .map(|(p, m)| Row {
+            name: format!("slowdown {}", p.name()),
+            unit: "%",
+            summary: *m,
+            ratio: None,
+        })
+        .collect();
+    let base = rows
+        .iter()
+        .find(|r| r.name == "slowdown static")
+        .map(|r| r.summary.median);
+    let rows: Vec<Row> = rows
+        .into_iter()
+        .map(|mut r| {
+            r.ratio = base.filter(|b| *b > 0.0).map(|b| r.summary.median / b);
+            r
+        })
+        .collect();
+    println!();
+    print_table(
+        "slowdown per guest-interval (ratio: median over the static split's)",
+        &rows,
+    );
+    let best = [Policy::Ratio, Policy::WorkingSet]
+        .into_iter()
+        .filter_map(|p| Some((p, share(find(p)?)?)))
+        .max_by(|a, b| a.1.total_cmp(&b.1));
+    let names: Vec<&str> = sums.iter().map(|s| s.0.name()).collect();
+    let p95: Vec<String> = sums
+        .iter()
+        .map(|(p, s)| format!("{}:{:.1}", p.name(), pct(s.p95)))
+        .collect();
+    let agg: Vec<String> = sums
+        .iter()
+        .map(|(p, s)| format!("{}:{:.1}", p.name(), pct(s.aggregate)))
+        .collect();
+    println!();
+    println!(
+        "{}",
+        result_line(&[
+            ("bench", "value".into()),
+            ("source", "linux".into()),
+            ("policies", names.join(",")),
+            (
+                "oracle_share",
+                best.map_or("none".into(), |b| format!("{:.2}", b.1))
+            ),
+            (
+                "oracle_share_mode",
+                best.map_or("none".into(), |b| b.0.name().into())
+            ),
+            ("p95_slowdown_pct", p95.join(",")),
+            ("agg_slowdown_pct", agg.join(",")),
+        ])
+    );
+    Ok(())
+}
+
+fn write_csv(path: &std::path::Path, model: &CostModel, runs: &[RunOut]) -> anyhow::Result<()> {
+    let mut f = std::io::BufWriter::new(
+        std::fs::File::create(path).with_context(|| format!("creating {}", path.display()))?,
+    );
+    writeln!(
+        f,
+        "policy,t_s,guest,instructions,misses_dram,misses_slow,pages_dram,pages_slow,dram_bytes,slowdown"
+    )?;
+    for r in runs {
+        for t in &r.ticks {
+            let s = &t.sample;
+            writeln!(
+                f,
+                "{},{:.1},{},{},{},{},{},{},{},{}",
+                r.policy.name(),
+                t.t,
+                run::GUESTS[s.guest],
+                s.instructions,
+                s.misses[0],
+                s.misses[1],
+                s.pages[0],
+                s.pages[1],
+                s.dram_bytes,
+                model
+                    .slowdown(s.instructions, s.misses)
+                    .map_or(String::new(), |x| format!("{x:.4}"))
+            )?;
+        }
+    }
+    println!("wrote {}", path.display());
+    Ok(())
+}
+
+/// Per policy a timeline panel (each guest's slowdown and slow-tier share)
+/// and one scatter of mean slowdown against slow-tier share.
+fn plot(
+    out: &std::path::Path,
+    sums: &[(Policy, Summary)],
+    runs: &[RunOut],
+    model: &CostModel,
+) -> anyhow::Result<()> {
+    use tier_benches::plot::{Panel, Series, grid, scatter};
+    let panels: Vec<Panel> = runs
+        .iter()
+        .map(|r| {
+            let mut series = Vec::new();
+            for (g, name) in run::GUESTS.iter().enumerate() {
+                let ticks = r.ticks.iter().filter(|t| t.sample.guest == g);
+                series.push(Series {
+                    name: format!("{name} slowdown %"),
+                    points: ticks
+                        .clone()
+                        .map(|t| {
+                            let s = &t.sample;
+                            (t.t, model.slowdown(s.instructions, s.misses).map(pct))
+                        })
+                        .collect(),
+                });
+                series.push(Series {
+                    name: format!("{name} on slow %"),
+                    points: ticks
+                        .map(|t| {
+                            let p = t.sample.pages;
+                            (
+                                t.t,
+                                (p[0] + p[1] > 0)
+                                    .then(|| 100.0 * p[1] as f64 / (p[0] + p[1]) as f64),
+                            )
+                        })
+                        .collect(),
+                });
+            }
+            Panel {
+                title: r.policy.name().into(),
+                series,
+                markers: Vec::new(),
+            }
+        })
+        .collect();
+    let path = out.join("value-timeline.svg");
+    grid(&path, &panels, 2, (520, 300), "s", "%")?;
+    println!("wrote {}", path.display());
+    let points: Vec<(String, f64, f64)> = sums
+        .iter()
+        .map(|(p, s)| (p.name().to_string(), s.slow_share * 100.0, pct(s.mean)))
+        .collect();
+    let path = out.join("value.svg");
+    scatter(
+        &path,
+        "modelled slowdown against slow-tier share, per policy",
+        &points,
+        "touched pages on the slow tier %",
+        "mean slowdown %",
+    )?;
+    println!("wrote {}", path.display());
+    Ok(())
+}
+
+/// The fleet: tierd's controller on simulated VMs per backend (their
+/// readings modelled from each backend's sampling), against static splits
+/// and the sim's oracle, every VM-interval costed by the same model.
+fn fleet(model: &CostModel, vms: usize, insns_per_access: f64) -> anyhow::Result<()> {
+    use tier_benches::twin::fleet::{Backend, Costing, Decider, run_with};
+    let costing = Some(Costing {
+        model: *model,
+        insns_per_access,
+    });
+    let (intervals, phase_at, seed) = (40, 20, 1);
+    println!(
+        "value --fleet: {vms} simulated VMs (tier_controller::sim fleet, 2/4/8 GiB, a third change phase at {phase_at} of {intervals} intervals, 2 % refuse their balloon), budget 1.1x the DRAM each needs for 0.9; {insns_per_access} instructions per LLC miss; cost model as on the bed"
+    );
+    let mut rows: Vec<(String, tier_benches::twin::fleet::FleetResult)> = Vec::new();
+    for d in [
+        Decider::StaticEqual,
+        Decider::StaticProportional,
+        Decider::Oracle,
+    ] {
+        rows.push((
+            d.name().into(),
+            run_with(Backend::HostPte, vms, intervals, phase_at, seed, d, costing),
+        ));
+    }
+    for b in [Backend::HostPte, Backend::Ept, Backend::PmuCount] {
+        rows.push((
+            format!("tierd {}", b.name()),
+            run_with(b, vms, intervals, phase_at, seed, Decider::Tierd, costing),
+        ));
+    }
+    let mean = |r: &tier_benches::twin::fleet::FleetResult| {
+        r.slowdowns.iter().sum::<f64>() / r.slowdowns.len().max(1) as f64
+    };
+    let agg = |r: &tier_benches::twin::fleet::FleetResult| r.time_ns / r.ref_ns;
+    let base = |n: &str| rows.iter().find(|r| r.0 == n).map(|r| agg(&r.1));
+    let (eq, prop, or) = (
+        base("static-equal"),
+        base("static-proportional"),
+        base("oracle"),
+    );
+    println!(
+        "agg = modelled time over all-DRAM time summed over cooperative VM-intervals; mean/p95/max per VM-interval; slow shr = hot bytes on the slow tier; DRAM used = held / budget; share eq/prop = (static - p) / (static - oracle) on agg, against the equal / proportional split:"
+    );
+    println!(
+        "{:<20} {:>7} {:>8} {:>8} {:>8} {:>8} {:>9} {:>9} {:>10} {:>7} {:>9} {:>9}",
+        "policy",
+        "n",
+        "agg %",
+        "mean %",
+        "p95 %",
+        "max %",
+        "slow shr",
+        "DRAM used",
+        "moved GiB",
+        "moves",
+        "share eq",
+        "share prop"
+    );
+    let mut result = Vec::new();
+    for (name, r) in &rows {
+        let (m, a) = (mean(r), agg(r));
+        let p95 = tier_benches::value::percentile(&r.slowdowns, 95.0).unwrap_or(f64::NAN);
+        let max = r.slowdowns.iter().copied().fold(f64::NAN, f64::max);
+        let share = |st: Option<f64>| match (st, or) {
+            (Some(st), Some(or)) => gain_share(st, a, or),
+            _ => None,
+        };
+        let f = |x: Option<f64>| x.map_or("-".into(), |x| format!("{x:.2}"));
+        println!(
+            "{:<20} {:>7} {:>8.2} {:>8.2} {:>8.2} {:>8.2} {:>8.1}% {:>8.1}% {:>10.1} {:>7} {:>9} {:>9}",
+            name,
+            r.slowdowns.len(),
+            pct(a),
+            pct(m),
+            pct(p95),
+            pct(max),
+            100.0 * r.hot_slow / r.hot_all.max(1.0),
+            100.0 * r.dram_held / (r.intervals_costed.max(1) as f64 * r.budget.max(1) as f64),
+            r.dram_moved_gib,
+            r.moves,
+            f(share(eq)),
+            f(share(prop))
+        );
+        result.push((name.replace(' ', "-"), pct(p95), share(eq)));
+    }
+    let shares: Vec<String> = result
+        .iter()
+        .filter(|r| r.0.starts_with("tierd"))
+        .map(|r| {
+            format!(
+                "{}:{}",
+                r.0.trim_start_matches("tierd-"),
+                r.2.map_or("none".into(), |x| format!("{x:.2}"))
+            )
+        })
+        .collect();
+    let p95: Vec<String> = result
+        .iter()
+        .map(|r| format!("{}:{:.1}", r.0, r.1))
+        .collect();
+    println!(
+        "{}",
+        result_line(&[
+            ("bench", "value".into()),
+            ("source", "fleet".into()),
+            ("vms", vms.to_string()),
+            (
+                "policies",
+                result
+                    .iter()
+                    .map(|r| r.0.as_str())
+                    .collect::<Vec<_>>()
+                    .join(",")
+            ),
+            ("oracle_share", shares.join(",")),
+            ("p95_slowdown_pct", p95.join(",")),
+        ])
+    );
+    Ok(())
+}
