@@ -165,7 +165,7 @@ fn donor_funds_receiver_and_slow_tier_compensates() {
 fn an_actuator_that_reaches_only_part_of_the_tier_is_a_floor() {
     // As donor_funds_receiver_and_slow_tier_compensates, but b's DRAM tier
     // is a virtio-mem zone of which only 256M above its target can be
-    // unplugged (issue 33), and its slow tier can take nothing more: b
+    // unplugged (docs/virtio-mem.md), and its slow tier can take nothing more: b
     // releases 256M instead of 544M, a still gets its 160M.
     let mut b = vm("b", G, 640 * M, 1000.0, 0, 0.0);
     b.dram.reach = Some(G + 256 * M);

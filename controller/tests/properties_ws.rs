@@ -1,5 +1,5 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly on purpose
-//! Properties of working_set mode (issue 27). The invariants of both modes
+//! Properties of working_set mode (docs/working-set.md). The invariants of both modes
 //! (floors, ceilings, budget, step, conservation) run in `properties.rs`
 //! over scenarios that draw either mode, random ages (intervals of any
 //! width, horizons not measured, no ages) and hot horizons the VMs do or

@@ -5,8 +5,8 @@
 //! guests' truth, never on the estimate: no DRAM is taken from a VM that
 //! needs it, and DRAM reaches the VM whose hot set outgrew its DRAM.
 //!
-//! Before issue 48 the controller drained both e2e guests here as on the
-//! real VMM: idle reclaim read "not young in one 1 s pass" (40 % of a hot
+//! Before the closed-loop fixes of 2026-11-28 (docs/e2e.md) the
+//! controller drained both e2e guests here as on the real VMM: idle reclaim read "not young in one 1 s pass" (40 % of a hot
 //! set touched once a second) as idle, and no grow came from a DRAM-hit
 //! interval of 0-100 %.
 

@@ -1,5 +1,5 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly on purpose
-//! The simulator with samples that read like accessed bits (issue 21): hot
+//! The simulator with samples that read like accessed bits (docs/estimate.md): hot
 //! DRAM pages under-read, so the point estimate reads low, and an interval
 //! that covers the truth. Acting on the interval the controller never hands
 //! DRAM to a VM whose settled truth is at its target and makes no ratio

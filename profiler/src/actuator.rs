@@ -1,4 +1,4 @@
-//! Which actuator moves a VM's memory between tiers (issue 33): the
+//! Which actuator moves a VM's memory between tiers (docs/virtio-mem.md): the
 //! per-tier balloon where the guest negotiated VIRTIO_BALLOON_F_TIERS;
 //! else `vm.resize-zone` where the VM's DRAM tier is a virtio-mem zone
 //! (upstream cloud-hypervisor and stock Linux guests); else nothing, said

@@ -195,7 +195,7 @@ impl InProcess {
     /// rather than choosing again.
     pub fn annotate(&mut self, vms: &[Vm], update: &mut StatsUpdate) {
         // By id once: a search of the list per VM was quadratic in the
-        // fleet (13 % of tierd's CPU at 1000 VMs; issue 23).
+        // fleet (13 % of tierd's CPU at 1000 VMs; `bench tierd-scale`).
         let by_id: IdMap<&str, &Vm> = vms.iter().map(|v| (v.id.as_str(), v)).collect();
         let mut choices = Vec::with_capacity(update.stats.len());
         for s in &mut update.stats {
@@ -409,7 +409,7 @@ impl InProcess {
         why_not.reserve(update.stats.len());
         // By id once: a search of the list per VM was quadratic in the
         // fleet (7 % of tierd's CPU at 1000 VMs once the fits were cheap;
-        // issue 23).
+        // `bench tierd-scale`).
         let by_id: IdMap<&str, &Vm> = vms.iter().map(|v| (v.id.as_str(), v)).collect();
         // The choices annotate made for this update, if it saw it.
         let mut annotated = self

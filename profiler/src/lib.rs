@@ -38,5 +38,5 @@ pub fn unix_now_ns() -> u64 {
 
 /// A map keyed by VM id (or anything looked up per VM and interval), with
 /// a fast seeded hasher: SipHash was about 8 % of tierd's CPU at 1000 VMs
-/// (issue 23). The ids come from this host's own discovery.
+/// (`bench tierd-scale`). The ids come from this host's own discovery.
 pub type IdMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;

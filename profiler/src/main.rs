@@ -16,7 +16,7 @@ use tier_profiler::config::{self, Config, ConfigError, Settings};
 /// Every interval builds and drops thousands of per-VM strings and vectors
 /// (the update, the controller's view): under glibc malloc their
 /// allocation and freeing was about a third of tierd's CPU at 1000 VMs
-/// (issue 23, `bench tierd-scale`).
+/// (`bench tierd-scale`).
 #[global_allocator]
 static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
@@ -245,7 +245,7 @@ fn main() -> ExitCode {
 /// buffers (the update, its encoding, the controller's view) land in
 /// fresh pages now and then (a buffer freed on another thread than the one
 /// that allocated it), and the kernel zeroed a whole 2 MiB page for each:
-/// 15 % of tierd's CPU with 10 watchers (perf, issue 23; 1.8-1.9 % of a
+/// 15 % of tierd's CPU with 10 watchers (perf, `bench tierd-scale`; 1.8-1.9 % of a
 /// core without, 1.9-2.5 % with). tierd's memory is small; it gains
 /// nothing from them. The guests' memory is the VMM's, untouched.
 fn no_huge_pages() {
@@ -257,7 +257,7 @@ fn no_huge_pages() {
 /// mimalloc returns freed memory to the OS a while after it is freed (its
 /// `purge_delay`: 1 s in the v3 it builds), and tierd frees its
 /// per-interval buffers every interval to allocate them again at the next:
-/// at an interval of 1 s they were faulted in anew (issue 23). Two
+/// at an interval of 1 s they were faulted in anew (`bench tierd-scale`). Two
 /// intervals' delay keeps what the next interval reuses and still returns
 /// what it does not.
 fn purge_after(interval: std::time::Duration) {

@@ -38,7 +38,7 @@ pub trait TrackedVm: Send + Sync {
     }
     /// Per tier in `Vm::tiers` order: the virtio-mem part's (requested,
     /// plugged if reported) bytes, `None` for a tier without one; `None`
-    /// for a VM without any (issue 33).
+    /// for a VM without any (docs/virtio-mem.md).
     fn hotplug_bytes(&self) -> Option<Vec<TierHotplugBytes>> {
         None
     }

@@ -4,7 +4,7 @@
 //! filtered streams are built and encoded per watcher. tonic's generated
 //! route encodes every message per stream, and even fed encoded bytes its
 //! encoder copies each message into every stream's buffer (6.6 MB/s of
-//! copies and fresh buffers at 1000 VMs and 10 watchers; issue 23). So
+//! copies and fresh buffers at 1000 VMs and 10 watchers; `bench tierd-scale`). So
 //! [`Routes`] serves WatchStats itself, in front of the generated service,
 //! with the same wire format: each message is a 5-byte gRPC prefix and the
 //! shared bytes, handed to h2 as they are (`WatchBody`).

@@ -1,5 +1,5 @@
 //! The in-process controller driving virtio-mem zones through
-//! `vm.resize-zone` (issue 33), against a stand-in cloud-hypervisor on a
+//! `vm.resize-zone` (docs/virtio-mem.md), against a stand-in cloud-hypervisor on a
 //! unix socket: a real HTTP server that keeps a zone's boot size, region,
 //! requested and plugged size, refuses what cloud-hypervisor v53.0 refuses
 //! (below the boot size, above boot + hotplug_size, off the block size,

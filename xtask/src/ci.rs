@@ -1,4 +1,4 @@
-//! The live part of `cargo xtask test` (issue 43): when the upstream
+//! The live part of `cargo xtask test` (docs/ci.md): when the upstream
 //! sources are beside the clone (`../shared/vendor/`, docs/ci.md), build
 //! the patched cloud-hypervisor from them in a cache outside the clone, run
 //! the tests that need it, then the closed-loop runs. Nothing built here

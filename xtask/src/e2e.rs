@@ -25,7 +25,7 @@ pub struct Args {
     #[arg(long)]
     pub work_dir: Option<PathBuf>,
     /// What the controller drives: `balloon` (the per-tier balloon) or
-    /// `resize-zone` (the dram zone's virtio-mem part, issue 33).
+    /// `resize-zone` (the dram zone's virtio-mem part, docs/virtio-mem.md).
     #[arg(long, default_value = "balloon")]
     pub actuator: String,
     /// A cloud-hypervisor binary to run instead of building --ch-src

@@ -1,4 +1,4 @@
-//! What tierd would read on a real host (issue 22): a trace-driven twin
+//! What tierd would read on a real host (docs/twin.md): a trace-driven twin
 //! of EPT ageing, host page-table bits and PMU counting at real access
 //! rates, with tierd's own aggregator, estimator and controller on top
 //! (`tier_benches::twin`). Per backend and workload: DRAM-hit error

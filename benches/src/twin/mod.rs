@@ -1,4 +1,4 @@
-//! A trace-driven twin of what tierd reads on a real host (issue 22):
+//! A trace-driven twin of what tierd reads on a real host (docs/twin.md):
 //! access streams at real rates (`stream`), a last-level cache (`llc`)
 //! and a TLB (`tlb`) in front of the memory tiers, the kernel's
 //! accessed-bit and PMU behaviour for each backend (`ept`, `hostpte`,

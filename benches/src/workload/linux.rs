@@ -1,4 +1,4 @@
-//! The Linux bed as a fidelity source (issue 44): Debian's 6.12 cloud
+//! The Linux bed as a fidelity source (docs/linux-bed.md): Debian's 6.12 cloud
 //! kernel under QEMU TCG with two NUMA nodes, real Debian programs as
 //! workloads, exact truth from the tier_truth plugin. The bench samples
 //! QEMU with tierd's hostpte backend (TCG reaches guest RAM through

@@ -6,7 +6,7 @@
 //! section 5) on its unix socket; [`VhostBalloon`] over the control socket
 //! of the `tier-balloon` vhost-user backend (docs/balloon-backend.md).
 //! [`ResizableZone`] maps the same balloon-style targets onto
-//! `vm.resize-zone` of a virtio-mem zone ([`ChApi::resize_zone`], issue 33).
+//! `vm.resize-zone` of a virtio-mem zone ([`ChApi::resize_zone`], docs/virtio-mem.md).
 //!
 //! The trait is async: tierd runs the controller on its tokio runtime, and a
 //! VMM call may take up to its timeout (seconds) per attempt plus backoff;

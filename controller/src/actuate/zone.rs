@@ -1,4 +1,4 @@
-//! Per-tier reclaim through a virtio-mem memory zone (issue 33): the
+//! Per-tier reclaim through a virtio-mem memory zone (docs/virtio-mem.md): the
 //! controller's balloon-style target ("bytes taken from the tier") mapped
 //! onto cloud-hypervisor's `vm.resize-zone {"id", "desired_ram"}`.
 //!

@@ -532,7 +532,7 @@ pub(super) fn run(c: &mut Controller, vms: &[VmObs], now_unix_ns: u64) -> Plan {
     // DRAM a settling VM still holds beyond its target (a balloon still
     // inflating, a virtio-mem zone not yet unplugged): not granted to
     // anyone until it is given back, so the host holds no more than the
-    // budget while moves are under way (issue 33). Not a reason to force
+    // budget while moves are under way (docs/virtio-mem.md). Not a reason to force
     // releases: it is on its way out.
     let in_flight = sum(vms.iter().zip(&works).map(|(v, w)| {
         if w.status == VmStatus::Settling {

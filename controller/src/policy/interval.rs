@@ -1,5 +1,5 @@
 //! The DRAM-hit ratio as the policy judges it: a point and a ~95 % interval
-//! (issue 21). Accessed bits under-read pages touched faster than the
+//! (docs/estimate.md). Accessed bits under-read pages touched faster than the
 //! shortest pass resolves, so the point alone can be far off (25 % read
 //! against a true 55 %); the interval covers the truth and may be wide or
 //! one-sided. The policy moves DRAM only when the interval lies outside the
@@ -8,7 +8,7 @@
 /// What came with a sample besides the per-tier accesses.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum HitEvidence {
-    /// No interval (a tierd from before issue 21, untimed passes): the
+    /// No interval (a tierd from before intervals, docs/estimate.md, untimed passes): the
     /// point +- `error`, the sampling-only half-width (`dram_hit_error`,
     /// 0 for exact samples). Decisions say so.
     Sampling { error: f64 },
@@ -39,7 +39,7 @@ pub enum ActOn {
     /// interval cannot place.
     #[default]
     Interval,
-    /// The point estimate, as before issue 21 (trusts a skewed estimate).
+    /// The point estimate, as before intervals (trusts a skewed estimate).
     Point,
     /// The VM-protective bound: DRAM goes to a VM whose interval reaches
     /// below the band (low end), away only when the low end is above it.

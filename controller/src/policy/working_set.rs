@@ -1,4 +1,4 @@
-//! working_set mode (issue 27): what one managed VM wants when the policy
+//! working_set mode (docs/working-set.md): what one managed VM wants when the policy
 //! keeps its hot working set in DRAM instead of a DRAM-hit ratio at a
 //! target. Accessed bits measure recency well ("touched within H seconds"),
 //! unlike frequency, so this mode reads the per-tier ages:

@@ -1,4 +1,4 @@
-//! What an accessed-bit estimate makes of a simulated VM's load (issue 21):
+//! What an accessed-bit estimate makes of a simulated VM's load (docs/estimate.md):
 //! pages touched faster than the shortest pass resolves count once per
 //! pass, not per touch, so their tier's accesses read low, and since the
 //! guest keeps its hottest pages in DRAM the DRAM-hit ratio reads low

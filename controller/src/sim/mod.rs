@@ -50,7 +50,7 @@ pub struct SimConfig {
     /// `Some(cap)`: samples read like accessed bits, pages touched faster
     /// than `cap` x the phase's mean rate counting only `cap`, with the
     /// estimator's interval (`estimate`). `None`: exact rates, no
-    /// interval (a sender from before issue 21).
+    /// interval (a sender from before intervals).
     pub hot_cap: Option<f64>,
     /// `Some`: each tier's sample carries ages (`ages`). `None`: no ages,
     /// as from a backend that gives none (working_set VMs fall back to

@@ -333,7 +333,7 @@ impl Scenario {
         }
         // A quarter of the VMs are driven by virtio-mem zone resize: only
         // part of the DRAM tier can be taken, the slow tier none or part
-        // (issue 33). Own generator: the other draws stay as they were.
+        // (docs/virtio-mem.md). Own generator: the other draws stay as they were.
         let mut rr = Rng::new(self.seed ^ 0x7e5c);
         for o in &mut obs {
             if chance(&mut rr, 0.25) {

@@ -991,7 +991,7 @@ mod tests {
                 .contains(",0.25,3,3.5,0.5,0.4,\"stride 4, to fit\",,,,,,"),
             "{c}"
         );
-        // The actuator (the VM's) and a virtio-mem tier's sizes (issue 33).
+        // The actuator (the VM's) and a virtio-mem tier's sizes (docs/virtio-mem.md).
         u.stats[0].actuator = tier_proto::v1::Actuator::ResizeZone as i32;
         u.stats[0].actuator_detail = "zone resize, plugged unknown".into();
         u.vms[0].tiers[0].hotplug = Some(tier_proto::v1::TierHotplug {

@@ -1,4 +1,4 @@
-//! The estimate's intervals as Prometheus series (issue 21): per tier the
+//! The estimate's intervals as Prometheus series (docs/estimate.md): per tier the
 //! ~95 % interval of the access rate, pages too hot to count and the fit's
 //! misfit; per VM the interval of the DRAM-hit ratio, which ends are open
 //! and the ratio the PMU counted. Also how old the fit behind each tier's

@@ -1,4 +1,4 @@
-//! The sampler CPU budget as series (issue 23): per VM what the budget
+//! The sampler CPU budget as series (docs/hostpte.md, "Sampler CPU budget"): per VM what the budget
 //! chose (coverage, passes, allowance) and what sampling it cost; per
 //! backend the configured budget and the CPU spent. Shares of one core
 //! are ratios (0.01 = 1 % of a core); CPU is a seconds counter, so

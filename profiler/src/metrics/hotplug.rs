@@ -1,4 +1,4 @@
-//! virtio-mem zones and the actuator as series (issue 33): per tier with a
+//! virtio-mem zones and the actuator as series (docs/virtio-mem.md): per tier with a
 //! hot-pluggable part its region, what was requested and what the guest
 //! plugged (absent when the VMM does not report it); per VM which actuator
 //! the controller uses, as an info-style gauge.

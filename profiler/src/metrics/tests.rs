@@ -241,7 +241,7 @@ fn everything() -> StatsUpdate {
 
 /// A virtio-mem tier's region, requested and plugged sizes; the actuator
 /// as one series at 1; plugged absent when not reported; nothing for a
-/// tier without a virtio-mem part (issue 33).
+/// tier without a virtio-mem part (docs/virtio-mem.md).
 #[test]
 fn hotplug_and_actuator_series() {
     let mut m = Metrics::new();

@@ -29,7 +29,7 @@ fn verdict(name: &'static str, pass: bool, detail: String) -> Verdict {
     }
 }
 
-/// The zone-resize checks (issue 33): the controller drove both VMs
+/// The zone-resize checks (docs/virtio-mem.md): the controller drove both VMs
 /// through `vm.resize-zone`, and tierd's tier map says whether plugged
 /// memory is attributed (0009) or not (upstream), and the actuator detail
 /// says the gap plainly where it is one.

@@ -44,7 +44,7 @@ struct Args {
     #[arg(long, default_value = "hostpte")]
     backend: String,
     /// What the controller drives: the per-tier balloon, or the dram
-    /// zone's virtio-mem part through vm.resize-zone (issue 33).
+    /// zone's virtio-mem part through vm.resize-zone (docs/virtio-mem.md).
     #[arg(long, value_enum, default_value = "balloon")]
     actuator: scenario::Actuator,
     /// --ch-bin is a cloud-hypervisor without our series (upstream v53.0,

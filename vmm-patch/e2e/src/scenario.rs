@@ -38,7 +38,7 @@ pub enum Mode {
     /// DRAM-hit ratio at the target (today's e2e).
     #[default]
     Ratio,
-    /// Hot working set in DRAM (issue 27): needs tierd to fill the
+    /// Hot working set in DRAM (docs/working-set.md): needs tierd to fill the
     /// per-tier ages.
     WorkingSet,
 }
@@ -70,7 +70,7 @@ pub struct Plan {
     pub passes: u32,
     pub backend: String,
     /// What the controller drives: the per-tier balloon, or the dram
-    /// zone's virtio-mem part through `vm.resize-zone` (issue 33).
+    /// zone's virtio-mem part through `vm.resize-zone` (docs/virtio-mem.md).
     pub actuator: Actuator,
     /// Of the dram zone, with `Actuator::ResizeZone`: its boot size (never
     /// moves) and hot-pluggable part (a multiple of 128 MiB in

@@ -1,4 +1,4 @@
-//! The 90-second soak (issue 25): `tier-soak` against the patched
+//! The 90-second soak (docs/soak.md): `tier-soak` against the patched
 //! cloud-hypervisor (TIERD_CH_BIN), with tierd and tier-balloon from this
 //! build; every fault kind injected, no invariant violated. Ignored, with
 //! the reason, where the VMM, /dev/kvm or those binaries are missing.

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: GPL-2.0-or-later */
 /*
- * tier_truth: exact per-page access truth for the Linux bed (issue 44).
+ * tier_truth: exact per-page access truth for the Linux bed (docs/linux-bed.md).
  * A QEMU 7.2 TCG plugin (API v1). For every guest load and store it counts,
  * per guest-physical 4 KiB page of the given RAM backends, the accesses and
  * those that miss a shared last-level-cache model (set-associative LRU on

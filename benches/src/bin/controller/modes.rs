@@ -1,4 +1,4 @@
-//! Ratio mode and working_set mode side by side (issue 27) on the same
+//! Ratio mode and working_set mode side by side (docs/working-set.md) on the same
 //! fleets: warm pages beside each hot set, a budget that covers every VM's
 //! hot and warm set (what working_set mode keeps in DRAM) as well as the
 //! DRAM for the ratio target, ages sampled at 1/16 coverage with binomial

@@ -1,4 +1,4 @@
-//! `--source linux` (issue 44): real Linux workloads in the Linux bed
+//! `--source linux` (docs/linux-bed.md): real Linux workloads in the Linux bed
 //! (Debian 6.12 under QEMU TCG, two NUMA nodes, exact truth from the
 //! tier_truth plugin), sampled by tierd's hostpte backend on QEMU through
 //! tierd's own pipeline (registry, aggregator, passes per interval), as

@@ -1,4 +1,4 @@
-//! Working-set ages (issue 27, docs/working-set.md) against the guest's
+//! Working-set ages (docs/working-set.md) against the guest's
 //! exact pages touched per horizon: per horizon and tier, the relative
 //! error of the estimate, whether its ~95 % interval held the truth, and
 //! how often the backend did not measure the horizon.

@@ -1,7 +1,8 @@
 //! Sampling cost against guest size, with the sampler CPU budget on and
-//! off (issue 23): CPU per interval and the sampler's peak RSS for guests
-//! of 0.25, 1, 4 and 8 GiB resident (a stand-in process holding that much
-//! memory in 4 KiB pages, one at a time), for hostpte and for the EPT
+//! off (docs/hostpte.md, "Sampler CPU budget"): CPU per interval and the
+//! sampler's peak RSS for guests of 0.25, 1, 4 and 8 GiB resident (a
+//! stand-in process holding that much memory in 4 KiB pages, one at a
+//! time), for hostpte and for the EPT
 //! ageing driver's user-space part (pagemap and kpageflags reads, bitmap
 //! writes: to a stand-in file where /sys/kernel/mm/page_idle/bitmap is
 //! absent, as here; the kernel's ageing behind the real bitmap is not in

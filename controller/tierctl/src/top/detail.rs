@@ -251,13 +251,13 @@ fn tier_table(app: &App, v: &VmView, width: usize) -> Vec<Line<'static>> {
             s.map_or("-", |s| s.source().short_name()),
         )));
     }
-    // The accesses' ~95 % intervals (issue 21), where the sampler sent them.
+    // The accesses' ~95 % intervals (docs/estimate.md), where the sampler sent them.
     for (i, t) in v.vm.tiers.iter().enumerate() {
         if let Some(l) = v.sample(i).and_then(|s| tier_estimate(&t.name, s, secs)) {
             out.push(Line::raw(l));
         }
     }
-    // Working-set ages (issue 27): a bar per tier over its resident bytes
+    // Working-set ages (docs/working-set.md): a bar per tier over its resident bytes
     // (its size when residency is unknown).
     for (i, t) in v.vm.tiers.iter().enumerate() {
         if let Some((s, a)) = v.sample(i).and_then(|s| Some((s, s.ages.as_ref()?))) {
@@ -271,7 +271,7 @@ fn tier_table(app: &App, v: &VmView, width: usize) -> Vec<Line<'static>> {
             }
         }
     }
-    // What the sampler CPU budget chose and spent (issue 23).
+    // What the sampler CPU budget chose and spent (docs/hostpte.md, "Sampler CPU budget").
     if let Some(b) = v.stats.as_ref().and_then(|s| s.sampler_budget.as_ref()) {
         out.push(Line::raw(budget_line(b)));
         if !b.limited.is_empty() {
@@ -418,7 +418,7 @@ pub fn budget_line(b: &tier_proto::v1::SamplerBudget) -> String {
     )
 }
 
-/// What moves the VM's memory (issue 33): `actuator resize-zone: why`,
+/// What moves the VM's memory (docs/virtio-mem.md): `actuator resize-zone: why`,
 /// then one line per tier with a virtio-mem part: requested against
 /// plugged, and whether plugged memory is attributed to the tier.
 pub fn actuator_lines(

@@ -1,5 +1,5 @@
 //! What the DRAM-hit ratio and each tier's accesses rest on, for the
-//! detail pane (issue 21): the interval and its open ends, the sampling
+//! detail pane (docs/estimate.md): the interval and its open ends, the sampling
 //! error, the PMU's count beside the accessed-bit estimate.
 
 use tier_proto::v1::{TierSample, VmStats};

@@ -72,7 +72,7 @@ pub fn update(n: usize, seq: u64) -> StatsUpdate {
             // Ratios wander with time, differently per VM.
             let phase = ((i as u64 * 7 + seq) % 20) as f64 / 20.0;
             let hit = (0.5 + 0.45 * (phase * std::f64::consts::TAU).sin()).clamp(0.0, 1.0);
-            // Intervals (issue 21): closed on every third VM, open above
+            // Intervals (docs/estimate.md): closed on every third VM, open above
             // (hot DRAM pages) on the next, none (an older tierd) on the
             // third.
             let (with, open) = (i % 3 != 2, i % 3 == 1);
@@ -108,7 +108,7 @@ pub fn update(n: usize, seq: u64) -> StatsUpdate {
                         accesses_high_open: open && t == 0,
                         saturated_pages: if open && t == 0 { 120.0 } else { 0.0 },
                         fit_misfit: with.then_some(1.2),
-                        // Ages (issue 27) on every other VM.
+                        // Ages (docs/working-set.md) on every other VM.
                         ages: i.is_multiple_of(2).then(|| ages(i, t)),
                         ..Default::default()
                     })

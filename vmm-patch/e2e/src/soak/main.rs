@@ -1,4 +1,4 @@
-//! `tier-soak` (issue 25): the closed loop of `tier-e2e` under faults from
+//! `tier-soak` (docs/soak.md): the closed loop of `tier-e2e` under faults from
 //! a seeded schedule (`schedule`), with invariants checked every interval
 //! from outside tierd (`checks`), what tierd's streams showed (`watch`),
 //! and a table of faults injected, survived and recovered from (p50/p95
@@ -188,7 +188,7 @@ async fn soak(
                         f.recovery = Some(n.ceil().max(1.0) as u32);
                         f.phase = Phase::Done;
                         // A restarted tierd has its VMs back, ready to
-                        // decide, within 2 intervals (issue 25).
+                        // decide, within 2 intervals (docs/soak.md).
                         if f.plan.kind == Kind::KillTierd && n > 2.0 {
                             f.violations
                                 .push(format!("tierd took {n:.1} intervals to have both VMs back"));
