@@ -15,7 +15,16 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tier_controller::actuate::VmInfo;
-use tier_controller::policy::default_policy;
+use tier_controller::policy::default_policy as auto_policy;
+
+/// These tests drive actuation with ratio readings: ratio mode, whatever
+/// the default mode is.
+fn default_policy() -> tier_proto::v1::Policy {
+    tier_proto::v1::Policy {
+        mode: tier_proto::v1::PolicyMode::Ratio as i32,
+        ..auto_policy()
+    }
+}
 use tier_profiler::ch::{ChHandle, Fleet};
 use tier_profiler::server::{Shared, TierServer};
 use tier_proto::v1::tier_service_server::TierService;
