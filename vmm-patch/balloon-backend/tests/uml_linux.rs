@@ -81,13 +81,15 @@ fn deflate_on_oom() -> Result<Completion, Failed> {
     let mut uml = Uml::start(&opts(true))?;
     legacy(&uml, 80 * MIB);
     let st = uml.wait_state("inflate to 80 MiB", WAIT, |s| actual(s) == 80 * MIB)?;
-    assert_eq!(st["legacy"]["deflated_pfns"], 0, "{st}");
+    // Inflating that far may itself run the guest out of memory once (a
+    // CI run saw 1492 pages given back on the way): count from here.
+    let before = st["legacy"]["deflated_pfns"].as_u64().unwrap();
     // About 20 MiB are free in the guest: 40 MiB of tmpfs (no swap, so it
     // cannot be reclaimed) do not fit without the balloon's pages.
     let (rc, out) = uml.sh_rc(&hog(40), Duration::from_secs(90))?;
     let st = uml.state()?;
     let deflated = st["legacy"]["deflated_pfns"].as_u64().unwrap();
-    assert!(deflated > 0, "no deflate on OOM: {st}\n{out}");
+    assert!(deflated > before, "no deflate on OOM: {st}\n{out}");
     assert!(actual(&st) < 80 * MIB, "{st}");
     assert_eq!(
         rc, 0,
