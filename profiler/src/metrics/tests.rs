@@ -219,6 +219,15 @@ fn everything() -> StatsUpdate {
     st.dram_hit_low = Some(0.2);
     st.dram_hit_high = Some(0.6);
     st.counted_dram_hit_ratio = Some(0.4);
+    st.hot_set_dram = Some(tier_proto::v1::HotSetShare {
+        horizon_seconds: 1.0,
+        share: 0.25,
+        share_low: 0.24,
+        share_high: 0.26,
+        hot_bytes: 4e6,
+        dram_bytes: 1e6,
+        ..Default::default()
+    });
     st.sampler_budget = Some(tier_proto::v1::SamplerBudget {
         coverage: 0.25,
         stride: 4,
