@@ -145,12 +145,14 @@ pub fn resize(
         plugged_after = plugged(bed)?;
     }
     let millis = u64::try_from(start.elapsed().as_millis()).unwrap_or(u64::MAX);
-    // The guest onlines plugged memory after the device reports it.
+    // The guest onlines (or offlines) plugged memory block by block after
+    // the device reports it: wait until the node has moved by nearly all
+    // of it (memmap overhead aside), not only begun to.
+    let moved = plugged_after.abs_diff(plugged_before);
     let mut node_after = node_bytes(bed, node)?;
     let settle = Instant::now();
-    while node_after == node_before
-        && plugged_after != plugged_before
-        && settle.elapsed() < Duration::from_secs(10)
+    while node_after.abs_diff(node_before) < moved - moved / 16
+        && settle.elapsed() < Duration::from_secs(20)
     {
         std::thread::sleep(Duration::from_millis(200));
         node_after = node_bytes(bed, node)?;
