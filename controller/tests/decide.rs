@@ -7,7 +7,7 @@ use std::collections::HashMap;
 
 use tier_controller::policy::ages::{Est, Horizon, TierAges};
 use tier_controller::policy::{
-    Config, Controller, Limits, Plan, TierObs, Tuning, VmObs, VmOverride, VmStatus,
+    Config, Controller, Limits, Plan, Reclaim, TierObs, Tuning, VmObs, VmOverride, VmStatus,
 };
 use tier_proto::v1::{Decision, DecisionOutcome, DecisionReason};
 
@@ -28,6 +28,8 @@ fn config(budget: u64) -> Config {
         tuning: Tuning::default(),
         mode: Default::default(),
         working_set: Default::default(),
+        // The rules' own arithmetic; on demand has its tests below.
+        reclaim: Reclaim::Eager,
     }
 }
 
@@ -339,6 +341,83 @@ fn idle_reclaim_with_slow_ceiling_and_dram_ceiling() {
     assert_eq!(h.reason(), DecisionReason::Budget);
     assert_eq!(changes(h)[0], ("dram", G, 2 * G - 700 * M));
     assert!(h.detail.contains("above ceiling"), "{}", h.detail);
+}
+
+/// On demand, the donor of `donor_funds_receiver_and_slow_tier_compensates`
+/// gives only what the receiver needs beyond the free pool.
+#[test]
+fn on_demand_takes_only_what_a_vm_short_of_dram_needs() {
+    for (headroom, given_by_b) in [(0, 160 * M), (100 * M, 60 * M)] {
+        let vms = vec![
+            vm("a", 320 * M, 320 * M, 500.0, 320 * M, 500.0),
+            vm("b", G, 640 * M, 1000.0, 0, 0.0),
+        ];
+        let mut cfg = config(320 * M + G + headroom);
+        cfg.reclaim = Reclaim::OnDemand;
+        let p = Controller::new(cfg).decide(&vms, 7);
+        assert_eq!(
+            (p.budget.released, p.budget.granted),
+            (given_by_b, 160 * M),
+            "headroom {headroom}"
+        );
+        let a = decision(&p, "a");
+        assert_eq!(a.reason(), DecisionReason::BelowTarget);
+        assert_eq!(changes(a)[0], ("dram", 2 * G - 320 * M, 2 * G - 480 * M));
+        let b = decision(&p, "b");
+        assert_eq!(b.reason(), DecisionReason::AboveTarget);
+        assert_eq!(b.outcome(), DecisionOutcome::Applied);
+        assert_eq!(changes(b)[0], ("dram", G, G + given_by_b));
+        assert!(
+            b.detail.contains(&format!(
+                "{} of 544.0M taken",
+                tier_proto::human_bytes(given_by_b)
+            )),
+            "{}",
+            b.detail
+        );
+    }
+}
+
+/// On demand, idle DRAM no VM needs stays where it is: one SKIPPED
+/// decision says so, once per episode; once a VM needs DRAM it goes.
+#[test]
+fn on_demand_keeps_idle_dram_no_one_needs() {
+    let mut cfg = config(4 * G);
+    cfg.reclaim = Reclaim::OnDemand;
+    let mut c = Controller::new(cfg);
+    // g: within the band, 768M of 1G idle (512M would go eagerly); h in
+    // the band with all its DRAM hot.
+    let mut vms = vec![
+        vm("g", G, 256 * M, 750.0, 80 * M, 250.0),
+        vm("h", G, G, 780.0, 300 * M, 220.0),
+    ];
+    let p = c.decide(&vms, 0);
+    assert_eq!((p.budget.released, p.budget.granted), (0, 0));
+    assert!(p.targets.iter().all(|t| t.dram == G), "{:?}", p.targets);
+    let g = decision(&p, "g");
+    assert_eq!(g.reason(), DecisionReason::IdleReclaim);
+    assert_eq!(g.outcome(), DecisionOutcome::Skipped);
+    assert!(changes(g).is_empty());
+    assert!(g.detail.contains("kept: no VM is short"), "{}", g.detail);
+    assert!(g.detail.contains("512.0M"), "{}", g.detail);
+    assert!(p.decisions.iter().all(|d| d.vm_id == "g"));
+    // Still kept next round: nothing new to say.
+    let p = c.decide(&vms, 1);
+    assert!(p.decisions.is_empty(), "{:?}", p.decisions);
+    // h's hot set now outgrows its DRAM and nothing is free: g's idle DRAM
+    // funds it (4G budget, 2G given: the pool has 2G, so shrink it first).
+    let mut cfg = config(2 * G);
+    cfg.reclaim = Reclaim::OnDemand;
+    let mut c = Controller::new(cfg);
+    vms[1] = vm("h", G, G, 500.0, G, 500.0);
+    let p = c.decide(&vms, 2);
+    let h = decision(&p, "h");
+    assert_eq!(h.reason(), DecisionReason::BelowTarget);
+    let got = changes(h)[0].1 - changes(h)[0].2;
+    assert!(got > 0, "{}", h.detail);
+    let g = decision(&p, "g");
+    assert_eq!(g.outcome(), DecisionOutcome::Applied);
+    assert_eq!(changes(g)[0], ("dram", G, G + got), "{}", g.detail);
 }
 
 #[test]

@@ -29,6 +29,7 @@ fn config(act_on: ActOn) -> Config {
         },
         mode: Default::default(),
         working_set: Default::default(),
+        reclaim: tier_controller::policy::Reclaim::Eager,
     }
 }
 

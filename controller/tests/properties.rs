@@ -263,6 +263,7 @@ proptest! {
             tuning: Tuning::default(),
             mode: Default::default(),
             working_set: Default::default(),
+            reclaim: tier_controller::policy::Reclaim::Eager,
         };
         let window = cfg.tuning.hysteresis_window as usize;
         let sim_cfg = SimConfig { noise, seed, ..SimConfig::default() };

@@ -116,6 +116,7 @@ fn ws_policy(budget: u64, eps: f64, step: u64, cooldown: u32) -> Config {
         tuning: Tuning::default(),
         mode: Mode::WorkingSet,
         working_set: WorkingSet::default(),
+        reclaim: tier_controller::policy::Reclaim::Eager,
     }
 }
 

@@ -10,7 +10,7 @@
 //! set touched once a second) as idle, and no grow came from a DRAM-hit
 //! interval of 0-100 %.
 
-use tier_controller::policy::{Config, Mode, Tuning, WorkingSet};
+use tier_controller::policy::{Config, Mode, Reclaim, Tuning, WorkingSet};
 use tier_controller::sim::guest::{Balloon, Guest, SimVm};
 use tier_controller::sim::passes::{Passes, young_bytes};
 use tier_controller::sim::workload::Phase;
@@ -59,6 +59,7 @@ fn policy(mode: Mode, budget: u64) -> Config {
             hot_horizon: 5.0,
             promotion_slo: 0.0,
         },
+        reclaim: Reclaim::OnDemand,
     }
 }
 

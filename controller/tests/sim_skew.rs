@@ -32,6 +32,7 @@ fn policy(budget: u64, act_on: ActOn) -> Config {
         },
         mode: Default::default(),
         working_set: Default::default(),
+        reclaim: tier_controller::policy::Reclaim::OnDemand,
     }
 }
 

@@ -7,7 +7,7 @@ use std::collections::HashMap;
 
 use tier_controller::policy::ages::{Est, Horizon, TierAges};
 use tier_controller::policy::{
-    Config, Controller, HitEvidence, Mode, TierObs, Tuning, VmObs, VmOverride, WorkingSet,
+    Config, Controller, HitEvidence, Mode, Reclaim, TierObs, Tuning, VmObs, VmOverride, WorkingSet,
 };
 use tier_controller::sim::ages::AgeSampling;
 use tier_controller::sim::guest::{Balloon, Guest, SimVm};
@@ -36,6 +36,7 @@ fn config(budget: u64) -> Config {
             hot_horizon: 10.0,
             promotion_slo: 0.0,
         },
+        reclaim: Reclaim::Eager,
     }
 }
 

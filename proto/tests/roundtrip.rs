@@ -224,6 +224,7 @@ fn policy_and_decision_roundtrip() {
         mode: PolicyMode::Ratio as i32,
         hot_horizon_seconds: 10.0,
         promotion_slo: 0.002,
+        reclaim: ReclaimMode::OnDemand as i32,
     };
     roundtrip(&SetPolicyRequest {
         policy: Some(policy),

@@ -204,6 +204,7 @@ fn policy(budget: u64) -> Config {
         tuning: Tuning::default(),
         mode: Default::default(),
         working_set: Default::default(),
+        reclaim: tier_controller::policy::Reclaim::OnDemand,
     }
 }
 

@@ -286,6 +286,7 @@ mod tests {
             tuning: Tuning::default(),
             mode: Default::default(),
             working_set: Default::default(),
+            reclaim: super::super::config::Reclaim::Eager,
         }
     }
 

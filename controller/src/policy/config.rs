@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 
-use tier_proto::v1::{Policy, PolicyMode};
+use tier_proto::v1::{Policy, PolicyMode, ReclaimMode};
 
 use super::interval::ActOn;
 
@@ -90,6 +90,36 @@ impl Mode {
             Mode::Ratio => "ratio",
             Mode::WorkingSet => "working_set",
             Mode::Auto => "auto",
+        }
+    }
+}
+
+/// When DRAM a VM holds but does not need is taken back
+/// (`Policy.reclaim`, docs/controller.md "Reclaim on demand").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Reclaim {
+    /// As soon as a rule finds it (idle, cold, above the target).
+    #[default]
+    Eager,
+    /// Only as much as VMs short of DRAM need beyond the free pool: pages
+    /// pushed to the slow tier come back only at the guest's promotion
+    /// rate, so DRAM no one asks for stays where it is.
+    OnDemand,
+}
+
+impl Reclaim {
+    fn of(v: i32) -> Result<Reclaim, ConfigError> {
+        match ReclaimMode::try_from(v) {
+            Ok(ReclaimMode::Eager) => Ok(Reclaim::Eager),
+            Ok(ReclaimMode::OnDemand) => Ok(Reclaim::OnDemand),
+            Err(_) => Err(err("reclaim", format!("{v} is not a ReclaimMode"))),
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Reclaim::Eager => "eager",
+            Reclaim::OnDemand => "on_demand",
         }
     }
 }
@@ -186,6 +216,7 @@ pub struct Config {
     /// The default mode; `VmOverride::mode` overrides it.
     pub mode: Mode,
     pub working_set: WorkingSet,
+    pub reclaim: Reclaim,
 }
 
 impl Config {
@@ -301,6 +332,7 @@ impl TryFrom<&Policy> for Config {
             ));
         }
         let promotion_slo = ratio("promotion_slo", p.promotion_slo, 1.0)?;
+        let reclaim = Reclaim::of(p.reclaim)?;
         Ok(Config {
             enabled: p.enabled,
             dry_run: p.dry_run,
@@ -317,6 +349,7 @@ impl TryFrom<&Policy> for Config {
                 hot_horizon: h,
                 promotion_slo,
             },
+            reclaim,
         })
     }
 }
@@ -336,6 +369,7 @@ pub fn default_policy() -> Policy {
         mode: tier_proto::v1::PolicyMode::Auto as i32,
         hot_horizon_seconds: 0.0,
         promotion_slo: 0.0,
+        reclaim: ReclaimMode::OnDemand as i32,
     }
 }
 
@@ -428,6 +462,7 @@ mod tests {
         );
         assert_eq!(bad(|p| p.promotion_slo = 1.5), "promotion_slo");
         assert_eq!(bad(|p| p.promotion_slo = f64::NAN), "promotion_slo");
+        assert_eq!(bad(|p| p.reclaim = 7), "reclaim");
     }
 
     #[test]
@@ -458,5 +493,17 @@ mod tests {
         assert_eq!(c.mode, Mode::Auto);
         assert_eq!(c.mode_of("x", "a").resolve(true), Mode::Ratio);
         assert_eq!(c.mode_of("x", "a").resolve(false), Mode::WorkingSet);
+    }
+
+    #[test]
+    fn reclaim_is_on_demand_by_default_and_eager_when_unset() {
+        let c = Config::try_from(&default_policy()).unwrap();
+        assert_eq!(c.reclaim, Reclaim::OnDemand);
+        // An older sender's complete policy lacks the field: as before.
+        let p = Policy {
+            reclaim: 0,
+            ..default_policy()
+        };
+        assert_eq!(Config::try_from(&p).unwrap().reclaim, Reclaim::Eager);
     }
 }

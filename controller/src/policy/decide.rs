@@ -6,7 +6,7 @@ use tier_proto::v1::SteeringSignal;
 
 use super::allocate::{Claim, water_fill};
 use super::classify::{Ctx, Want, classify, limit_want, resume, unplaced};
-use super::config::{Config, Limits, Mode, PAGE};
+use super::config::{Config, Limits, Mode, PAGE, Reclaim};
 use super::decision;
 use super::input::{TierObs, VmObs};
 use super::model::Load;
@@ -291,6 +291,8 @@ fn look(
         fallback,
         unmeasured,
         was_unmeasured: st.unmeasured,
+        kept: None,
+        was_kept: st.kept,
         spare,
         mode,
         signal,
@@ -406,6 +408,51 @@ fn force_release(vms: &[VmObs], works: &mut [Work], cfg: &Config, excess: u64) {
     for (w, r) in works.iter_mut().zip(room) {
         let share = (excess as f64 * r as f64 / total as f64 / PAGE as f64).ceil() as u64 * PAGE;
         w.forced = share.min(r);
+    }
+}
+
+/// A release no rule of the budget or the limits forces: DRAM a VM holds
+/// but does not need by its own measure (idle, cold, above its target).
+fn discretionary(w: &Want) -> Option<u64> {
+    match *w {
+        Want::Release {
+            why: Why::Idle | Why::Above | Why::Cold | Why::Warm,
+            bytes,
+            ..
+        } => Some(bytes),
+        _ => None,
+    }
+}
+
+/// `Reclaim::OnDemand`: of the discretionary releases, takes only `short`
+/// bytes (what VMs short of DRAM need beyond the free pool), from each in
+/// proportion to what it offers; the rest stays with its VM (`Work::kept`).
+/// Pages the guest moves off DRAM that is taken come back only at its
+/// promotion rate when they heat up again: DRAM no one asks for is worth
+/// more where it is than in the pool.
+fn keep_unneeded(works: &mut [Work], short: u64) {
+    let offered = sum(works.iter().filter_map(|w| discretionary(&w.want)));
+    if offered <= short {
+        return;
+    }
+    for w in works.iter_mut() {
+        let Some(bytes) = discretionary(&w.want) else {
+            continue;
+        };
+        let share = short as f64 * bytes as f64 / offered as f64;
+        let take = ((share / PAGE as f64).ceil() as u64 * PAGE).min(bytes);
+        if take == bytes {
+            continue;
+        }
+        w.kept = Some(w.want);
+        w.want = match w.want {
+            Want::Release { why, raw, .. } if take > 0 => Want::Release {
+                why,
+                raw,
+                bytes: take,
+            },
+            _ => Want::Hold,
+        };
     }
 }
 
@@ -546,6 +593,14 @@ pub(super) fn run(c: &mut Controller, vms: &[VmObs], now_unix_ns: u64) -> Plan {
             Want::Need { bytes, .. } => bytes,
             _ => 0,
         }));
+        if cfg.reclaim == Reclaim::OnDemand {
+            let forced = releasing(&works)
+                .saturating_sub(sum(works.iter().filter_map(|w| discretionary(&w.want))));
+            let free = (budget - before)
+                .saturating_add(forced)
+                .saturating_sub(in_flight);
+            keep_unneeded(&mut works, needs.saturating_sub(free));
+        }
         let pool = (budget - before)
             .saturating_add(releasing(&works))
             .saturating_sub(in_flight);
@@ -614,6 +669,7 @@ pub(super) fn run(c: &mut Controller, vms: &[VmObs], now_unix_ns: u64) -> Plan {
             if w.status == VmStatus::Managed {
                 st.unplaced = w.unplaced.is_some();
                 st.unmeasured = w.unmeasured.is_some();
+                st.kept = w.kept.is_some();
                 st.budget_limited = matches!(
                     w.want,
                     Want::Need {

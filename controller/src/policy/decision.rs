@@ -192,6 +192,27 @@ fn why_text(cfg: &Config, vm: &VmObs, w: &Work, pool: Pool) -> String {
     s
 }
 
+/// Why a release was kept in part or whole (`Reclaim::OnDemand`).
+fn kept_text(asked: Want, w: &Work, all: bool) -> String {
+    let (Want::Release { bytes, .. }, Want::Release { bytes: taken, .. }) = (asked, w.want) else {
+        return String::new();
+    };
+    if all {
+        format!(
+            "; kept: no VM is short of DRAM beyond the free pool (reclaim on_demand: DRAM is \
+             taken back only for a VM that needs it; eager would return {} to the pool now)",
+            hb(bytes)
+        )
+    } else {
+        format!(
+            "; {} of {} taken: what VMs short of DRAM need beyond the free pool, the rest kept \
+             (reclaim on_demand)",
+            hb(taken),
+            hb(bytes)
+        )
+    }
+}
+
 /// The pool a grant came from.
 fn pool_text(pool: Pool) -> String {
     format!(
@@ -382,9 +403,21 @@ pub(super) fn record(
         d.signal = w.signal as i32;
         return Some(d);
     }
-    if changes.is_empty() && !newly_short && newly_unplaced.is_none() {
+    // And one keeping DRAM a rule would release (`Reclaim::OnDemand`).
+    let newly_kept = w.kept.is_some() && !w.was_kept && changes.is_empty();
+    if changes.is_empty() && !newly_short && newly_unplaced.is_none() && !newly_kept {
         return None;
     }
+    let kept = w.kept;
+    // Fully kept: reported as the release the rule asked for, skipped.
+    let shown = match kept {
+        Some(k) if changes.is_empty() => Some(Work {
+            want: k,
+            ..w.clone()
+        }),
+        _ => None,
+    };
+    let w = shown.as_ref().unwrap_or(w);
     d.reason = match (changes.is_empty(), newly_unplaced) {
         (true, Some(Dir::Up)) => DecisionReason::BelowTarget,
         (true, Some(Dir::Down)) => DecisionReason::AboveTarget,
@@ -408,6 +441,9 @@ pub(super) fn record(
         let _ = write!(detail, "working_set mode, decided in ratio mode: {f}; ");
     }
     detail.push_str(&why_text(cfg, vm, w, pool));
+    if let Some(k) = kept {
+        detail.push_str(&kept_text(k, w, changes.is_empty()));
+    }
     // Limits and the slow tier's bounds read neither the ratio nor the
     // working set: quoted all the same, so every decision says what the
     // VM's state was.

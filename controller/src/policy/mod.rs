@@ -21,7 +21,8 @@ use std::collections::HashMap;
 use tier_proto::v1::Decision;
 
 pub use config::{
-    Config, ConfigError, Limits, Mode, PAGE, Tuning, VmOverride, WorkingSet, default_policy,
+    Config, ConfigError, Limits, Mode, PAGE, Reclaim, Tuning, VmOverride, WorkingSet,
+    default_policy,
 };
 pub use input::{TierObs, VmObs};
 pub use interval::{ActOn, Hit, HitEvidence, HitKind};

@@ -171,6 +171,9 @@ pub struct VmState {
     pub unplaced: bool,
     /// The last round held it in working_set mode with nothing measured.
     pub unmeasured: bool,
+    /// The last round kept DRAM a rule would release, no VM needing it
+    /// (`Reclaim::OnDemand`).
+    pub kept: bool,
     /// The rest of a multi-step move, if one is under way.
     pub moving: Option<Move>,
     /// The last assessment moved in this direction by less than it asked

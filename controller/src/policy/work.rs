@@ -51,6 +51,11 @@ pub(super) struct Work {
     /// working_set mode: DRAM beyond the hot set this VM can give a VM
     /// short of DRAM this round (`working_set::classify`).
     pub spare: u64,
+    /// `Reclaim::OnDemand`: the release a rule asked for, when part or all
+    /// of it was kept because no VM needed that much beyond the free pool;
+    /// `want` then holds what was taken, if anything.
+    pub kept: Option<Want>,
+    pub was_kept: bool,
     /// The mode the policy gives the VM (before `Mode::resolve`).
     pub mode: Mode,
     /// What the assessment rests on.

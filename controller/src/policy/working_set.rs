@@ -497,6 +497,7 @@ mod tests {
                 hot_horizon: 0.0,
                 promotion_slo: slo,
             },
+            reclaim: crate::policy::Reclaim::Eager,
         }
     }
 

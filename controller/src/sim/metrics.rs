@@ -83,7 +83,10 @@ pub fn dram_moved(steps: &[Step], from: usize, to: usize) -> u64 {
 }
 
 /// Intervals from `from` until every counted VM is within `eps` and stays
-/// so up to `to` (exclusive); `None` if that never happens.
+/// so up to `to` (exclusive); `None` if that never happens. A VM with more
+/// DRAM than it needs counts as within while no counted VM needs more:
+/// reclaim on demand (docs/controller.md) leaves it that DRAM, and taking
+/// it would help no one.
 pub fn converge(
     steps: &[Step],
     from: usize,
@@ -105,11 +108,9 @@ pub fn converge_slack(
 ) -> Option<usize> {
     let to = to.min(steps.len());
     let ok = |k: usize| {
-        steps[k]
-            .vms
-            .iter()
-            .zip(counted)
-            .all(|(s, &c)| !c || within_slack(s, eps, slack))
+        let vms = || steps[k].vms.iter().zip(counted).filter(|(_, c)| **c);
+        let short = vms().any(|(s, _)| needs(s, eps) == Some(true));
+        vms().all(|(s, _)| within_slack(s, eps, slack) || (!short && needs(s, eps) == Some(false)))
     };
     let mut first = None;
     for k in (from..to).rev() {
@@ -139,8 +140,10 @@ pub fn changes(steps: &[Step], i: usize, from: usize, to: usize) -> Vec<(usize, 
 }
 
 /// Lower bound for `converge` from interval `from`: an oracle that knows
-/// each VM's DRAM for target +- `eps` and moves it there by at most `step`
-/// per change, one change every `cooldown + 1` intervals. Budget ignored.
+/// each VM's DRAM for target +- `eps` and moves every VM that needs more
+/// there by at most `step` per change, one change every `cooldown + 1`
+/// intervals (a VM with more than it needs may keep it, as `converge`
+/// allows). Budget ignored.
 /// The controller carries a move planned in one assessment on at one step
 /// per interval, so its bound is `cooldown` 0; a controller that waits out
 /// a cooldown after every change is bound by the policy's cooldown.
@@ -159,7 +162,7 @@ pub fn oracle_converge(
         let Some(p) = vm.phase(s.interval) else {
             continue;
         };
-        if !c || within(v, eps) {
+        if !c || within(v, eps) || needs(v, eps) == Some(false) {
             continue;
         }
         let (lo, hi) = match v.hot {

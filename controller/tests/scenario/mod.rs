@@ -6,8 +6,8 @@ use std::collections::HashMap;
 use proptest::prelude::*;
 use tier_controller::policy::ages::{Est, Horizon, TierAges};
 use tier_controller::policy::{
-    ActOn, Config, Controller, HitEvidence, Limits, Mode, PAGE, Plan, Targets, TierObs, Tuning,
-    VmObs, VmOverride, VmStatus, WorkingSet,
+    ActOn, Config, Controller, HitEvidence, Limits, Mode, PAGE, Plan, Reclaim, Targets, TierObs,
+    Tuning, VmObs, VmOverride, VmStatus, WorkingSet,
 };
 use tier_controller::sim::rng::Rng;
 
@@ -153,6 +153,11 @@ impl Scenario {
                     } else {
                         rng.range(0.0, 0.05)
                     },
+                },
+                reclaim: if chance(&mut rng, 0.5) {
+                    Reclaim::OnDemand
+                } else {
+                    Reclaim::Eager
                 },
             },
             vms: vms.into_iter().map(|(v, _)| v).collect(),

@@ -149,6 +149,26 @@ pub struct PolicySetArgs {
     /// the working set within the longest horizon (e.g. 0.002); 0: no limit.
     #[arg(long)]
     pub promotion_slo: Option<f64>,
+    /// When DRAM a VM does not need is taken back: `on-demand` (only for a
+    /// VM short of DRAM; tierd's default) or `eager` (as soon as found).
+    #[arg(long, value_enum)]
+    pub reclaim: Option<ReclaimArg>,
+}
+
+/// `--reclaim`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ReclaimArg {
+    OnDemand,
+    Eager,
+}
+
+impl From<ReclaimArg> for tier_proto::v1::ReclaimMode {
+    fn from(r: ReclaimArg) -> Self {
+        match r {
+            ReclaimArg::OnDemand => tier_proto::v1::ReclaimMode::OnDemand,
+            ReclaimArg::Eager => tier_proto::v1::ReclaimMode::Eager,
+        }
+    }
 }
 
 /// `--mode`.

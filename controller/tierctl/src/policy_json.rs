@@ -3,7 +3,7 @@
 //! here, with the proto's field names.
 
 use serde::{Deserialize, Serialize};
-use tier_proto::v1::{Policy, PolicyMode, TierLimits, VmPolicy};
+use tier_proto::v1::{Policy, PolicyMode, ReclaimMode, TierLimits, VmPolicy};
 
 use crate::cli::PolicySetArgs;
 
@@ -82,6 +82,49 @@ impl<'de> Deserialize<'de> for ModeJson {
     }
 }
 
+/// `ReclaimMode` in JSON: "eager" or "on_demand"; an unknown number is
+/// "unknown(N)" and goes back unchanged, as `ModeJson`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct ReclaimJson(i32);
+
+const RECLAIM_NAMES: &[&str] = &["eager", "on_demand"];
+
+impl ReclaimJson {
+    fn name(self) -> String {
+        match ReclaimMode::try_from(self.0) {
+            Ok(ReclaimMode::Eager) => "eager".into(),
+            Ok(ReclaimMode::OnDemand) => "on_demand".into(),
+            Err(_) => format!("unknown({})", self.0),
+        }
+    }
+
+    fn parse(s: &str) -> Option<ReclaimJson> {
+        match s {
+            "eager" => Some(ReclaimJson(ReclaimMode::Eager as i32)),
+            "on_demand" => Some(ReclaimJson(ReclaimMode::OnDemand as i32)),
+            _ => s
+                .strip_prefix("unknown(")?
+                .strip_suffix(')')?
+                .parse()
+                .ok()
+                .map(ReclaimJson),
+        }
+    }
+}
+
+impl Serialize for ReclaimJson {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.name())
+    }
+}
+
+impl<'de> Deserialize<'de> for ReclaimJson {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<ReclaimJson, D::Error> {
+        let s = String::deserialize(d)?;
+        ReclaimJson::parse(&s).ok_or_else(|| serde::de::Error::unknown_variant(&s, RECLAIM_NAMES))
+    }
+}
+
 /// `policy set --file`: every key optional (a missing key keeps the value
 /// in force); unknown keys are refused so a typo does not pass silently.
 #[derive(Debug, Default, Deserialize)]
@@ -98,6 +141,7 @@ struct PolicyPatch {
     mode: Option<ModeJson>,
     hot_horizon_seconds: Option<f64>,
     promotion_slo: Option<f64>,
+    reclaim: Option<ReclaimJson>,
     /// Replaces the whole per-VM list when present.
     vms: Option<Vec<VmPolicyJson>>,
 }
@@ -140,6 +184,7 @@ struct PolicyJson {
     mode: ModeJson,
     hot_horizon_seconds: f64,
     promotion_slo: f64,
+    reclaim: ReclaimJson,
     vms: Vec<VmPolicyJson>,
 }
 
@@ -157,6 +202,7 @@ pub fn to_json(p: &Policy) -> serde_json::Value {
         mode: ModeJson::of(p.mode),
         hot_horizon_seconds: p.hot_horizon_seconds,
         promotion_slo: p.promotion_slo,
+        reclaim: ReclaimJson(p.reclaim),
         vms: p
             .vms
             .iter()
@@ -194,6 +240,7 @@ pub fn apply_file(base: &mut Policy, json: &str) -> Result<(), PolicyFileError> 
     set(&mut base.mode, p.mode.map(ModeJson::to_proto));
     set(&mut base.hot_horizon_seconds, p.hot_horizon_seconds);
     set(&mut base.promotion_slo, p.promotion_slo);
+    set(&mut base.reclaim, p.reclaim.map(|r| r.0));
     if let Some(vms) = p.vms {
         base.vms = vms
             .into_iter()
@@ -230,6 +277,10 @@ pub fn apply_flags(base: &mut Policy, a: &PolicySetArgs) {
     set(&mut base.mode, a.mode.map(|m| PolicyMode::from(m) as i32));
     set(&mut base.hot_horizon_seconds, a.hot_horizon);
     set(&mut base.promotion_slo, a.promotion_slo);
+    set(
+        &mut base.reclaim,
+        a.reclaim.map(|r| ReclaimMode::from(r) as i32),
+    );
 }
 
 fn set<T>(field: &mut T, v: Option<T>) {
@@ -270,7 +321,9 @@ mod tests {
         p.hot_horizon_seconds = 10.0;
         p.promotion_slo = 0.002;
         p.vms[0].mode = Some(PolicyMode::Ratio as i32);
+        p.reclaim = ReclaimMode::OnDemand as i32;
         let text = serde_json::to_string_pretty(&to_json(&p)).unwrap();
+        assert!(text.contains(r#""reclaim": "on_demand""#), "{text}");
         let mut q = Policy::default();
         apply_file(&mut q, &text).unwrap();
         assert_eq!(q, p);
@@ -299,6 +352,11 @@ mod tests {
         assert_eq!(j["vms"][0]["mode"], "ratio");
         let e = apply_file(&mut p, r#"{"mode": "hot"}"#).unwrap_err();
         assert!(e.to_string().contains("unknown variant"), "{e}");
+        apply_file(&mut p, r#"{"reclaim": "on_demand"}"#).unwrap();
+        assert_eq!(p.reclaim, ReclaimMode::OnDemand as i32);
+        let e = apply_file(&mut p, r#"{"reclaim": "lazy"}"#).unwrap_err();
+        assert!(e.to_string().contains("unknown variant"), "{e}");
+        assert_eq!(p.reclaim, ReclaimMode::OnDemand as i32);
     }
 
     /// A mode number from a newer tierd shows as unknown(N), not as ratio,
@@ -333,9 +391,11 @@ mod tests {
                 dry_run: Some(true),
                 mode: Some(crate::cli::ModeArg::WorkingSet),
                 promotion_slo: Some(0.01),
+                reclaim: Some(crate::cli::ReclaimArg::Eager),
                 ..Default::default()
             },
         );
+        assert_eq!(p.reclaim, ReclaimMode::Eager as i32);
         assert_eq!((p.default_target, p.dry_run, p.epsilon), (0.95, true, 0.02));
         assert_eq!(p.mode, PolicyMode::WorkingSet as i32);
         assert_eq!((p.promotion_slo, p.hot_horizon_seconds), (0.01, 0.0));

@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use tier_proto::v1::{
-    Decision, DecisionOutcome, Policy, PolicyMode, SetPolicyRequest, StatsUpdate, TierLimits,
-    VmPolicy, VmStats, WatchDecisionsRequest, WatchStatsRequest,
+    Decision, DecisionOutcome, Policy, PolicyMode, ReclaimMode, SetPolicyRequest, StatsUpdate,
+    TierLimits, VmPolicy, VmStats, WatchDecisionsRequest, WatchStatsRequest,
 };
 use tokio_stream::StreamExt;
 
@@ -251,6 +251,8 @@ impl Plan {
             } as i32,
             hot_horizon_seconds: HOT_HORIZON_S,
             promotion_slo: 0.0,
+            // tierd's default (docs/controller.md, "Reclaim on demand").
+            reclaim: ReclaimMode::OnDemand as i32,
         }
     }
 }

@@ -43,7 +43,7 @@ fn main() -> anyhow::Result<()> {
     };
     let policies: Vec<Policy> = match val("--policies") {
         Some(v) => v.split(',').map(Policy::parse).collect::<Result<_, _>>()?,
-        None => Policy::ALL.to_vec(),
+        None => Policy::DEFAULT.to_vec(),
     };
     let out = PathBuf::from(val("--out").map_or("target/value", String::as_str));
     std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;

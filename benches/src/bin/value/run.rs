@@ -30,16 +30,31 @@ pub enum Policy {
     Ratio,
     WorkingSet,
     Oracle,
+    /// tierd's modes with `reclaim = EAGER` (the default is on demand,
+    /// docs/controller.md): run on request, for the comparison.
+    RatioEager,
+    WorkingSetEager,
 }
 
 impl Policy {
-    pub const ALL: [Policy; 6] = [
+    /// What runs when `--policies` is not given.
+    pub const DEFAULT: [Policy; 6] = [
         Policy::AllDram,
         Policy::Static,
         Policy::GuestTiering,
         Policy::Ratio,
         Policy::WorkingSet,
         Policy::Oracle,
+    ];
+    pub const ALL: [Policy; 8] = [
+        Policy::AllDram,
+        Policy::Static,
+        Policy::GuestTiering,
+        Policy::Ratio,
+        Policy::WorkingSet,
+        Policy::Oracle,
+        Policy::RatioEager,
+        Policy::WorkingSetEager,
     ];
 
     pub fn name(self) -> &'static str {
@@ -50,6 +65,8 @@ impl Policy {
             Policy::Ratio => "ratio",
             Policy::WorkingSet => "working-set",
             Policy::Oracle => "oracle",
+            Policy::RatioEager => "ratio-eager",
+            Policy::WorkingSetEager => "working-set-eager",
         }
     }
 
@@ -58,6 +75,14 @@ impl Policy {
             .into_iter()
             .find(|p| p.name() == s)
             .with_context(|| format!("no policy {s:?}"))
+    }
+
+    /// Whether tierd's controller drives the run.
+    pub fn tierd(self) -> bool {
+        matches!(
+            self,
+            Policy::Ratio | Policy::WorkingSet | Policy::RatioEager | Policy::WorkingSetEager
+        )
     }
 
     /// Whether the guests' own tiering (demotion, NUMA-balancing
@@ -75,10 +100,14 @@ impl Policy {
             Policy::GuestTiering => {
                 "equal static split, guest tiering on (demotion_enabled=1, numa_balancing=2)"
             }
-            Policy::Ratio => "tierd's controller, ratio mode (target 0.9), guest tiering on",
-            Policy::WorkingSet => {
-                "tierd's controller, working_set mode (hot horizon 5 s), guest tiering on"
+            Policy::Ratio => {
+                "tierd's controller, ratio mode (target 0.9), reclaim on demand, guest tiering on"
             }
+            Policy::WorkingSet => {
+                "tierd's controller, working_set mode (hot horizon 5 s), reclaim on demand, guest tiering on"
+            }
+            Policy::RatioEager => "as ratio, with reclaim eager",
+            Policy::WorkingSetEager => "as working-set, with reclaim eager",
             Policy::Oracle => {
                 "greedy split of the budget by the last 5 s's exact per-page LLC misses, every 1 s, through QMP; guest tiering on"
             }
@@ -196,18 +225,20 @@ pub async fn run(env: &Env, s: Schedule, policy: Policy, work: &Path) -> anyhow:
     guests[0].touch_stride(s.grow_mib, Some((IDLE_MIB, s.phase_s)), Some(LINE))?;
     guests[1].touch_stride(IDLE_MIB, None, Some(LINE))?;
     let mut tierd = match policy {
-        Policy::Ratio | Policy::WorkingSet => {
-            let mode = if policy == Policy::Ratio {
+        Policy::Ratio | Policy::WorkingSet | Policy::RatioEager | Policy::WorkingSetEager => {
+            let mode = if matches!(policy, Policy::Ratio | Policy::RatioEager) {
                 "ratio"
             } else {
                 "working-set"
             };
+            let mut p = bed::policy(mode, &GUESTS, BUDGET)?;
+            if matches!(policy, Policy::RatioEager | Policy::WorkingSetEager) {
+                p.reclaim = tier_proto::v1::ReclaimMode::Eager as i32;
+            }
             let mut t = Tierd::with_config(&env.tierd, work, &bed::tierd_config(work, &qmp_dir))?;
             let mut client = t.client(Duration::from_secs(30)).await?;
             client
-                .set_policy(SetPolicyRequest {
-                    policy: Some(bed::policy(mode, &GUESTS, BUDGET)?),
-                })
+                .set_policy(SetPolicyRequest { policy: Some(p) })
                 .await
                 .context("SetPolicy")?;
             println!("  tierd pid {}, log {}", t.pid(), t.log.display());
@@ -269,7 +300,7 @@ pub async fn run(env: &Env, s: Schedule, policy: Policy, work: &Path) -> anyhow:
     if let Some(t) = tierd.as_mut() {
         t.stop();
     }
-    if matches!(policy, Policy::Ratio | Policy::WorkingSet) {
+    if policy.tierd() {
         // Requests tierd made, as the device's requested size changed.
         resizes = count_requests(&ticks);
     }
