@@ -296,6 +296,11 @@ fn main() -> anyhow::Result<()> {
             ("lag_max", h.lag_max.map_or("na".into(), |l| l.to_string())),
             ("changes_missed_or_unsettled", h.lag_bad.to_string()),
             ("p95_err_pp_uniform", f(h.uniform.map(|e| e.p95))),
+            (
+                "p95_err_pp_uniform_published",
+                f(h.uniform_published.map(|e| e.p95)),
+            ),
+            ("published_uniform", f(h.published_uniform)),
             ("p95_err_pp_skew", f(h.skew.map(|e| e.p95))),
             ("coverage_min", f(h.coverage_min)),
             ("skew_rows", skew_rows.to_string()),

@@ -83,6 +83,28 @@ pub(crate) fn errors(
         .collect()
 }
 
+/// `errors` over the intervals where `s` published a ratio only (what a
+/// user reads as a number), and the share of scored intervals it did.
+pub(crate) fn published_errors(
+    records: &[Record],
+    truth: &Source,
+    s: &Source,
+    keep: impl Fn(&Record) -> bool,
+) -> (Vec<f64>, Option<f64>) {
+    let scored: Vec<usize> = records
+        .iter()
+        .enumerate()
+        .filter(|(i, r)| !r.warmup && keep(r) && truth.ratios[*i].is_some())
+        .map(|(i, _)| i)
+        .collect();
+    let errs: Vec<f64> = scored
+        .iter()
+        .filter_map(|&i| error_pp(s.ratios[i], truth.ratios[i]))
+        .collect();
+    let share = (!scored.is_empty()).then(|| errs.len() as f64 / scored.len() as f64);
+    (errs, share)
+}
+
 /// The verdict of `s`'s intervals over the scored records selected by
 /// `keep` (None: `s` has no intervals at all, or no record is scored). An
 /// interval where `s` has no ratio counts as `none`, not as a ratio of 0.
@@ -202,6 +224,10 @@ pub struct Headline {
     pub footprint: Option<ErrorStats>,
     /// Rows of every kind but skew (each tier's pages alike).
     pub uniform: Option<ErrorStats>,
+    /// Uniform rows, the intervals with a published ratio only, and the
+    /// share of the uniform rows' scored intervals that have one.
+    pub uniform_published: Option<ErrorStats>,
+    pub published_uniform: Option<f64>,
     pub skew: Option<ErrorStats>,
     pub lag_max: Option<usize>,
     pub lag_bad: usize,
@@ -255,7 +281,12 @@ pub fn print_tables(
         };
         println!("{:<16} {}  {:<22} {}", s.name, fmt_stats(e), text, cost);
         if s.scan_ns.is_some() {
+            let (pub_errs, pub_share) = published_errors(records, truth, s, |r| {
+                matrix[r.workload].kind != Kind::Skew
+            });
             headline = Some(Headline {
+                uniform_published: ErrorStats::of(&pub_errs),
+                published_uniform: pub_share,
                 all: e,
                 steady: ErrorStats::of(&errors(records, truth, s, |r| !r.change)),
                 change: ErrorStats::of(&errors(records, truth, s, |r| r.change)),
@@ -280,6 +311,19 @@ pub fn print_tables(
                 }),
             });
         }
+    }
+    // A missing point counts 100 pp above: "not measured" never scores
+    // well. What a user reads as a number is scored here on its own.
+    if let Some(h) = &headline {
+        println!(
+            "uniform rows, published points only (a not-measured interval is no number to be wrong): {} of the scored intervals published; {}",
+            h.published_uniform
+                .map_or("-".into(), |s| format!("{:.0} %", s * 100.0)),
+            h.uniform_published.map_or("none".into(), |e| format!(
+                "n {} mean {:.2} pp p95 {:.2} pp max {:.2} pp",
+                e.n, e.mean, e.p95, e.max
+            ))
+        );
     }
     // The same errors split: an interval that holds a change mixes two
     // phases, and a pass spanning the change sees pages of both.
