@@ -1,4 +1,3 @@
-#![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly on purpose
 //! Hand-computed rounds of the decision function. Numbers are chosen so the
 //! model's arithmetic is exact in binary: target 0.75, epsilon 1/16, hot
 //! sets of 640M, accesses in thousands.
