@@ -1,10 +1,11 @@
-//! The command line: every task and flag parses as documented.
+//! The command line: every task and flag parses as documented; and
+//! docs/architecture.md's "Where a change goes" matches the tree.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use clap::Parser;
 
-use crate::{Cli, Task, bench, compat, demo, deps, e2e, linux_bed, package, soak, vmm_patch};
+use crate::{Cli, Task, bench, compat, demo, deps, docs, e2e, linux_bed, package, soak, vmm_patch};
 
 fn parse(args: &[&str]) -> Result<Task, clap::Error> {
     let mut all = vec!["cargo-xtask"];
@@ -219,4 +220,84 @@ fn rejects_bad_arguments() {
     assert!(parse(&["frobnicate"]).is_err());
     assert!(parse(&["vmm-patch"]).is_err(), "vmm-patch needs an action");
     assert!(parse(&["vmm-patch", "frob", "--ch-src", "/x"]).is_err());
+}
+
+/// The workspace's members as the root Cargo.toml lists them.
+fn workspace_members(cargo_toml: &str) -> Vec<String> {
+    let Some(start) = cargo_toml.find("members = [") else {
+        return Vec::new();
+    };
+    let list = &cargo_toml[start + "members = [".len()..];
+    let list = &list[..list.find(']').unwrap_or(list.len())];
+    list.split('"')
+        .skip(1)
+        .step_by(2)
+        .map(str::to_string)
+        .collect()
+}
+
+/// docs/architecture.md's "Where a change goes" matches the tree: every
+/// path it names exists, it has a row for each kind of change, and every
+/// crate of the workspace has a row (its folder) in the doc's table of
+/// crates.
+#[test]
+fn where_a_change_goes_names_the_tree() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
+    let doc = std::fs::read_to_string(root.join("docs/architecture.md")).unwrap();
+    let section = doc
+        .split("\n## Where a change goes\n")
+        .nth(1)
+        .expect("docs/architecture.md has a section \"Where a change goes\"");
+    let section = section.split("\n## ").next().unwrap();
+    let named = docs::paths(section);
+    assert!(named.len() >= 30, "{named:?}");
+    assert_eq!(docs::missing(section, root), Vec::<String>::new());
+    for change in [
+        "a config key",
+        "a sampler backend",
+        "a metric",
+        "a field of the stats stream",
+        "a controller rule",
+        "a test",
+        "a doc",
+    ] {
+        assert!(
+            section.contains(&format!("\n| {change}")),
+            "no row for {change}"
+        );
+    }
+    let cargo = std::fs::read_to_string(root.join("Cargo.toml")).unwrap();
+    let members = workspace_members(&cargo);
+    assert!(members.len() >= 14, "{members:?}");
+    let crates = doc
+        .split("\n## Crates, one job each\n")
+        .nth(1)
+        .expect("docs/architecture.md has a table of crates");
+    let crates = crates.split("\n## ").next().unwrap();
+    let absent: Vec<&String> = members
+        .iter()
+        .filter(|m| !crates.contains(&format!("| `{m}/` |")))
+        .collect();
+    assert_eq!(
+        absent,
+        Vec::<&String>::new(),
+        "crates without a row in docs/architecture.md's table of crates"
+    );
+    let unbuilt: Vec<&String> = members
+        .iter()
+        .filter(|m| !root.join(m).join("Cargo.toml").is_file())
+        .collect();
+    assert_eq!(
+        unbuilt,
+        Vec::<&String>::new(),
+        "members without a Cargo.toml"
+    );
+}
+
+#[test]
+fn members_are_read_from_the_workspace() {
+    let toml =
+        "[workspace]\nresolver = \"3\"\nmembers = [\"proto\", \"a/b\"]\n\n[x]\ny = [\"z\"]\n";
+    assert_eq!(workspace_members(toml), vec!["proto", "a/b"]);
+    assert_eq!(workspace_members("[package]\n"), Vec::<String>::new());
 }

@@ -223,7 +223,7 @@ fn main() -> anyhow::Result<()> {
     progress.finish();
     println!();
     println!(
-        "controller on simulated hosts (tier_controller::sim fleets, 40 intervals, a third of the VMs change phase at 20, target {} +- {}, balloons 1 GiB/s; {:.0e} LLC misses/s per VM at 1e6 phase accesses, {} touches per miss): intervals to target per VM and phase (median, max), DRAM moved, moves against the true ratio",
+        "controller on simulated hosts (tier_sim fleets, 40 intervals, a third of the VMs change phase at 20, target {} +- {}, balloons 1 GiB/s; {:.0e} LLC misses/s per VM at 1e6 phase accesses, {} touches per miss): intervals to target per VM and phase (median, max), DRAM moved, moves against the true ratio",
         fleet::TARGET,
         fleet::EPSILON,
         fleet::MISSES_PER_S,

@@ -10,7 +10,7 @@ pub struct Rng {
 impl Rng {
     pub fn new(seed: u64) -> Rng {
         // Seeded by the controller simulator's splitmix64.
-        let mut sm = tier_controller::sim::rng::Rng::new(seed);
+        let mut sm = tier_sim::rng::Rng::new(seed);
         Rng {
             s: [sm.next_u64(), sm.next_u64(), sm.next_u64(), sm.next_u64()],
         }

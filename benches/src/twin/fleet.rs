@@ -1,7 +1,7 @@
 //! tierd's controller on a simulated host of 8-1000 VMs, fed by each
 //! backend's reading of the VMs at real access rates.
 //!
-//! The VMs, their phases and the host budget are `tier_controller::sim`'s
+//! The VMs, their phases and the host budget are `tier_sim`'s
 //! (`fleet`), their balloons move at 1 GiB/s (`SimVm::move_balloons`).
 //! What a backend reads is modelled per VM from its phase at real rates:
 //! its hot set in 64 buckets (finer at the hot end) of pages with the
@@ -20,13 +20,13 @@ use std::time::Duration;
 
 use tier_controller::policy::input::from_proto;
 use tier_controller::policy::{Config, Controller, Tuning};
-use tier_controller::sim::fleet::{FleetSpec, fleet};
-use tier_controller::sim::guest::{Guest, SimVm};
-use tier_controller::sim::workload::Phase;
 use tier_profiler::estimate::pass_ends;
 use tier_profiler::sampler::pmu::counting::{Tally, TierReading as PmuTier};
 use tier_profiler::sampler::pmu::loader::Reading;
 use tier_profiler::sampler::pmu::source::{PmuReadings, annotate};
+use tier_sim::fleet::{FleetSpec, fleet};
+use tier_sim::guest::{Guest, SimVm};
+use tier_sim::workload::Phase;
 
 use super::feed::{Feed, ModelVm, two_tier_vm};
 use super::stream::Rng;

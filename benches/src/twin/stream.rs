@@ -21,13 +21,11 @@ use anyhow::Context;
 /// The controller simulator's splitmix64, seeded apart from it, with the
 /// draws the twin needs on top.
 #[derive(Debug, Clone)]
-pub struct Rng(tier_controller::sim::rng::Rng);
+pub struct Rng(tier_sim::rng::Rng);
 
 impl Rng {
     pub fn new(seed: u64) -> Rng {
-        Rng(tier_controller::sim::rng::Rng::new(
-            seed ^ 0x6a09_e667_f3bc_c909,
-        ))
+        Rng(tier_sim::rng::Rng::new(seed ^ 0x6a09_e667_f3bc_c909))
     }
     pub fn next_u64(&mut self) -> u64 {
         self.0.next_u64()

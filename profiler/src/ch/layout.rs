@@ -20,7 +20,7 @@
 use std::collections::{BTreeSet, HashMap};
 use std::fmt::Write as _;
 
-use tier_controller::actuate::{MemoryZone, VirtioMem, VmInfo, ZoneRange};
+use tier_ch_api::{MemoryZone, VirtioMem, VmInfo, ZoneRange};
 use tier_proto::v1::{GpaRange, Tier, TierHotplug, TierKind};
 
 use crate::memtier::MemoryTiers;
@@ -328,7 +328,7 @@ pub fn unreported_hotplug(tiers: &mut [Tier], info: &VmInfo) {
         t.hotplug = Some(TierHotplug {
             boot_bytes: c.size,
             region_bytes: h,
-            block_bytes: tier_controller::actuate::DEFAULT_BLOCK,
+            block_bytes: tier_ch_api::DEFAULT_BLOCK,
             region_attributed: false,
         });
         let _ = write!(

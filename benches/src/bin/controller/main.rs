@@ -1,5 +1,5 @@
 //! The controller's decision function on simulated fleets of 8, 64 and 1000
-//! VMs (tier_controller::sim: Zipf-like hot sets, 2 % sampling noise, 2 % of
+//! VMs (tier_sim: Zipf-like hot sets, 2 % sampling noise, 2 % of
 //! guests refusing their balloon, a third of the VMs changing phase at
 //! interval 20, balloons at 1 GiB/s, samples of an interval in which a
 //! balloon moved mix before and after): intervals until every cooperative
@@ -19,11 +19,11 @@ use std::time::Instant;
 use anyhow::Context;
 use tier_benches::{Row, Summary, print_table, result_line};
 use tier_controller::policy::{Config, Mode, Tuning, VmObs};
-use tier_controller::sim::fleet::{FleetSpec, fleet};
-use tier_controller::sim::metrics::{
+use tier_sim::fleet::{FleetSpec, fleet};
+use tier_sim::metrics::{
     converge, cooperative, oracle_converge, oscillations, reversals, utilisation,
 };
-use tier_controller::sim::{Sim, SimConfig};
+use tier_sim::{Sim, SimConfig};
 
 const RUNS: u64 = 5;
 const PHASE: u64 = 20;

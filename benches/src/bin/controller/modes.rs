@@ -13,12 +13,10 @@
 
 use tier_benches::{Row, Summary, print_table};
 use tier_controller::policy::{Config, Mode};
-use tier_controller::sim::ages::AgeSampling;
-use tier_controller::sim::fleet::{FleetSpec, fleet};
-use tier_controller::sim::metrics::{
-    converge_slack, cooperative, dram_moved, oscillations, wrong_way,
-};
-use tier_controller::sim::{Sim, SimConfig};
+use tier_sim::ages::AgeSampling;
+use tier_sim::fleet::{FleetSpec, fleet};
+use tier_sim::metrics::{converge_slack, cooperative, dram_moved, oscillations, wrong_way};
+use tier_sim::{Sim, SimConfig};
 
 use super::{EPSILON, RUNS, policy};
 

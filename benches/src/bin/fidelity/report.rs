@@ -281,9 +281,8 @@ pub fn print_tables(
         };
         println!("{:<16} {}  {:<22} {}", s.name, fmt_stats(e), text, cost);
         if s.scan_ns.is_some() {
-            let (pub_errs, pub_share) = published_errors(records, truth, s, |r| {
-                matrix[r.workload].kind != Kind::Skew
-            });
+            let (pub_errs, pub_share) =
+                published_errors(records, truth, s, |r| matrix[r.workload].kind != Kind::Skew);
             headline = Some(Headline {
                 uniform_published: ErrorStats::of(&pub_errs),
                 published_uniform: pub_share,

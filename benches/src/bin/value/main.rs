@@ -428,7 +428,7 @@ fn fleet(model: &CostModel, vms: usize, insns_per_access: f64) -> anyhow::Result
     });
     let (intervals, phase_at, seed) = (40, 20, 1);
     println!(
-        "value --fleet: {vms} simulated VMs (tier_controller::sim fleet, 2/4/8 GiB, a third change phase at {phase_at} of {intervals} intervals, 2 % refuse their balloon), budget 1.1x the DRAM each needs for 0.9; {insns_per_access} instructions per LLC miss; cost model as on the bed"
+        "value --fleet: {vms} simulated VMs (tier_sim fleet, 2/4/8 GiB, a third change phase at {phase_at} of {intervals} intervals, 2 % refuse their balloon), budget 1.1x the DRAM each needs for 0.9; {insns_per_access} instructions per LLC miss; cost model as on the bed"
     );
     let mut rows: Vec<(String, tier_benches::twin::fleet::FleetResult)> = Vec::new();
     for d in [

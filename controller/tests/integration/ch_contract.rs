@@ -7,8 +7,6 @@
 //! Tests named `replay_*` replay recordings; the others use synthetic
 //! answers (a hang, a dropped connection, a 503) and say so.
 
-#![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly on purpose
-
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};

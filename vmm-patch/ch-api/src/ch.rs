@@ -18,8 +18,8 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use super::http::{self, HttpError, Response};
-use super::{ActuateError, Backoff, TierState, Vmm};
+use crate::http::{self, HttpError, Response};
+use crate::{ActuateError, Backoff, TierState, Vmm};
 
 const PING: &str = "GET /api/v1/vmm.ping";
 const INFO: &str = "GET /api/v1/vm.info";

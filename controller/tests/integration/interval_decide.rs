@@ -1,4 +1,3 @@
-#![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly on purpose
 //! Hand-built rounds of the decision function with DRAM-hit intervals
 //! (docs/estimate.md): target 0.75, epsilon 1/16 (band 0.703-0.797), 2G zones.
 

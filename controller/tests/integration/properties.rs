@@ -1,10 +1,7 @@
-#![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly on purpose
 //! Properties of the decision function over random scenarios: random
 //! fleets, policies and observation sequences (balloons that follow, lag or
 //! refuse; any accesses), several rounds each. Case counts are in
 //! `CASES_*`; together they exceed 10^5 scenarios.
-
-mod scenario;
 
 use std::collections::{HashMap, HashSet};
 
@@ -13,14 +10,12 @@ use tier_controller::policy::model::Load;
 use tier_controller::policy::{
     ActOn, Config, Controller, Hit, Mode, Plan, Tuning, VmObs, VmStatus,
 };
-use tier_controller::sim::fleet::{FleetSpec, fleet};
-use tier_controller::sim::metrics::{
-    assessed_while_moving, directions, flip_backs, flip_backs_within,
-};
-use tier_controller::sim::{Sim, SimConfig};
 use tier_proto::v1::{DecisionOutcome, DecisionReason};
+use tier_sim::fleet::{FleetSpec, fleet};
+use tier_sim::metrics::{assessed_while_moving, directions, flip_backs, flip_backs_within};
+use tier_sim::{Sim, SimConfig};
 
-use scenario::{Scenario, bounds, committed, run, scenario};
+use crate::scenario::{Scenario, bounds, committed, run, scenario};
 
 const CASES_LIMITS: u32 = 60_000;
 const CASES_DRY_RUN: u32 = 25_000;

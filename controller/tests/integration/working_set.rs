@@ -1,4 +1,3 @@
-#![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly on purpose
 //! working_set mode, hand-computed rounds and a phase change in the
 //! simulator: the hot set outgrows its DRAM, DRAM moves to it, and back
 //! after the phase change.
@@ -9,12 +8,12 @@ use tier_controller::policy::ages::{Est, Horizon, TierAges};
 use tier_controller::policy::{
     Config, Controller, HitEvidence, Mode, Reclaim, TierObs, Tuning, VmObs, VmOverride, WorkingSet,
 };
-use tier_controller::sim::ages::AgeSampling;
-use tier_controller::sim::guest::{Balloon, Guest, SimVm};
-use tier_controller::sim::metrics::{converge, directions};
-use tier_controller::sim::workload::Phase;
-use tier_controller::sim::{Sim, SimConfig};
 use tier_proto::v1::{DecisionOutcome, DecisionReason};
+use tier_sim::ages::AgeSampling;
+use tier_sim::guest::{Balloon, Guest, SimVm};
+use tier_sim::metrics::{converge, directions};
+use tier_sim::workload::Phase;
+use tier_sim::{Sim, SimConfig};
 
 const M: u64 = 1 << 20;
 const G: u64 = 1 << 30;

@@ -23,8 +23,8 @@
 
 use tier_proto::v1::{Tier, TierAges, TierKind, TierSample, Vm, VmStats, WorkingSet};
 
-use super::workload::Phase;
-use crate::policy::PAGE;
+use crate::workload::Phase;
+use tier_controller::policy::PAGE;
 
 /// The sampler's passes and schedule.
 #[derive(Debug, Clone, Copy, PartialEq)]

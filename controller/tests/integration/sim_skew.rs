@@ -1,4 +1,3 @@
-#![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly on purpose
 //! The simulator with samples that read like accessed bits (docs/estimate.md): hot
 //! DRAM pages under-read, so the point estimate reads low, and an interval
 //! that covers the truth. Acting on the interval the controller never hands
@@ -9,9 +8,9 @@
 
 use tier_controller::policy::model::Load;
 use tier_controller::policy::{ActOn, Config, Hit, HitKind, Tuning};
-use tier_controller::sim::fleet::{FleetSpec, fleet};
-use tier_controller::sim::{Sim, SimConfig};
 use tier_proto::v1::DecisionReason;
+use tier_sim::fleet::{FleetSpec, fleet};
+use tier_sim::{Sim, SimConfig};
 
 const INTERVALS: u64 = 40;
 

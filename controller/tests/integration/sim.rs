@@ -1,16 +1,15 @@
-#![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly on purpose
 //! The simulator driving the real policy: fleets converge, stay put, keep
 //! to the budget, and leave uncooperative guests alone.
 
 use tier_controller::policy::{Config, Tuning, VmStatus};
-use tier_controller::sim::fleet::{FleetSpec, fleet};
-use tier_controller::sim::guest::Guest;
-use tier_controller::sim::metrics::{
+use tier_proto::v1::DecisionReason;
+use tier_sim::fleet::{FleetSpec, fleet};
+use tier_sim::guest::Guest;
+use tier_sim::metrics::{
     assessed_while_moving, converge, cooperative, oracle_converge, oscillations, reversals,
     utilisation,
 };
-use tier_controller::sim::{Sim, SimConfig, Step};
-use tier_proto::v1::DecisionReason;
+use tier_sim::{Sim, SimConfig, Step};
 
 fn policy(budget: u64) -> Config {
     Config {

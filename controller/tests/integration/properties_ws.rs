@@ -1,4 +1,3 @@
-#![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly on purpose
 //! Properties of working_set mode (docs/working-set.md). The invariants of both modes
 //! (floors, ceilings, budget, step, conservation) run in `properties.rs`
 //! over scenarios that draw either mode, random ages (intervals of any
@@ -7,23 +6,18 @@
 //! on a steady simulated workload with sampled ages, and DRAM flowing to
 //! the VM whose hot set outgrew its DRAM.
 
-#[allow(dead_code)] // shared with properties.rs, which uses all of it
-mod scenario;
-
 use proptest::prelude::*;
 use tier_controller::policy::working_set::view;
 use tier_controller::policy::{Config, Controller, HitEvidence, Mode, PAGE, Tuning, WorkingSet};
-use tier_controller::sim::ages::AgeSampling;
-use tier_controller::sim::fleet::{FleetSpec, fleet};
-use tier_controller::sim::guest::{Balloon, Guest, SimVm};
-use tier_controller::sim::metrics::{
-    assessed_while_moving, directions, flip_backs, flip_backs_within,
-};
-use tier_controller::sim::workload::Phase;
-use tier_controller::sim::{Sim, SimConfig};
 use tier_proto::v1::DecisionReason;
+use tier_sim::ages::AgeSampling;
+use tier_sim::fleet::{FleetSpec, fleet};
+use tier_sim::guest::{Balloon, Guest, SimVm};
+use tier_sim::metrics::{assessed_while_moving, directions, flip_backs, flip_backs_within};
+use tier_sim::workload::Phase;
+use tier_sim::{Sim, SimConfig};
 
-use scenario::{run, scenario};
+use crate::scenario::{run, scenario};
 
 const CASES_MOVES: u32 = 20_000;
 const CASES_STEADY: u32 = 3_000;

@@ -1,8 +1,8 @@
 //! What a timeline says: when the fleet converged, how often a VM's DRAM
 //! flipped back and forth, how much of the budget was handed out.
 
-use super::Step;
-use super::guest::{Guest, SimVm};
+use crate::Step;
+use crate::guest::{Guest, SimVm};
 
 /// VMs whose balloons move: only they can be expected to converge.
 pub fn cooperative(vms: &[SimVm]) -> Vec<bool> {
@@ -13,13 +13,13 @@ pub fn cooperative(vms: &[SimVm]) -> Vec<bool> {
 /// `eps` of its target (no accesses counts as within: there is nothing to
 /// steer); in working_set mode the DRAM it holds covers its true hot set
 /// but for a share `eps` of it.
-pub fn within(s: &super::VmStep, eps: f64) -> bool {
+pub fn within(s: &crate::VmStep, eps: f64) -> bool {
     within_slack(s, eps, 0)
 }
 
 /// `within`, a working_set VM also when it is short by at most `slack`
 /// bytes (the controller's minimum step: it moves nothing smaller).
-pub fn within_slack(s: &super::VmStep, eps: f64, slack: u64) -> bool {
+pub fn within_slack(s: &crate::VmStep, eps: f64, slack: u64) -> bool {
     match s.hot {
         Some(hot) => s.dram_held.saturating_add(slack) as f64 >= hot as f64 * (1.0 - eps),
         None => s.ratio.is_none_or(|r| (r - s.target).abs() <= eps + 1e-9),
@@ -28,7 +28,7 @@ pub fn within_slack(s: &super::VmStep, eps: f64, slack: u64) -> bool {
 
 /// Whether a VM needs more DRAM (`Some(true)`), has more than it needs
 /// (`Some(false)`), or neither (within `eps`), by the truth.
-fn needs(s: &super::VmStep, eps: f64) -> Option<bool> {
+fn needs(s: &crate::VmStep, eps: f64) -> Option<bool> {
     match (s.hot, s.ratio) {
         (Some(hot), _) => {
             let h = hot as f64;

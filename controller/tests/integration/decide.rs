@@ -1,4 +1,3 @@
-#![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly on purpose
 //! Hand-computed rounds of the decision function. Numbers are chosen so the
 //! model's arithmetic is exact in binary: target 0.75, epsilon 1/16, hot
 //! sets of 640M, accesses in thousands.
@@ -840,26 +839,4 @@ fn unknown_residency_holds_dram_just_given() {
     };
     assert_eq!(run(None), None);
     assert_eq!(run(Some(0)), Some(DecisionReason::IdleReclaim));
-}
-
-#[test]
-fn scratch_three() {
-    let mut cfg = config(3 * G);
-    cfg.reclaim = Reclaim::OnDemand;
-    cfg.idle_threshold = 0.3;
-    cfg.default_target = 0.85;
-    cfg.epsilon = 0.05;
-    cfg.max_step = 8 * M;
-    let vms = vec![
-        vm("i", G, 400 * M, 950.0, 20 * M, 50.0),
-        vm("g", G, 400 * M, 950.0, 20 * M, 50.0),
-        vm("s", G, G, 600.0, 500 * M, 400.0),
-    ];
-    let mut c = Controller::new(cfg);
-    let p = c.decide(&vms, 0);
-    for d in &p.decisions {
-        eprintln!("{} {:?} {:?} {}", d.vm_id, d.reason(), d.outcome(), d.detail);
-    }
-    eprintln!("{:?}", p.budget);
-    panic!();
 }

@@ -1,4 +1,3 @@
-#![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly on purpose
 //! The closed loop as the host sees it (`sim::passes`): guests whose hot
 //! pages are touched about once a second, read by hostpte-like passes and
 //! handed to the controller through `input::from_proto`. Judged on the
@@ -11,11 +10,11 @@
 //! interval of 0-100 %.
 
 use tier_controller::policy::{Config, Mode, Reclaim, Tuning, WorkingSet};
-use tier_controller::sim::guest::{Balloon, Guest, SimVm};
-use tier_controller::sim::passes::{Passes, young_bytes};
-use tier_controller::sim::workload::Phase;
-use tier_controller::sim::{Sim, SimConfig, Step};
 use tier_proto::v1::DecisionReason;
+use tier_sim::guest::{Balloon, Guest, SimVm};
+use tier_sim::passes::{Passes, young_bytes};
+use tier_sim::workload::Phase;
+use tier_sim::{Sim, SimConfig, Step};
 
 const M: u64 = 1 << 20;
 const PAGE: u64 = 4096;

@@ -12,7 +12,7 @@
 //! bytes, of which at most `hotplug_size` can be taken:
 //! target = `hotplug_size - requested`, actual = `hotplug_size - plugged`.
 
-use super::ch::VmInfo;
+use crate::ch::VmInfo;
 
 /// virtio-mem block size when the VMM does not say (cloud-hypervisor's
 /// default, `VIRTIO_MEM_DEFAULT_BLOCK_SIZE`).
@@ -149,7 +149,7 @@ impl ResizableZone {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::actuate::parse_vm_info;
+    use crate::parse_vm_info;
 
     const M: u64 = 1 << 20;
 

@@ -2,10 +2,10 @@
 //! starts near the DRAM its first phase needs for the target, and the host
 //! budget covers what every VM needs in its hungriest phase, plus slack.
 
-use super::guest::{Balloon, Guest, SimVm};
-use super::rng::Rng;
-use super::workload::Phase;
-use crate::policy::PAGE;
+use crate::guest::{Balloon, Guest, SimVm};
+use crate::rng::Rng;
+use crate::workload::Phase;
+use tier_controller::policy::PAGE;
 
 /// What a random fleet looks like.
 #[derive(Debug, Clone, PartialEq)]

@@ -3,8 +3,6 @@
 //! unix socket), plus synthetic sockets for the failure paths (a dropped
 //! connection in front of the real server, a hang, no socket), which say so.
 
-#![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly on purpose
-
 use std::os::unix::net::UnixListener as StdListener;
 use std::path::PathBuf;
 use std::sync::Arc;

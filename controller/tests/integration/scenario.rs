@@ -9,7 +9,7 @@ use tier_controller::policy::{
     ActOn, Config, Controller, HitEvidence, Limits, Mode, PAGE, Plan, Reclaim, Targets, TierObs,
     Tuning, VmObs, VmOverride, VmStatus, WorkingSet,
 };
-use tier_controller::sim::rng::Rng;
+use tier_sim::rng::Rng;
 
 const MIB: u64 = 1 << 20;
 

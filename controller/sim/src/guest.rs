@@ -1,6 +1,6 @@
 //! A simulated VM: two tiers, a balloon on each, and its workload phases.
 
-use super::workload::{Phase, TierLoad};
+use crate::workload::{Phase, TierLoad};
 
 /// How the guest's balloon driver behaves.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -1,7 +1,10 @@
-//! Trace-driven simulator around the real decision function: simulated VMs
-//! produce each interval's per-tier accesses from the DRAM they hold
-//! (`workload`), the controller decides, and the simulated balloons move
-//! toward the new targets at a fixed speed (`guest`). Each interval:
+//! tier-sim: a trace-driven simulator around tier-controller's real decision
+//! function, for the controller's tests (controller/tests/) and the benches
+//! (`cargo xtask bench controller`, the twin, the value bench); tierd does
+//! not link it. Simulated VMs produce each interval's per-tier accesses
+//! from the DRAM they hold (`workload`), the controller decides, and the
+//! simulated balloons move toward the new targets at a fixed speed
+//! (`guest`). Each interval:
 //!
 //! 1. balloons move toward the targets of the previous decision, at the
 //!    balloon speed from the start of the interval;
@@ -29,11 +32,11 @@ use std::time::Instant;
 
 use tier_proto::v1::Decision;
 
-use crate::policy::{Config, Controller, Mode, TierObs, VmObs, VmStatus};
 use ages::AgeSampling;
 use guest::SimVm;
 use passes::Passes;
 use rng::Rng;
+use tier_controller::policy::{Config, Controller, Mode, TierObs, VmObs, VmStatus};
 
 /// From the design note: about 1 GiB/s for the existing balloon.
 pub const DEFAULT_BALLOON_SPEED: f64 = (1u64 << 30) as f64;
@@ -234,7 +237,7 @@ impl Sim {
                     k,
                     self.config.interval_s,
                 );
-                if let Ok(o) = crate::policy::input::from_proto(&seen.vm, &seen.stats) {
+                if let Ok(o) = tier_controller::policy::input::from_proto(&seen.vm, &seen.stats) {
                     self.obs[i] = o;
                 }
             }
@@ -244,7 +247,7 @@ impl Sim {
                 (Some(a), _, Some(p))
                     if cfg.mode_of(&vm.id, &vm.id).resolve(matches!(
                         self.obs[i].hit,
-                        crate::policy::HitEvidence::Counted(_)
+                        tier_controller::policy::HitEvidence::Counted(_)
                     )) == Mode::WorkingSet =>
                 {
                     let h = match cfg.working_set.hot_horizon {

@@ -15,10 +15,10 @@
 //! ratio). Horizons longer than the history are not measured, and cold
 //! bytes and promotion not before the longest one is.
 
-use super::rng::Rng;
-use super::workload::Phase;
-use crate::policy::PAGE;
-use crate::policy::ages::{Est, Horizon, TierAges};
+use crate::rng::Rng;
+use crate::workload::Phase;
+use tier_controller::policy::PAGE;
+use tier_controller::policy::ages::{Est, Horizon, TierAges};
 
 /// The simulated sampler's ages.
 #[derive(Debug, Clone, Copy, PartialEq)]

@@ -12,8 +12,8 @@
 //! the estimate counts `cap`, and the tier holding such pages has no upper
 //! bound.
 
-use super::workload::Phase;
-use crate::policy::HitEvidence;
+use crate::workload::Phase;
+use tier_controller::policy::HitEvidence;
 
 /// One tier's estimate: the share of its true accesses the estimate sees,
 /// and whether it holds pages too hot to count.
@@ -105,7 +105,7 @@ pub fn interval(est: [f64; 2], seen: [Seen; 2], noise: f64) -> HitEvidence {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::policy::{Hit, HitKind};
+    use tier_controller::policy::{Hit, HitKind};
 
     const G: u64 = 1 << 30;
 
