@@ -594,6 +594,16 @@ pub(super) fn run(c: &mut Controller, vms: &[VmObs], now_unix_ns: u64) -> Plan {
             _ => 0,
         }));
         if cfg.reclaim == Reclaim::OnDemand {
+            // Needs left unmet lately by VMs that ask nothing this round.
+            let window = u64::from(cfg.tuning.hysteresis_window);
+            let remembered = sum(vms.iter().zip(&works).map(|(v, w)| {
+                match (w.want, c.state.get(v.id.as_str()).and_then(|s| s.unmet)) {
+                    (Want::Need { .. }, _) => 0,
+                    (_, Some((bytes, r))) if round - r <= window => bytes,
+                    _ => 0,
+                }
+            }));
+            let needs = needs.saturating_add(remembered);
             let forced = releasing(&works)
                 .saturating_sub(sum(works.iter().filter_map(|w| discretionary(&w.want))));
             let free = (budget - before)
@@ -670,6 +680,13 @@ pub(super) fn run(c: &mut Controller, vms: &[VmObs], now_unix_ns: u64) -> Plan {
                 st.unplaced = w.unplaced.is_some();
                 st.unmeasured = w.unmeasured.is_some();
                 st.kept = w.kept.is_some();
+                st.unmet = match w.want {
+                    Want::Need { bytes, .. } if w.granted < bytes => {
+                        Some((bytes - w.granted, round))
+                    }
+                    Want::Hold => st.unmet,
+                    _ => None,
+                };
                 st.budget_limited = matches!(
                     w.want,
                     Want::Need {

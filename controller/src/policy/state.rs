@@ -174,6 +174,11 @@ pub struct VmState {
     /// The last round kept DRAM a rule would release, no VM needing it
     /// (`Reclaim::OnDemand`).
     pub kept: bool,
+    /// DRAM the VM's last assessment needed and the pool could not give,
+    /// and the round: demand that on-demand reclaim serves in later rounds
+    /// too, as the donors' idle memory and the needer's hot set are often
+    /// measured in different rounds (hostpte's long pass).
+    pub unmet: Option<(u64, u64)>,
     /// The rest of a multi-step move, if one is under way.
     pub moving: Option<Move>,
     /// The last assessment moved in this direction by less than it asked

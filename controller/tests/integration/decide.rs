@@ -840,3 +840,36 @@ fn unknown_residency_holds_dram_just_given() {
     assert_eq!(run(None), None);
     assert_eq!(run(Some(0)), Some(DecisionReason::IdleReclaim));
 }
+
+/// On demand, a need the pool could not meet is remembered for a while:
+/// the donor's idle memory is often measured in another round than the
+/// needer's hot set (hostpte's long pass), and is released then.
+#[test]
+fn on_demand_remembers_an_unmet_need() {
+    let mut cfg = config(320 * M + G);
+    cfg.reclaim = Reclaim::OnDemand;
+    let mut c = Controller::new(cfg);
+    // a: r = 0.5, needs 160M; b: in the band, all hot: nothing to give.
+    let mut vms = vec![
+        vm("a", 320 * M, 320 * M, 500.0, 320 * M, 500.0),
+        vm("b", G, G, 780.0, 300 * M, 220.0),
+    ];
+    let p = c.decide(&vms, 0);
+    assert_eq!((p.budget.released, p.budget.granted), (0, 0));
+    assert_eq!(decision(&p, "a").reason(), DecisionReason::Budget);
+    // Next round a holds (in the band), b is found mostly idle: it gives
+    // what a lacked, not the 512M an eager reclaim would.
+    vms[0] = vm("a", 320 * M, 320 * M, 760.0, 100 * M, 240.0);
+    vms[1] = vm("b", G, 256 * M, 780.0, 80 * M, 220.0);
+    let p = c.decide(&vms, 1);
+    assert_eq!((p.budget.released, p.budget.granted), (160 * M, 0));
+    let b = decision(&p, "b");
+    assert_eq!(b.reason(), DecisionReason::IdleReclaim);
+    assert_eq!(changes(b)[0], ("dram", G, G + 160 * M), "{}", b.detail);
+    assert!(b.detail.contains("160.0M of 512.0M taken"), "{}", b.detail);
+    // a asks again: the pool serves it, b gives nothing more.
+    apply(&mut vms, &p);
+    vms[0] = vm("a", 320 * M, 320 * M, 500.0, 320 * M, 500.0);
+    let p = c.decide(&vms, 2);
+    assert_eq!((p.budget.released, p.budget.granted), (0, 160 * M));
+}
