@@ -5,6 +5,7 @@
 
 pub mod ages;
 pub mod allocate;
+mod budget;
 pub mod classify;
 pub mod config;
 mod decide;
