@@ -54,6 +54,63 @@ async fn serve(s: Settings, synthetic: (u32, u32)) -> anyhow::Result<()> {
     for c in &report.checks {
         tracing::info!(check = c.name, available = c.available, reason = %c.reason, "probe");
     }
+    let (backend, no_sampler) = select_sampler(&s, &report)?;
+    // The pmu source runs next to the backend (docs/pmu.md); unavailable
+    // is logged and the daemon goes on without it.
+    let pmu = PmuState::start(s.pmu, &s.pmu_events);
+    let shared = shared_state(&s, &report, backend.as_deref(), &pmu)?;
+    // cloud-hypervisor VMs found through their API sockets: the controller
+    // and SetBalloonTargets drive their per-tier balloons.
+    let fleet = tier_profiler::ch::Fleet::default();
+    shared.set_fleet(fleet.clone());
+    // QEMU VMs found through QMP: their virtio-mem devices, resized.
+    let qemu_fleet = tier_profiler::qemu::Fleet::default();
+    shared.set_qemu_fleet(qemu_fleet.clone());
+    let metrics = Arc::new(Mutex::new(Metrics::new()));
+    let metrics_served = s.metrics.is_some();
+    if let Some(addr) = s.metrics {
+        let bound = metrics::serve(addr, metrics.clone()).await?;
+        tracing::info!(%bound, "metrics on http://{bound}/metrics");
+    }
+    let controller = controller(&s, &shared, &metrics, &fleet, &qemu_fleet)?;
+    let registry = registry(&s, synthetic)?;
+    shared.set_vms(registry.iter().map(|v| v.vm().clone()).collect());
+    let registry = Arc::new(Mutex::new(registry));
+    let listeners = bind(&s).await?;
+    let discover = s.discover.then(|| discoverer(&s, &fleet, &qemu_fleet));
+    let sampling = tokio::spawn(sample_loop(Sampling {
+        registry: registry.clone(),
+        discover,
+        backend,
+        controller,
+        shared: shared.clone(),
+        metrics,
+        metrics_served,
+        interval: s.interval,
+        passes: s.passes,
+        fit_budget_pct: s.fit_budget_pct,
+        pmu,
+        no_sampler,
+    }));
+    let served = serve_until_signal(&shared, listeners, s.interval).await;
+    sampling.abort();
+    if let Err(e) = std::fs::remove_file(&s.socket) {
+        tracing::warn!(error = %e, "removing the socket");
+    }
+    // Dropping the registry stops the demo VM's vCPU thread.
+    drop(registry);
+    tracing::info!("stopped");
+    served
+}
+
+/// Why no sampler runs, when none does.
+type NoSampler = Option<String>;
+
+/// The sampler backend the config and the probe allow, or why none runs.
+fn select_sampler(
+    s: &Settings,
+    report: &tier_profiler::probe::Report,
+) -> anyhow::Result<(Option<Box<dyn Sampler>>, NoSampler)> {
     let budget = sampler::budget::Budget::new(
         s.cpu_budget_pct,
         s.interval,
@@ -66,14 +123,13 @@ async fn serve(s: Settings, synthetic: (u32, u32)) -> anyhow::Result<()> {
             "sampler CPU budget: strides and passes per VM are chosen to stay inside it"
         );
     }
-    let backend = sampler::select(
+    let mut backend = sampler::select(
         &s.backend,
-        &report,
+        report,
         s.ept_sample_stride,
         s.damon_sample,
         budget,
     )?;
-    let mut backend = backend;
     if let Some(b) = backend.as_mut() {
         b.set_ages(&s.ages);
     }
@@ -92,10 +148,18 @@ async fn serve(s: Settings, synthetic: (u32, u32)) -> anyhow::Result<()> {
             Some(why)
         }
     };
-    // The pmu source runs next to the backend (docs/pmu.md); unavailable
-    // is logged and the daemon goes on without it.
-    let pmu = PmuState::start(s.pmu, &s.pmu_events);
-    let mut capabilities = report.to_proto(backend.as_ref().map(|b| b.backend()));
+    Ok((backend, no_sampler))
+}
+
+/// What the servers share: the daemon's description and the policy in
+/// force (restored from the policy file, if one is kept).
+fn shared_state(
+    s: &Settings,
+    report: &tier_profiler::probe::Report,
+    backend: Option<&dyn Sampler>,
+    pmu: &PmuState,
+) -> anyhow::Result<Arc<Shared>> {
+    let mut capabilities = report.to_proto(backend.map(|b| b.backend()));
     for c in capabilities.iter_mut().filter(|c| c.name == "pmu") {
         c.selected = pmu.is_running();
     }
@@ -123,41 +187,41 @@ async fn serve(s: Settings, synthetic: (u32, u32)) -> anyhow::Result<()> {
             }
         );
     }
-    // cloud-hypervisor VMs found through their API sockets: the controller
-    // and SetBalloonTargets drive their per-tier balloons.
-    let fleet = tier_profiler::ch::Fleet::default();
-    shared.set_fleet(fleet.clone());
-    // QEMU VMs found through QMP: their virtio-mem devices, resized.
-    let qemu_fleet = tier_profiler::qemu::Fleet::default();
-    shared.set_qemu_fleet(qemu_fleet.clone());
-    let metrics = Arc::new(Mutex::new(Metrics::new()));
-    let metrics_served = s.metrics.is_some();
-    if let Some(addr) = s.metrics {
-        let bound = metrics::serve(addr, metrics.clone()).await?;
-        tracing::info!(%bound, "metrics on http://{bound}/metrics");
-    }
+    Ok(shared)
+}
 
-    let controller = if s.controller {
-        let (sink_shared, sink_metrics) = (shared.clone(), metrics.clone());
-        let sink: tier_profiler::control::DecisionSink =
-            Arc::new(move |d| publish_decision(&sink_shared, &sink_metrics, d));
-        // A vm.info older than three intervals (plus a slow answer) is stale.
-        let max_age = s.interval * 3 + (s.ch.timeout * 2).max(s.ch.qemu_timeout * 3);
-        let c = InProcess::acting_on(&shared.policy(), s.act_on.into())
-            .context("the policy in force at start")?
-            .with_actuation(fleet.clone(), sink, max_age)
-            .with_qemu(qemu_fleet.clone())
-            .with_actuators(s.actuators.clone(), s.interval);
-        tracing::info!(
-            actuator = s.actuators.default.name(),
-            "controller runs in-process; it drives the per-tier balloons (or virtio-mem zones, vm.resize-zone) of cloud-hypervisor VMs found through their API sockets, and the virtio-mem devices of QEMU VMs found through QMP"
-        );
-        Some(c)
-    } else {
+/// The in-process controller, when `[controller] enabled`.
+fn controller(
+    s: &Settings,
+    shared: &Arc<Shared>,
+    metrics: &Arc<Mutex<Metrics>>,
+    fleet: &tier_profiler::ch::Fleet,
+    qemu_fleet: &tier_profiler::qemu::Fleet,
+) -> anyhow::Result<Option<InProcess>> {
+    if !s.controller {
         tracing::info!("controller disabled");
-        None
-    };
+        return Ok(None);
+    }
+    let (sink_shared, sink_metrics) = (shared.clone(), metrics.clone());
+    let sink: tier_profiler::control::DecisionSink =
+        Arc::new(move |d| publish_decision(&sink_shared, &sink_metrics, d));
+    // A vm.info older than three intervals (plus a slow answer) is stale.
+    let max_age = s.interval * 3 + (s.ch.timeout * 2).max(s.ch.qemu_timeout * 3);
+    let c = InProcess::acting_on(&shared.policy(), s.act_on.into())
+        .context("the policy in force at start")?
+        .with_actuation(fleet.clone(), sink, max_age)
+        .with_qemu(qemu_fleet.clone())
+        .with_actuators(s.actuators.clone(), s.interval);
+    tracing::info!(
+        actuator = s.actuators.default.name(),
+        "controller runs in-process; it drives the per-tier balloons (or virtio-mem zones, vm.resize-zone) of cloud-hypervisor VMs found through their API sockets, and the virtio-mem devices of QEMU VMs found through QMP"
+    );
+    Ok(Some(c))
+}
 
+/// The VM sources known at start: the demo VM and synthetic ones (VMMs
+/// found later join through discovery).
+fn registry(s: &Settings, synthetic: (u32, u32)) -> anyhow::Result<Registry> {
     let mut registry = Registry::default();
     if s.demo_vm {
         let vm = DemoVm::start(DemoVmConfig::default()).context("starting the demo VM")?;
@@ -178,9 +242,47 @@ async fn serve(s: Settings, synthetic: (u32, u32)) -> anyhow::Result<()> {
             registry.insert(Box::new(SyntheticVm::new(i, synthetic.1)));
         }
     }
-    shared.set_vms(registry.iter().map(|v| v.vm().clone()).collect());
-    let registry = Arc::new(Mutex::new(registry));
+    Ok(registry)
+}
 
+/// Discovery of cloud-hypervisor, QEMU and other KVM VMs under /proc.
+fn discoverer(
+    s: &Settings,
+    fleet: &tier_profiler::ch::Fleet,
+    qemu_fleet: &tier_profiler::qemu::Fleet,
+) -> Discoverer {
+    Discoverer::new(
+        std::path::Path::new("/proc"),
+        s.tier_kinds.clone().into_iter().collect(),
+    )
+    .with_cloud_hypervisor(
+        tier_profiler::ch::ChConfig {
+            api_dir: s.ch.api_dir.clone(),
+            cmdline: s.ch.cmdline,
+            timeout: s.ch.timeout,
+            memtier_root: tier_profiler::memtier::SYSFS.into(),
+        },
+        fleet.clone(),
+    )
+    .with_qemu(
+        tier_profiler::qemu::QemuConfig {
+            sockets: s.ch.qemu_qmp.clone(),
+            timeout: s.ch.qemu_timeout,
+            memtier_root: tier_profiler::memtier::SYSFS.into(),
+        },
+        qemu_fleet.clone(),
+    )
+    .with_kvm_fd(s.ch.kvm_fd)
+}
+
+/// The bound listeners: the unix socket, tier.v1 over TLS, health alone.
+struct Listeners {
+    unix: tokio::net::UnixListener,
+    tcp: Option<(tokio::net::TcpListener, tonic::transport::ServerTlsConfig)>,
+    health: Option<tokio::net::TcpListener>,
+}
+
+async fn bind(s: &Settings) -> anyhow::Result<Listeners> {
     let unix = listen::unix(
         &s.socket,
         s.socket_mode,
@@ -201,7 +303,7 @@ async fn serve(s: Settings, synthetic: (u32, u32)) -> anyhow::Result<()> {
     };
     // Health alone, plaintext: it tells only SERVING or not, nothing of
     // the VMs, so it may face the pod network for the kubelet's probes.
-    let health_listener = match s.health {
+    let health = match s.health {
         Some(addr) => {
             let l = tokio::net::TcpListener::bind(addr)
                 .await
@@ -212,53 +314,29 @@ async fn serve(s: Settings, synthetic: (u32, u32)) -> anyhow::Result<()> {
         }
         None => None,
     };
+    Ok(Listeners { unix, tcp, health })
+}
 
-    let discover = s.discover.then(|| {
-        Discoverer::new(
-            std::path::Path::new("/proc"),
-            s.tier_kinds.clone().into_iter().collect(),
-        )
-        .with_cloud_hypervisor(
-            tier_profiler::ch::ChConfig {
-                api_dir: s.ch.api_dir.clone(),
-                cmdline: s.ch.cmdline,
-                timeout: s.ch.timeout,
-                memtier_root: tier_profiler::memtier::SYSFS.into(),
-            },
-            fleet.clone(),
-        )
-        .with_qemu(
-            tier_profiler::qemu::QemuConfig {
-                sockets: s.ch.qemu_qmp.clone(),
-                timeout: s.ch.qemu_timeout,
-                memtier_root: tier_profiler::memtier::SYSFS.into(),
-            },
-            qemu_fleet.clone(),
-        )
-        .with_kvm_fd(s.ch.kvm_fd)
-    });
-    let sampling = tokio::spawn(sample_loop(Sampling {
-        registry: registry.clone(),
-        discover,
-        backend,
-        controller,
-        shared: shared.clone(),
-        metrics,
-        metrics_served,
-        interval: s.interval,
-        passes: s.passes,
-        fit_budget_pct: s.fit_budget_pct,
-        pmu,
-        no_sampler,
-    }));
-
+/// Serves tier.v1, grpc.health.v1 and reflection on every listener until
+/// a server fails or SIGINT/SIGTERM; then ends the streams and waits
+/// `DRAIN_TIMEOUT` at most for clients to hang up.
+async fn serve_until_signal(
+    shared: &Arc<Shared>,
+    l: Listeners,
+    interval: Duration,
+) -> anyhow::Result<()> {
+    let Listeners {
+        unix,
+        tcp,
+        health: health_listener,
+    } = l;
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|s| *s).await;
     };
     let service = Routes::new(shared.clone());
     // grpc.health.v1 and reflection beside tier.v1 on every listener.
-    let (health, health_task) = tier_profiler::health::health(shared.heartbeat(), s.interval);
+    let (health, health_task) = tier_profiler::health::health(shared.heartbeat(), interval);
     let health_task = tokio::spawn(health_task);
     let reflection = tier_profiler::health::reflection()?;
     let (health_tcp, health_alone) = (health.clone(), health.clone());
@@ -321,14 +399,7 @@ async fn serve(s: Settings, synthetic: (u32, u32)) -> anyhow::Result<()> {
             }
         }
     };
-    sampling.abort();
     health_task.abort();
-    if let Err(e) = std::fs::remove_file(&s.socket) {
-        tracing::warn!(error = %e, "removing the socket");
-    }
-    // Dropping the registry stops the demo VM's vCPU thread.
-    drop(registry);
-    tracing::info!("stopped");
     served
 }
 
