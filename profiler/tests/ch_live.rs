@@ -21,12 +21,12 @@
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use libtest_mimic::{Arguments, Completion, Failed, Trial};
 use tier_controller::actuate::ChApi;
 use tier_proto::v1::*;
-use tier_test_support::ChildGuard;
+use tier_test_support::{ChildGuard, Tierd, wait_until};
 use tokio_stream::StreamExt;
 
 const M: u64 = 1 << 20;
@@ -118,14 +118,6 @@ fn start_ch(
         proc: ChildGuard::new(cmd.spawn().unwrap()),
         socket: socket.to_path_buf(),
         serial,
-    }
-}
-
-fn wait_for(what: &str, secs: u64, mut f: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(secs);
-    while !f() {
-        assert!(Instant::now() < deadline, "{what}: not within {secs} s");
-        std::thread::sleep(Duration::from_millis(50));
     }
 }
 
@@ -263,31 +255,23 @@ async fn live(bin: PathBuf) {
     );
     // A socket nobody listens on.
     drop(std::os::unix::net::UnixListener::bind(api_dir.join("dead.sock")).unwrap());
-    wait_for("guest output", 30, || {
-        std::fs::read_to_string(&vm1.serial).is_ok_and(|s| s.contains("tierd-zones"))
+    wait_until("guest output", Duration::from_secs(30), || {
+        std::fs::read_to_string(&vm1.serial)
+            .is_ok_and(|s| s.contains("tierd-zones"))
+            .then_some(())
     });
 
-    let config = dir.path().join("tierd.toml");
-    std::fs::write(
-        &config,
-        format!(
+    let tierd = Tierd::builder()
+        .bin(env!("CARGO_BIN_EXE_tierd"))
+        .dir(dir.path())
+        .config(format!(
             "interval_ms = 250\nbackend = \"hostpte\"\n[tier_kinds]\nslow = \"cxl\"\n[metrics]\nlisten = \"\"\n[discovery]\nch_api_dir = \"{}\"\nch_timeout_ms = 1000\n",
             api_dir.display()
-        ),
-    )
-    .unwrap();
-    let socket = dir.path().join("tierd.sock");
-    let log_path = dir.path().join("tierd.log");
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_tierd"));
-    cmd.arg("run")
-        .arg("--config")
-        .arg(&config)
-        .arg("--socket")
-        .arg(&socket)
-        .env("TIERD_LOG", "info");
-    let tierd =
-        tier_test_support::spawn_listening(&mut cmd, &socket, &log_path, Duration::from_secs(20));
-    let (mut client, mut stream) = tier_test_support::open_watch_stats(&socket).await;
+        ))
+        .discover()
+        .env("TIERD_LOG", "info")
+        .start();
+    let (mut client, mut stream) = tier_test_support::open_watch_stats(tierd.socket()).await;
 
     let id1 = format!("ch:{}:{}", vm1.pid(), kvm_fd(vm1.pid()));
     let mut vms = Vec::new();
@@ -304,8 +288,10 @@ async fn live(bin: PathBuf) {
         true,
         "size=0",
     );
-    wait_for("guest output", 30, || {
-        std::fs::read_to_string(&plain.serial).is_ok_and(|s| s.contains("tierd-zones"))
+    wait_until("guest output", Duration::from_secs(30), || {
+        std::fs::read_to_string(&plain.serial)
+            .is_ok_and(|s| s.contains("tierd-zones"))
+            .then_some(())
     });
     let id2 = format!("ch:{}:{}", plain.pid(), kvm_fd(plain.pid()));
     wait_listed(&mut stream, &mut vms, &id2).await;
@@ -456,7 +442,7 @@ async fn live(bin: PathBuf) {
         "{id2} still listed 3 intervals after its VMM died"
     );
 
-    let log = std::fs::read_to_string(&log_path).unwrap();
+    let log = tierd.log();
     let dead: Vec<&str> = log.lines().filter(|l| l.contains("dead.sock")).collect();
     assert!(
         dead.iter()

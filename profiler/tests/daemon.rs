@@ -3,47 +3,25 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly on purpose
 
 use std::os::unix::fs::PermissionsExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use tier_proto::PROTOCOL_VERSION;
 use tier_proto::v1::*;
-use tier_test_support::ChildGuard;
+use tier_test_support::Tierd;
 use tokio_stream::StreamExt;
 
-struct Tierd {
-    child: ChildGuard,
-    socket: PathBuf,
-    _dir: tempfile::TempDir,
-}
-
-impl Tierd {
-    fn start(extra: &[&str]) -> Tierd {
-        let dir = tempfile::tempdir().unwrap();
-        let socket = dir.path().join("run/tierd.sock");
-        let log = dir.path().join("tierd.log");
-        // Tests run in parallel: other tests' VMs are not this one's
-        // business, nor a config file or metrics port of the host's.
-        let mut cmd =
-            tier_test_support::tierd_isolated(Path::new(env!("CARGO_BIN_EXE_tierd")), &socket);
-        let child = tier_test_support::spawn_listening(
-            cmd.args(extra),
-            &socket,
-            &log,
-            Duration::from_secs(20),
-        );
-        Tierd {
-            child,
-            socket,
-            _dir: dir,
-        }
-    }
-
-    /// SIGTERM by PID; returns the exit status.
-    fn terminate(mut self) -> std::process::ExitStatus {
-        self.child.terminate().expect("tierd ignored SIGTERM")
-    }
+/// tierd on a socket in a directory it creates, isolated from the host and
+/// from tests running in parallel (no discovery, no config file), with an
+/// ephemeral metrics port.
+fn start(extra: &[&str]) -> Tierd {
+    Tierd::builder()
+        .bin(env!("CARGO_BIN_EXE_tierd"))
+        .socket("run/tierd.sock")
+        .metrics("127.0.0.1:0")
+        .args(extra)
+        .start()
 }
 
 fn socket_mode(p: &Path) -> u32 {
@@ -55,9 +33,9 @@ fn socket_mode(p: &Path) -> u32 {
 async fn serves_the_demo_vm_with_increasing_sequence_numbers() {
     // Every interval sampled (the budget would skip some of the demo VM's:
     // the_sampler_budget_is_kept_and_reported).
-    let tierd = Tierd::start(&["--demo-vm", "--interval-ms", "200", "--cpu-budget-pct", "0"]);
-    assert_eq!(socket_mode(&tierd.socket), 0o660);
-    let mut client = tier_test_support::stream::client(&tierd.socket).await;
+    let mut tierd = start(&["--demo-vm", "--interval-ms", "200", "--cpu-budget-pct", "0"]);
+    assert_eq!(socket_mode(tierd.socket()), 0o660);
+    let mut client = tier_test_support::stream::client(tierd.socket()).await;
 
     let info = client
         .get_info(GetInfoRequest {})
@@ -232,8 +210,8 @@ async fn serves_the_demo_vm_with_increasing_sequence_numbers() {
 
 #[tokio::test]
 async fn bad_requests_get_clear_status_and_the_daemon_keeps_serving() {
-    let tierd = Tierd::start(&["--interval-ms", "100", "--no-controller"]);
-    let mut client = tier_test_support::stream::client(&tierd.socket).await;
+    let mut tierd = start(&["--interval-ms", "100", "--no-controller"]);
+    let mut client = tier_test_support::stream::client(tierd.socket()).await;
 
     let e = client
         .get_vm(GetVmRequest { id: String::new() })
@@ -320,7 +298,7 @@ async fn bad_requests_get_clear_status_and_the_daemon_keeps_serving() {
     let b = stream.next().await.unwrap().unwrap().sequence;
     assert!(b > a);
     // A client that still holds a stream does not keep tierd from stopping.
-    let socket = tierd.socket.clone();
+    let socket = tierd.socket().to_path_buf();
     assert!(tierd.terminate().success());
     assert!(!socket.exists(), "socket removed at shutdown");
     drop((stream, client));
@@ -328,11 +306,11 @@ async fn bad_requests_get_clear_status_and_the_daemon_keeps_serving() {
 
 #[test]
 fn refuses_a_live_socket_and_a_non_socket_path() {
-    let first = Tierd::start(&[]);
-    let out =
-        tier_test_support::tierd_no_metrics(Path::new(env!("CARGO_BIN_EXE_tierd")), &first.socket)
-            .output()
-            .unwrap();
+    let mut first = start(&[]);
+    let out = Tierd::builder()
+        .bin(env!("CARGO_BIN_EXE_tierd"))
+        .socket(first.socket())
+        .output();
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("already serving"), "{err}");
@@ -340,9 +318,10 @@ fn refuses_a_live_socket_and_a_non_socket_path() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("not-a-socket");
     std::fs::write(&file, "keep me").unwrap();
-    let out = tier_test_support::tierd_no_metrics(Path::new(env!("CARGO_BIN_EXE_tierd")), &file)
-        .output()
-        .unwrap();
+    let out = Tierd::builder()
+        .bin(env!("CARGO_BIN_EXE_tierd"))
+        .socket(&file)
+        .output();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("is not a socket"));
     assert_eq!(std::fs::read_to_string(&file).unwrap(), "keep me");
@@ -385,7 +364,7 @@ async fn a_slow_watcher_loses_updates_without_stalling_the_others() {
     // buffer on the way (8 in tierd's broadcast, 8 per watcher, the HTTP/2
     // windows, the socket). Counted in updates, not seconds, so a loaded
     // machine only makes it slower, not flaky.
-    let tierd = Tierd::start(&[
+    let mut tierd = start(&[
         "--backend",
         "none",
         "--no-controller",
@@ -396,7 +375,7 @@ async fn a_slow_watcher_loses_updates_without_stalling_the_others() {
         "--synthetic-vms",
         "1000",
     ]);
-    let ep = tierd.socket.clone();
+    let ep = tierd.socket().to_path_buf();
     let latest = Arc::new(AtomicU64::new(0));
     let stop = Arc::new(AtomicBool::new(false));
     let fast = tokio::spawn({
@@ -419,11 +398,11 @@ async fn a_slow_watcher_loses_updates_without_stalling_the_others() {
     });
     let (client, mut slow) = tier_test_support::open_watch_stats(&ep).await;
     let first = slow.next().await.unwrap().unwrap().sequence;
-    let deadline = Instant::now() + Duration::from_secs(120);
-    while latest.load(Ordering::SeqCst) < first + 64 {
-        assert!(Instant::now() < deadline, "tierd stopped producing updates");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    tier_test_support::wait_until_async("64 more updates", Duration::from_secs(120), || {
+        let seen = latest.load(Ordering::SeqCst);
+        async move { (seen >= first + 64).then_some(()) }
+    })
+    .await;
     // Catch up to where the fast watcher is and count what was lost.
     let target = latest.load(Ordering::SeqCst);
     let (mut last, mut slow_lost) = (first, 0u64);
@@ -463,14 +442,14 @@ async fn a_slow_watcher_loses_updates_without_stalling_the_others() {
 async fn the_demo_vms_interval_covers_the_guests_exact_ratio() {
     // Every interval sampled: a 4 ms hostpte pass of the demo VM x 5 is
     // twice the default budget (the_sampler_budget_is_kept_and_reported).
-    let tierd = Tierd::start(&[
+    let mut tierd = start(&[
         "--demo-vm",
         "--interval-ms",
         "1000",
         "--cpu-budget-pct",
         "0",
     ]);
-    let mut client = tier_test_support::stream::client(&tierd.socket).await;
+    let mut client = tier_test_support::stream::client(tierd.socket()).await;
     let info = client
         .get_info(GetInfoRequest {})
         .await
@@ -550,7 +529,7 @@ async fn the_sampler_budget_is_kept_and_reported() {
     const PASSES: u32 = 5;
     for (pct, updates) in [(2.0, 30), (0.0, 4)] {
         let budget = pct.to_string();
-        let tierd = Tierd::start(&[
+        let mut tierd = start(&[
             "--demo-vm",
             "--backend",
             "hostpte",
@@ -559,7 +538,7 @@ async fn the_sampler_budget_is_kept_and_reported() {
             "--cpu-budget-pct",
             &budget,
         ]);
-        let mut client = tier_test_support::stream::client(&tierd.socket).await;
+        let mut client = tier_test_support::stream::client(tierd.socket()).await;
         let mut stream = tier_test_support::watch_stats(&mut client).await;
         let (mut spent, mut worst, mut skipped, mut sampled) = (0.0, 0.0f64, 0, 0);
         let mut limited = String::new();

@@ -4,10 +4,9 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly on purpose
 
 use std::process::Command;
-use std::time::Duration;
 
 use tier_proto::v1::*;
-use tier_test_support::ChildGuard;
+use tier_test_support::{ChildGuard, Tierd};
 use tokio_stream::StreamExt;
 
 /// Starts tier-demo-vm; returns it and the touched pages it announces.
@@ -28,28 +27,13 @@ fn demo_vm() -> (ChildGuard, Vec<u64>) {
 async fn discovers_samples_and_drops_a_vm_process() {
     let (mut vm, touched) = demo_vm();
     let pid = vm.id();
-    let dir = tempfile::tempdir().unwrap();
-    let socket = dir.path().join("tierd.sock");
-    let log = dir.path().join("tierd.log");
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_tierd"));
-    cmd.args([
-        "run",
-        "--config",
-        "/dev/null",
-        "--metrics-listen",
-        "127.0.0.1:0",
-    ])
-    .args([
-        "--interval-ms",
-        "250",
-        "--tier-kind",
-        "slow=cxl",
-        "--socket",
-    ])
-    .arg(&socket);
-    let tierd =
-        tier_test_support::spawn_listening(&mut cmd, &socket, &log, Duration::from_secs(20));
-    let (mut client, mut stream) = tier_test_support::open_watch_stats(&socket).await;
+    let tierd = Tierd::builder()
+        .bin(env!("CARGO_BIN_EXE_tierd"))
+        .discover()
+        .metrics("127.0.0.1:0")
+        .args(["--interval-ms", "250", "--tier-kind", "slow=cxl"])
+        .start();
+    let (mut client, mut stream) = tier_test_support::open_watch_stats(tierd.socket()).await;
     let prefix = format!("kvm:{pid}:");
 
     // Seen, with its tier map, and sampled exactly once armed.

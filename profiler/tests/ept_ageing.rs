@@ -54,14 +54,10 @@ fn ept_backends_count_the_demo_guests_pages() {
     ignore = "this host has page_idle: the backend can start here"
 )]
 fn forcing_an_ept_backend_without_page_idle_fails_with_the_reason() {
-    let dir = tempfile::tempdir().unwrap();
-    let out = tier_test_support::tierd_no_metrics(
-        std::path::Path::new(env!("CARGO_BIN_EXE_tierd")),
-        &dir.path().join("s.sock"),
-    )
-    .args(["--no-discover", "--backend", "ept-tracepoint"])
-    .output()
-    .unwrap();
+    let out = tier_test_support::Tierd::builder()
+        .bin(env!("CARGO_BIN_EXE_tierd"))
+        .args(["--backend", "ept-tracepoint"])
+        .output();
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(

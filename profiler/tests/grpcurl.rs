@@ -9,40 +9,20 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly on purpose
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Output};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use libtest_mimic::{Arguments, Completion, Failed, Trial};
-use tier_test_support::ChildGuard;
+use tier_test_support::Tierd;
 
-/// tierd on a private socket, no discovery, logs in the temp dir.
-struct Tierd {
-    _child: ChildGuard,
-    socket: PathBuf,
-    log: PathBuf,
-    _dir: tempfile::TempDir,
-}
-
-impl Tierd {
-    fn start(config: &str, extra: &[&str]) -> Tierd {
-        let dir = tempfile::tempdir().unwrap();
-        let mut args = vec!["--no-discover"];
-        args.extend_from_slice(extra);
-        let bin = Path::new(env!("CARGO_BIN_EXE_tierd"));
-        let (socket, log, child) =
-            tier_test_support::tierd_with_config(bin, dir.path(), config, &args);
-        Tierd {
-            _child: child,
-            socket,
-            log,
-            _dir: dir,
-        }
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
+/// tierd with `config`, no discovery, no metrics endpoint.
+fn start(config: &str, extra: &[&str]) -> Tierd {
+    Tierd::builder()
+        .bin(env!("CARGO_BIN_EXE_tierd"))
+        .config(config)
+        .args(extra)
+        .start()
 }
 
 /// grpcurl against the unix socket: `args` then the socket, then `tail`.
@@ -78,21 +58,9 @@ fn health(bin: &Path, socket: &Path, service: &str) -> String {
     v["status"].as_str().unwrap_or_default().to_string()
 }
 
-/// Polls `f` until it is true or `timeout` passes.
-fn wait_for(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
-    let deadline = Instant::now() + timeout;
-    while Instant::now() < deadline {
-        if f() {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    }
-    false
-}
-
 fn lists_describes_and_calls_tier_v1_through_reflection(bin: &Path) {
     // A 2 s interval leaves time to see NOT_SERVING before the first one.
-    let tierd = Tierd::start(
+    let tierd = start(
         "",
         &[
             "--demo-vm",
@@ -102,7 +70,7 @@ fn lists_describes_and_calls_tier_v1_through_reflection(bin: &Path) {
             "0",
         ],
     );
-    let sock = &tierd.socket;
+    let sock = tierd.socket();
     for svc in ["", "tier.v1.TierService"] {
         assert_eq!(
             health(bin, sock, svc),
@@ -151,11 +119,10 @@ fn lists_describes_and_calls_tier_v1_through_reflection(bin: &Path) {
         .unwrap()
         .iter()
         .any(|c| c["selected"] == true);
-    assert!(
-        wait_for(Duration::from_secs(15), || health(bin, sock, "")
-            == "SERVING"),
-        "\"\" SERVING after the first interval\n{}",
-        tierd.log()
+    tierd.wait_until(
+        "\"\" SERVING after the first interval",
+        Duration::from_secs(15),
+        || (health(bin, sock, "") == "SERVING").then_some(()),
     );
     let want = if sampler { "SERVING" } else { "NOT_SERVING" };
     assert_eq!(
@@ -193,12 +160,12 @@ fn lists_describes_and_calls_tier_v1_through_reflection(bin: &Path) {
 }
 
 fn without_a_sampler_tier_v1_is_not_serving_also_over_plain_tcp(bin: &Path) {
-    let tierd = Tierd::start(
+    let tierd = start(
         "[health]\nlisten = \"127.0.0.1:0\"\n",
         &["--backend", "none", "--interval-ms", "200"],
     );
-    let sock = &tierd.socket;
-    let addr = tier_test_support::wait_bound(&tierd.log, "grpc.health.v1 alone");
+    let sock = tierd.socket();
+    let addr = tierd.bound("grpc.health.v1 alone");
     // An interval has been published: a stream's first message.
     let watch = grpcurl(
         bin,
@@ -209,12 +176,13 @@ fn without_a_sampler_tier_v1_is_not_serving_also_over_plain_tcp(bin: &Path) {
     assert!(stdout(&watch).contains("\"sequence\""));
     assert_eq!(health(bin, sock, "tier.v1.TierService"), "NOT_SERVING");
     // The server itself runs and publishes: what a liveness probe asks.
-    assert!(wait_for(Duration::from_secs(5), || health(bin, sock, "")
-        == "SERVING"));
+    tierd.wait_until("\"\" SERVING", Duration::from_secs(5), || {
+        (health(bin, sock, "") == "SERVING").then_some(())
+    });
 
     // No reflection there: grpcurl gets the health service's descriptors
     // from a file, as the kubelet knows them built in.
-    let protoset = tierd._dir.path().join("health.protoset");
+    let protoset = tierd.dir().join("health.protoset");
     std::fs::write(&protoset, tonic_health::pb::FILE_DESCRIPTOR_SET).unwrap();
     let tcp = |tail: &[&str]| {
         Command::new(bin)

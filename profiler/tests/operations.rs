@@ -5,31 +5,25 @@
 
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use tier_proto::v1::GetInfoRequest;
 use tier_proto::v1::tier_service_client::TierServiceClient;
-use tier_test_support::ChildGuard;
+use tier_test_support::{Tierd, TierdBuilder};
 use tonic::transport::{Certificate, ClientTlsConfig, Endpoint};
 
-fn tierd() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_tierd"))
+/// `tierd run` as an operator starts it: the config file and flags
+/// decide everything, discovery and the metrics endpoint included.
+fn tierd() -> TierdBuilder {
+    Tierd::builder()
+        .bin(env!("CARGO_BIN_EXE_tierd"))
+        .metrics_from_config()
+        .discover()
 }
 
 /// Runs `tierd run` with a config file and flags; returns (status, stderr).
 fn run_with(config: &str, flags: &[&str]) -> (Option<i32>, String) {
-    let dir = tempfile::tempdir().unwrap();
-    let cfg = dir.path().join("tierd.toml");
-    std::fs::write(&cfg, config).unwrap();
-    let out = tierd()
-        .args(["run", "--config"])
-        .arg(&cfg)
-        .args(["--socket"])
-        .arg(dir.path().join("s.sock"))
-        .args(flags)
-        .output()
-        .unwrap();
+    let out = tierd().config(config).args(flags).output();
     (
         out.status.code(),
         String::from_utf8_lossy(&out.stderr).into_owned(),
@@ -65,58 +59,28 @@ fn bad_configs_exit_2_and_name_the_key() {
             "{config:?}: message does not name {key}: {err}"
         );
     }
-    let out = tierd()
-        .args(["run", "--config", "/nonexistent/tierd.toml"])
-        .output()
-        .unwrap();
+    let out = tierd().config_file("/nonexistent/tierd.toml").output();
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent/tierd.toml"));
 }
 
-struct Daemon {
-    child: ChildGuard,
-    log: PathBuf,
-    socket: PathBuf,
-    _dir: tempfile::TempDir,
-}
-
-impl Daemon {
-    fn start(config: &str, flags: &[&str]) -> Daemon {
-        let dir = tempfile::tempdir().unwrap();
-        let cfg = dir.path().join("tierd.toml");
-        std::fs::write(&cfg, config).unwrap();
-        let log = dir.path().join("tierd.log");
-        let socket = dir.path().join("tierd.sock");
-        let mut cmd = tierd();
-        cmd.args(["run", "--no-discover", "--config"])
-            .arg(&cfg)
-            .arg("--socket")
-            .arg(&socket)
-            .args(flags);
-        let child =
-            tier_test_support::spawn_listening(&mut cmd, &socket, &log, Duration::from_secs(20));
-        Daemon {
-            child,
-            log,
-            socket,
-            _dir: dir,
-        }
-    }
-
-    /// The `bound=ADDR` that a log line containing `what` announced.
-    fn bound(&self, what: &str) -> std::net::SocketAddr {
-        tier_test_support::wait_bound(&self.log, what)
-    }
+/// tierd with `config` and `flags`, no discovery.
+fn start(config: &str, flags: &[&str]) -> Tierd {
+    tierd()
+        .config(config)
+        .arg("--no-discover")
+        .args(flags)
+        .start()
 }
 
 #[test]
 fn socket_gets_the_configured_mode_and_group() {
     let gid = tier_profiler::config::group_id("daemon").expect("Debian has a daemon group");
-    let d = Daemon::start(
+    let d = start(
         "socket_mode = \"0640\"\nsocket_group = \"daemon\"\n[metrics]\nlisten = \"\"",
         &[],
     );
-    let meta = std::fs::metadata(&d.socket).unwrap();
+    let meta = std::fs::metadata(d.socket()).unwrap();
     assert_eq!(meta.permissions().mode() & 0o777, 0o640);
     assert_eq!(meta.gid(), gid);
 }
@@ -130,7 +94,7 @@ fn http_get(addr: std::net::SocketAddr, path: &str) -> String {
 #[test]
 #[cfg_attr(not(has_kvm), ignore = "needs a usable /dev/kvm for the demo VM")]
 fn metrics_show_the_demo_vm_per_tier() {
-    let d = Daemon::start(
+    let d = start(
         "",
         &[
             "--demo-vm",
@@ -143,19 +107,20 @@ fn metrics_show_the_demo_vm_per_tier() {
     let addr = d.bound("metrics on");
     assert!(addr.ip().is_loopback());
     // Wait for a sampled interval (the first one only arms).
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let body = loop {
-        let body = http_get(addr, "/metrics");
-        if body.contains("tierd_vm_hot_set_dram_ratio{") || Instant::now() > deadline {
-            break body;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    };
+    let body = d.wait_until(
+        "a sampled interval in /metrics",
+        Duration::from_secs(10),
+        || {
+            let body = http_get(addr, "/metrics");
+            body.contains("tierd_vm_hot_set_dram_ratio{")
+                .then_some(body)
+        },
+    );
     assert!(body.starts_with("HTTP/1.1 200"), "{body}");
     // No Accept header: the classic text format (Prometheus itself asks
     // for OpenMetrics, tests/prometheus.rs).
     assert!(body.contains("text/plain; version=0.0.4"), "{body}");
-    let pid = d.child.id();
+    let pid = d.pid();
     for want in [
         format!("tierd_tier_young_pages{{vm=\"demo:{pid}\",tier=\"dram\",kind=\"dram\"}} 50"),
         format!("tierd_tier_young_pages{{vm=\"demo:{pid}\",tier=\"slow\",kind=\"cxl\"}} 96"),
@@ -210,7 +175,7 @@ async fn grpc_over_tcp_requires_tls_with_a_trusted_certificate() {
         cert_path.display(),
         key_path.display()
     );
-    let d = Daemon::start(&config, &[]);
+    let d = start(&config, &[]);
     let addr = d.bound("over TLS");
 
     let tls = ClientTlsConfig::new()

@@ -751,20 +751,13 @@ fn kvm_run_watch_finds_an_unnamed_vcpu_thread() {
     let tid = vm.vcpu_tid().unwrap() as u32;
     let comm = std::fs::read_to_string(format!("/proc/self/task/{tid}/comm")).unwrap();
     assert_eq!(comm.trim_end(), "guest-cpu");
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let seen = loop {
+    let seen = tier_test_support::wait_until("KVM_RUN seen", Duration::from_secs(20), || {
         let all = progs.kvm_threads().unwrap();
-        if let Some(t) = all.iter().find(|t| t.tid == tid)
-            && t.exits >= 10
-        {
-            break *t;
+        match all.iter().find(|t| t.tid == tid) {
+            Some(t) if t.exits >= 10 => Ok(*t),
+            _ => Err(format!("tid {tid}: {all:?}")),
         }
-        assert!(
-            Instant::now() < deadline,
-            "no KVM_RUN seen for tid {tid}: {all:?}"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    });
     let rounds = vm.counters().rounds;
     println!(
         "  vCPU thread {tid}: kvm_entry {} hits, kvm_userspace_exit {} hits, vcpu_id {:?} ({rounds} guest rounds so far)",

@@ -15,15 +15,15 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly on purpose
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
 
 use libtest_mimic::Arguments;
 use tier_profiler::sampler::pmu::events::{CpuId, EventTable};
 use tier_profiler::sampler::pmu::events_status;
 use tier_proto::v1::*;
-use tier_test_support::ChildGuard;
+use tier_test_support::Tierd;
 use tokio_stream::StreamExt;
 
 /// `period` of the two software events: for sampling only, which the
@@ -31,29 +31,16 @@ use tokio_stream::StreamExt;
 const TASK_CLOCK_PERIOD: u64 = 1_000_000;
 const CPU_CLOCK_PERIOD: u64 = 2_000_000;
 
-/// tierd with a config file, discovery as asked, logs into `dir/tierd.log`.
-struct Tierd {
-    _child: ChildGuard,
-    socket: PathBuf,
-    log: PathBuf,
-}
-
-impl Tierd {
-    fn start(dir: &Path, config: &str, extra: &[&str]) -> Tierd {
-        let mut args = vec!["--no-controller", "--interval-ms", "250"];
-        args.extend_from_slice(extra);
-        let bin = Path::new(env!("CARGO_BIN_EXE_tierd"));
-        let (socket, log, child) = tier_test_support::tierd_with_config(bin, dir, config, &args);
-        Tierd {
-            _child: child,
-            socket,
-            log,
-        }
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap()
-    }
+/// tierd with `config`, discovery as the test asks, in `dir`.
+fn start(dir: &Path, config: &str, extra: &[&str]) -> Tierd {
+    Tierd::builder()
+        .bin(env!("CARGO_BIN_EXE_tierd"))
+        .dir(dir)
+        .config(config)
+        .discover()
+        .args(["--no-controller", "--interval-ms", "250"])
+        .args(extra)
+        .start()
 }
 
 fn runtime() -> tokio::runtime::Runtime {
@@ -95,14 +82,14 @@ fn tierd_counts_per_tier_pmu_events_using_software_events_in_place_of_hardware_o
     assert!(ready.starts_with("ready"), "{ready:?}");
     let pid = vm.id();
 
-    let tierd = Tierd::start(
+    let tierd = start(
         dir.path(),
         &format!("pmu = \"on\"\npmu_events = [\"{}\"]\n", table.display()),
         &["--tier-kind", "slow=cxl"],
     );
     let rt = runtime();
     rt.block_on(async {
-        let mut client = tier_test_support::stream::client(&tierd.socket).await;
+        let mut client = tier_test_support::stream::client(tierd.socket()).await;
         let info = client.get_info(GetInfoRequest {}).await.unwrap().into_inner();
         let pmu = info.capabilities.iter().find(|c| c.name == "pmu").unwrap();
         println!("  capability pmu: available {}, selected {}, {}", pmu.available, pmu.selected, pmu.reason);
@@ -112,9 +99,8 @@ fn tierd_counts_per_tier_pmu_events_using_software_events_in_place_of_hardware_o
         let prefix = format!("kvm:{pid}:");
         let mut vms: Vec<Vm> = Vec::new();
         let mut counted = 0;
-        let deadline = Instant::now() + Duration::from_secs(60);
+        tierd.within(&format!("PMU counts for {prefix}*"), Duration::from_secs(60), async {
         while counted < 3 {
-            assert!(Instant::now() < deadline, "no PMU counts for {prefix}*\n{}", tierd.log());
             let u = stream.next().await.unwrap().unwrap();
             if !u.vms_unchanged {
                 vms = u.vms.clone();
@@ -169,6 +155,8 @@ fn tierd_counts_per_tier_pmu_events_using_software_events_in_place_of_hardware_o
                 counted += 1;
             }
         }
+        })
+        .await;
     });
     let log = tierd.log();
     assert!(log.contains("pmu source running"), "{log}");
@@ -199,14 +187,14 @@ fn tierd_counts_per_tier_pmu_events_using_software_events_in_place_of_hardware_o
 
 fn tierd_with_the_real_event_table_logs_the_pmu_unavailable_and_keeps_serving_hostpte() {
     let dir = tempfile::tempdir().unwrap();
-    let tierd = Tierd::start(
+    let tierd = start(
         dir.path(),
         "pmu = \"on\"\n",
         &["--demo-vm", "--no-discover"],
     );
     let rt = runtime();
     let reason = rt.block_on(async {
-        let mut client = tier_test_support::stream::client(&tierd.socket).await;
+        let mut client = tier_test_support::stream::client(tierd.socket()).await;
         let info = client
             .get_info(GetInfoRequest {})
             .await
@@ -220,32 +208,30 @@ fn tierd_with_the_real_event_table_logs_the_pmu_unavailable_and_keeps_serving_ho
         let mut stream = tier_test_support::watch_stats(&mut client).await;
         let mut sampled = 0;
         let mut reason = String::new();
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while sampled < 2 {
-            assert!(
-                Instant::now() < deadline,
-                "no hostpte stats\n{}",
-                tierd.log()
-            );
-            let u = stream.next().await.unwrap().unwrap();
-            let pmu = u
-                .health
-                .iter()
-                .find(|h| h.backend() == Backend::Pmu)
-                .unwrap();
-            assert!(!pmu.active && !pmu.error.is_empty(), "{pmu:?}");
-            reason = pmu.error.clone();
-            let Some(s) = u.stats.iter().find(|s| s.vm_id.starts_with("demo")) else {
-                continue;
-            };
-            assert!(s.tiers.iter().all(|t| t.sources.is_empty()), "{s:?}");
-            if s.tiers
-                .iter()
-                .all(|t| t.source() == Backend::Hostpte && t.young_pages > 0)
-            {
-                sampled += 1;
-            }
-        }
+        tierd
+            .within("hostpte stats", Duration::from_secs(60), async {
+                while sampled < 2 {
+                    let u = stream.next().await.unwrap().unwrap();
+                    let pmu = u
+                        .health
+                        .iter()
+                        .find(|h| h.backend() == Backend::Pmu)
+                        .unwrap();
+                    assert!(!pmu.active && !pmu.error.is_empty(), "{pmu:?}");
+                    reason = pmu.error.clone();
+                    let Some(s) = u.stats.iter().find(|s| s.vm_id.starts_with("demo")) else {
+                        continue;
+                    };
+                    assert!(s.tiers.iter().all(|t| t.sources.is_empty()), "{s:?}");
+                    if s.tiers
+                        .iter()
+                        .all(|t| t.source() == Backend::Hostpte && t.young_pages > 0)
+                    {
+                        sampled += 1;
+                    }
+                }
+            })
+            .await;
         reason
     });
     println!("  pmu health: {reason}");
@@ -268,22 +254,16 @@ fn tierd_refuses_a_guest_only_data_src_table_at_start() {
         "[[event]]\nname = \"MEM_TRANS_RETIRED.LOAD_LATENCY_GT_64\"\nvendor = \"GenuineIntel\"\nfamily = 6\nmodels = [0x8F]\nconfig = 0x01CD\nconfig1 = 64\ndata_src = true\nsource = \"user table\"\n",
     )
     .unwrap();
-    let cfg = dir.path().join("tierd.toml");
-    std::fs::write(
-        &cfg,
-        format!("pmu = \"on\"\npmu_events = [\"{}\"]\n", table.display()),
-    )
-    .unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_tierd"))
-        .arg("run")
-        .arg("--config")
-        .arg(&cfg)
-        .arg("--socket")
-        .arg(dir.path().join("tierd.sock"))
-        .args(["--metrics-listen", "", "--no-controller"])
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
+    let out = Tierd::builder()
+        .bin(env!("CARGO_BIN_EXE_tierd"))
+        .dir(dir.path())
+        .config(format!(
+            "pmu = \"on\"\npmu_events = [\"{}\"]\n",
+            table.display()
+        ))
+        .discover()
+        .arg("--no-controller")
+        .output();
     let err = String::from_utf8_lossy(&out.stderr);
     println!("  exit {}; stderr: {}", out.status, err.trim());
     assert_eq!(out.status.code(), Some(2), "tierd must not start: {err}");

@@ -5,12 +5,10 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly on purpose
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
-use std::time::Duration;
 
 use tier_proto::Endpoint;
 use tier_proto::v1::*;
-use tier_test_support::ChildGuard;
+use tier_test_support::{Tierd, TierdBuilder};
 
 const TIERD: &str = env!("CARGO_BIN_EXE_tierd");
 
@@ -44,30 +42,19 @@ impl Setup {
         }
     }
 
-    fn command(&self) -> Command {
-        let mut c = Command::new(TIERD);
-        c.arg("run")
-            .arg("--socket")
-            .arg(&self.socket)
-            .arg("--config")
-            .arg(&self.config)
-            .args(["--no-discover", "--metrics-listen", "127.0.0.1:0"])
-            .args(["--interval-ms", "100"]);
-        c
+    /// tierd in the setup's directory with its config file.
+    fn tierd(&self) -> TierdBuilder {
+        Tierd::builder()
+            .bin(TIERD)
+            .dir(self.dir.path())
+            .config_file(&self.config)
+            .metrics("127.0.0.1:0")
+            .args(["--interval-ms", "100"])
     }
 
-    fn log(&self) -> PathBuf {
-        self.dir.path().join("tierd.log")
-    }
-
-    fn start(&self) -> ChildGuard {
+    fn start(&self) -> Tierd {
         let _ = std::fs::remove_file(&self.socket);
-        tier_test_support::spawn_listening(
-            &mut self.command(),
-            &self.socket,
-            &self.log(),
-            Duration::from_secs(20),
-        )
+        self.tierd().start()
     }
 }
 
@@ -79,11 +66,6 @@ async fn policy(socket: &Path) -> Policy {
         .await
         .unwrap()
         .into_inner()
-}
-
-fn kill9(child: &mut ChildGuard) {
-    child.child_mut().kill().unwrap();
-    child.child_mut().wait().unwrap();
 }
 
 #[tokio::test]
@@ -108,11 +90,11 @@ async fn a_set_policy_survives_kill_9_and_an_unsaved_one_is_not_in_force() {
     .unwrap();
     assert!(s.policy.exists(), "SetPolicy answered before it was saved");
     drop(c);
-    kill9(&mut tierd);
+    tierd.kill9();
 
     let mut tierd = s.start();
     assert_eq!(policy(&s.socket).await, mine, "the policy after kill -9");
-    let log = std::fs::read_to_string(s.log()).unwrap();
+    let log = tierd.log();
     assert!(
         log.contains("policy restored from the policy file"),
         "{log}"
@@ -140,7 +122,7 @@ async fn a_set_policy_survives_kill_9_and_an_unsaved_one_is_not_in_force() {
         e.message()
     );
     assert_eq!(policy(&s.socket).await, mine);
-    assert!(tierd.terminate().unwrap().success());
+    assert!(tierd.terminate().success());
 }
 
 #[test]
@@ -151,7 +133,7 @@ fn a_damaged_policy_file_stops_tierd_at_start_with_the_reason() {
         b"\x08\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff garbage",
     )
     .unwrap();
-    let out = s.command().output().unwrap();
+    let out = s.tierd().output();
     assert_eq!(
         out.status.code(),
         Some(2),
@@ -174,7 +156,7 @@ fn a_damaged_policy_file_stops_tierd_at_start_with_the_reason() {
 fn a_relative_policy_file_is_a_config_error() {
     let s = Setup::new();
     std::fs::write(&s.config, "[controller]\npolicy_file = \"policy.pb\"\n").unwrap();
-    let out = s.command().output().unwrap();
+    let out = s.tierd().output();
     assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(

@@ -10,10 +10,10 @@
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use tier_proto::v1::StatsUpdate;
-use tier_test_support::{ChildGuard, http_get};
+use tier_test_support::{Check, ChildGuard, Tierd, http_get, try_wait_until, wait_until};
 use tokio_stream::StreamExt;
 
 fn deploy(rel: &str) -> PathBuf {
@@ -64,6 +64,11 @@ impl Proc {
     fn log(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
+
+    /// [`wait_until`] with the process's log in the panic message.
+    fn wait_until<T, C: Check<T>>(&self, what: &str, timeout: Duration, f: impl FnMut() -> C) -> T {
+        try_wait_until(what, timeout, f).unwrap_or_else(|e| panic!("{e}\nits log:\n{}", self.log()))
+    }
 }
 
 fn spawn(mut c: Command, log: PathBuf) -> Proc {
@@ -109,11 +114,6 @@ fn free_port() -> u16 {
         .local_addr()
         .unwrap()
         .port()
-}
-
-/// The `bound=ADDR` of tierd's "metrics on" log line.
-fn metrics_addr(tierd: &Proc) -> SocketAddr {
-    tier_test_support::wait_bound(&tierd.log, "metrics on")
 }
 
 /// Every PromQL expression of the dashboard with its template variables
@@ -169,41 +169,34 @@ fn watch(socket: PathBuf) -> std::sync::mpsc::Receiver<StatsUpdate> {
 #[cfg_attr(not(has_kvm), ignore = "needs a usable /dev/kvm for the demo VM")]
 fn a_real_prometheus_scrapes_tierd_and_agrees_with_the_stream() {
     let dir = tempfile::tempdir().unwrap();
-    let socket = dir.path().join("tierd.sock");
-    let mut c = Command::new(env!("CARGO_BIN_EXE_tierd"));
-    c.args(["run", "--no-discover", "--demo-vm", "--config", "/dev/null"])
-        .args(["--interval-ms", "500", "--metrics-listen", "127.0.0.1:0"])
+    let tierd = Tierd::builder()
+        .bin(env!("CARGO_BIN_EXE_tierd"))
+        .dir(dir.path())
+        .metrics("127.0.0.1:0")
+        .args(["--demo-vm", "--interval-ms", "500"])
         // Every interval sampled, so the stream and the scrapes agree (the
         // budget would leave the ratio absent in most intervals).
         .args(["--cpu-budget-pct", "0"])
-        .arg("--socket")
-        .arg(&socket);
-    let tierd = spawn(c, dir.path().join("tierd.log"));
-    let metrics = metrics_addr(&tierd);
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while std::os::unix::net::UnixStream::connect(&socket).is_err() {
-        assert!(Instant::now() < deadline, "no socket:\n{}", tierd.log());
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    let updates = watch(socket);
+        .start_within(Duration::from_secs(20));
+    let metrics = tierd.metrics_addr();
+    let updates = watch(tierd.socket().to_path_buf());
 
     // promtool lints a live scrape in the classic text format, once the
     // VM's series are there.
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let text = loop {
-        let (head, body) = http_get(metrics, "/metrics", None);
-        // The demo guest's ratio is not measured by accessed bits (0-100 %
-        // interval): its hot set's share in DRAM is the VM's series.
-        if body.contains("tierd_vm_hot_set_dram_ratio{") {
+    let text = tierd.wait_until(
+        "the hot-set share on /metrics",
+        Duration::from_secs(20),
+        || {
+            let (head, body) = http_get(metrics, "/metrics", None);
+            // The demo guest's ratio is not measured by accessed bits (0-100 %
+            // interval): its hot set's share in DRAM is the VM's series.
+            if !body.contains("tierd_vm_hot_set_dram_ratio{") {
+                return Err(body);
+            }
             assert!(head.contains("text/plain; version=0.0.4"), "{head}");
-            break body;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "no hot-set share on /metrics:\n{body}"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    };
+            Ok(body)
+        },
+    );
     let file = dir.path().join("scrape.txt");
     std::fs::write(&file, &text).unwrap();
     let mut check = tool("promtool");
@@ -233,39 +226,28 @@ fn a_real_prometheus_scrapes_tierd_and_agrees_with_the_stream() {
         .arg(format!("--web.listen-address={prom}"));
     let server = spawn(c, dir.path().join("prometheus.log"));
     // The port opens before the TSDB is up (queries get 503 until then).
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        if std::net::TcpStream::connect(prom).is_ok()
-            && http_get(prom, "/-/ready", None).0.contains(" 200 ")
-        {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "Prometheus not ready after 60 s:\n{}",
-            server.log()
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    server.wait_until("Prometheus to be ready", Duration::from_secs(60), || {
+        (std::net::TcpStream::connect(prom).is_ok()
+            && http_get(prom, "/-/ready", None).0.contains(" 200 "))
+        .then_some(())
+    });
 
     // The VM's hot-set share and DRAM bytes, once scraped.
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let (ratio, dram) = loop {
-        let r = samples(&query(prom, "tierd_vm_hot_set_dram_ratio{job=\"tierd\"}"));
-        let b = samples(&query(
-            prom,
-            "tierd_tier_resident_bytes{job=\"tierd\",tier=\"dram\"}",
-        ));
-        if let (Some(r), Some(b)) = (r.first(), b.first()) {
-            break (r.clone(), b.1);
-        }
-        assert!(
-            Instant::now() < deadline,
-            "Prometheus has no tierd series after 60 s:\n{}",
-            server.log()
-        );
-        std::thread::sleep(Duration::from_millis(250));
-    };
+    let (ratio, dram) = server.wait_until(
+        "tierd's series in Prometheus",
+        Duration::from_secs(60),
+        || {
+            let r = samples(&query(prom, "tierd_vm_hot_set_dram_ratio{job=\"tierd\"}"));
+            let b = samples(&query(
+                prom,
+                "tierd_tier_resident_bytes{job=\"tierd\",tier=\"dram\"}",
+            ));
+            match (r.first(), b.first()) {
+                (Some(r), Some(b)) => Some((r.clone(), b.1)),
+                _ => None,
+            }
+        },
+    );
     assert_eq!(ratio.0["name"], "demo", "{ratio:?}");
     // The same numbers are in some update of the stream (the scrape and the
     // stream see the same intervals; which one Prometheus holds is its
@@ -273,37 +255,37 @@ fn a_real_prometheus_scrapes_tierd_and_agrees_with_the_stream() {
     // tierd updates its metrics just before it publishes the interval, so
     // the stream may deliver the scraped interval a moment later.
     let mut seen: Vec<StatsUpdate> = Vec::new();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        seen.extend(updates.try_iter());
-        let ratios: Vec<f64> = seen
-            .iter()
-            .flat_map(|u| u.stats.iter())
-            .filter_map(|s| s.hot_set_dram.as_ref().map(|h| h.share))
-            .collect();
-        let bytes: Vec<u64> = seen
-            .iter()
-            .flat_map(|u| u.stats.iter())
-            .flat_map(|s| s.tiers.iter().filter(|t| t.tier == "dram"))
-            .map(|t| t.resident_bytes)
-            .collect();
-        let ratio_seen = ratios.iter().any(|r| (r - ratio.1).abs() < 1e-9);
-        let bytes_seen = bytes.iter().any(|b| *b as f64 == dram);
-        if ratio_seen && bytes_seen {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "Prometheus hot-set share {} / dram bytes {dram} not in the stream: shares {ratios:?}, bytes {bytes:?}",
-            ratio.1
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    wait_until(
+        "Prometheus's numbers in the stream",
+        Duration::from_secs(10),
+        || {
+            seen.extend(updates.try_iter());
+            let ratios: Vec<f64> = seen
+                .iter()
+                .flat_map(|u| u.stats.iter())
+                .filter_map(|s| s.hot_set_dram.as_ref().map(|h| h.share))
+                .collect();
+            let bytes: Vec<u64> = seen
+                .iter()
+                .flat_map(|u| u.stats.iter())
+                .flat_map(|s| s.tiers.iter().filter(|t| t.tier == "dram"))
+                .map(|t| t.resident_bytes)
+                .collect();
+            let ratio_seen = ratios.iter().any(|r| (r - ratio.1).abs() < 1e-9);
+            let bytes_seen = bytes.iter().any(|b| *b as f64 == dram);
+            if ratio_seen && bytes_seen {
+                return Ok(());
+            }
+            Err(format!(
+                "hot-set share {} / dram bytes {dram} not in the stream: shares {ratios:?}, bytes {bytes:?}",
+                ratio.1
+            ))
+        },
+    );
 
     // The rules evaluate without errors on real series, and the recording
     // rules produce what the dashboard reads.
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
+    wait_until("the rules evaluated", Duration::from_secs(30), || {
         let (_, body) = http_get(prom, "/api/v1/rules", None);
         let v: serde_json::Value = serde_json::from_str(&body).unwrap();
         let rules: Vec<&serde_json::Value> = v["data"]["groups"]
@@ -323,11 +305,11 @@ fn a_real_prometheus_scrapes_tierd_and_agrees_with_the_stream() {
             "a width of a ratio not measured: {width:?}"
         );
         if rules.iter().all(|r| r["health"] == "ok") {
-            break;
+            Ok(())
+        } else {
+            Err(body.clone())
         }
-        assert!(Instant::now() < deadline, "rules not evaluated: {body}");
-        std::thread::sleep(Duration::from_millis(250));
-    }
+    });
 
     // Every dashboard query is valid PromQL for this server, and those about
     // the VM's ratio find it.

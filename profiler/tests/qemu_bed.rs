@@ -9,13 +9,13 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly on purpose
 
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use libtest_mimic::Arguments;
 use tier_linux_bed::{Bed, Kernel, checks};
 use tier_proto::v1::*;
-use tier_test_support::gated;
 use tier_test_support::stream::Client;
+use tier_test_support::{Tierd, gated, try_wait_until, wait_until, within};
 use tokio_stream::StreamExt;
 
 const M: u64 = 1 << 20;
@@ -56,6 +56,17 @@ fn config(qmp_glob: &str) -> String {
     )
 }
 
+/// tierd in `dir` with `config` and `extra`, discovery as the config says.
+fn tierd(dir: &Path, config: &str, extra: &[&str]) -> Tierd {
+    Tierd::builder()
+        .bin(env!("CARGO_BIN_EXE_tierd"))
+        .dir(dir)
+        .config(config)
+        .discover()
+        .args(extra)
+        .start()
+}
+
 fn rt() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -70,20 +81,17 @@ async fn until(
     timeout: Duration,
     ok: impl Fn(&VmStats) -> bool,
 ) -> VmStats {
-    let deadline = Instant::now() + timeout;
-    loop {
-        let left = deadline.saturating_duration_since(Instant::now());
-        let u = tokio::time::timeout(left, s.next())
-            .await
-            .unwrap_or_else(|_| panic!("no matching stats of {vm} within {timeout:?}"))
-            .unwrap()
-            .unwrap();
-        if let Some(v) = u.stats.iter().find(|v| v.vm_id == vm)
-            && ok(v)
-        {
-            return v.clone();
+    within(&format!("matching stats of {vm}"), timeout, async {
+        loop {
+            let u = s.next().await.unwrap().unwrap();
+            if let Some(v) = u.stats.iter().find(|v| v.vm_id == vm)
+                && ok(v)
+            {
+                return v.clone();
+            }
         }
-    }
+    })
+    .await
 }
 
 fn tier<'a>(v: &'a VmStats, name: &str) -> &'a TierSample {
@@ -97,15 +105,11 @@ fn qmp_discovery_two_tiers_6_12() {
     let work = tempfile::tempdir().unwrap();
     let (mut bed, _qmp) = boot(work.path());
     let glob = format!("\"{}/*.qmp\"", work.path().display());
-    let (sock, log, _tierd) = tier_test_support::tierd_with_config(
-        Path::new(env!("CARGO_BIN_EXE_tierd")),
-        work.path(),
-        &config(&glob),
-        &["--no-controller"],
-    );
+    let tierd = tierd(work.path(), &config(&glob), &["--no-controller"]);
+    let sock = tierd.socket();
     let id = format!("qemu:{}", bed.pid());
     let rt = rt();
-    let (mut client, mut s) = rt.block_on(tier_test_support::open_watch_stats(&sock));
+    let (mut client, mut s) = rt.block_on(tier_test_support::open_watch_stats(sock));
     // The guest keeps touching 32 MiB of page cache while tierd samples.
     bed.sh(
         "dd if=/dev/urandom of=/tmp/hot bs=1M count=32 2>/dev/null; (while true; do cat /tmp/hot > /dev/null; done) &",
@@ -169,21 +173,19 @@ fn qmp_discovery_two_tiers_6_12() {
     assert!(tier(&v, "node0").resident_bytes > 0, "{v:?}");
 
     drop(bed);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    rt.block_on(async {
-        loop {
-            let u = tokio::time::timeout(Duration::from_secs(10), s.next())
-                .await
-                .unwrap()
-                .unwrap()
-                .unwrap();
-            if u.departed_vm_ids.contains(&id) {
-                break;
+    rt.block_on(within(
+        &format!("{id} to depart"),
+        Duration::from_secs(10),
+        async {
+            loop {
+                let u = s.next().await.unwrap().unwrap();
+                if u.departed_vm_ids.contains(&id) {
+                    break;
+                }
             }
-            assert!(Instant::now() < deadline, "{id} not departed");
-        }
-    });
-    let text = std::fs::read_to_string(&log).unwrap();
+        },
+    ));
+    let text = tierd.log();
     assert!(text.contains("QEMU VM discovered"), "{text}");
 }
 
@@ -193,15 +195,15 @@ fn qmp_discovery_two_tiers_6_12() {
 fn virtio_mem_resize_both_ways_6_12() {
     let work = tempfile::tempdir().unwrap();
     let (mut bed, qmp) = boot(work.path());
-    let (sock, _log, _tierd) = tier_test_support::tierd_with_config(
-        Path::new(env!("CARGO_BIN_EXE_tierd")),
+    let tierd = tierd(
         work.path(),
         &config(""),
         &["--no-controller", "--qmp", qmp.to_str().unwrap()],
     );
+    let sock = tierd.socket();
     let id = format!("qemu:{}", bed.pid());
     let rt = rt();
-    let (mut client, mut s) = rt.block_on(tier_test_support::open_watch_stats(&sock));
+    let (mut client, mut s) = rt.block_on(tier_test_support::open_watch_stats(sock));
     rt.block_on(until(&mut s, &id, Duration::from_secs(60), |v| {
         tier(v, "node1").hotplug_plugged_bytes == Some(128 * M)
     }));
@@ -222,12 +224,17 @@ fn virtio_mem_resize_both_ways_6_12() {
             tier(v, "node1").hotplug_plugged_bytes == Some(plug)
         }));
         let t = tier(&v, "node1");
-        let mut after = checks::node_bytes(&mut bed, 1).unwrap();
-        let settle = Instant::now();
-        while after == before && settle.elapsed() < Duration::from_secs(20) {
-            std::thread::sleep(Duration::from_millis(500));
-            after = checks::node_bytes(&mut bed, 1).unwrap();
-        }
+        // The guest may take a moment to online or offline the blocks;
+        // the asserts below say what it reached.
+        let after = try_wait_until("node1's MemTotal to move", Duration::from_secs(20), || {
+            let after = checks::node_bytes(&mut bed, 1).unwrap();
+            if after == before {
+                Err(after)
+            } else {
+                Ok(after)
+            }
+        })
+        .unwrap_or(before);
         eprintln!(
             "node1 plugged {:?} requested {:?}; guest node1 MemTotal {} -> {} MiB",
             t.hotplug_plugged_bytes,
@@ -293,56 +300,46 @@ fn kvm_qemu_counted_once() {
         .spawn()
         .unwrap();
     let qemu = tier_test_support::ChildGuard::new(qemu);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !qmp.exists() {
-        assert!(
-            Instant::now() < deadline,
-            "no QMP socket: {}",
-            std::fs::read_to_string(&stderr).unwrap_or_default()
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    wait_until("QEMU's QMP socket", Duration::from_secs(30), || {
+        if qmp.exists() {
+            Ok(())
+        } else {
+            Err(std::fs::read_to_string(&stderr).unwrap_or_default())
+        }
+    });
     let rt = rt();
     let pid = qemu.id();
     // Without QMP: the kvm-fd VM, so the check below is not vacuous.
     let alone = work.path().join("kvm-only");
     std::fs::create_dir_all(&alone).unwrap();
     {
-        let (sock, _log, _tierd) = tier_test_support::tierd_with_config(
-            Path::new(env!("CARGO_BIN_EXE_tierd")),
-            &alone,
-            &config(""),
-            &["--no-controller"],
-        );
-        let (mut client, mut s) = rt.block_on(tier_test_support::open_watch_stats(&sock));
-        rt.block_on(async {
-            loop {
-                let u = tokio::time::timeout(Duration::from_secs(30), s.next())
-                    .await
-                    .expect("no update within 30 s")
-                    .unwrap()
-                    .unwrap();
-                if u.stats
-                    .iter()
-                    .any(|v| v.vm_id.starts_with(&format!("kvm:{pid}:")))
-                {
-                    break;
+        let tierd = tierd(&alone, &config(""), &["--no-controller"]);
+        let sock = tierd.socket();
+        let (mut client, mut s) = rt.block_on(tier_test_support::open_watch_stats(sock));
+        rt.block_on(within(
+            "the kvm-fd VM in the stream",
+            Duration::from_secs(30),
+            async {
+                loop {
+                    let u = s.next().await.unwrap().unwrap();
+                    if u.stats
+                        .iter()
+                        .any(|v| v.vm_id.starts_with(&format!("kvm:{pid}:")))
+                    {
+                        break;
+                    }
                 }
-            }
-        });
+            },
+        ));
         let vms = vms_of(&mut client, &rt, pid);
         assert_eq!(vms.len(), 1, "{vms:?}");
         assert_eq!(vms[0].source(), VmSource::KvmFd, "{vms:?}");
     }
     let glob = format!("\"{}/*.qmp\"", work.path().display());
-    let (sock, log, _tierd) = tier_test_support::tierd_with_config(
-        Path::new(env!("CARGO_BIN_EXE_tierd")),
-        work.path(),
-        &config(&glob),
-        &["--no-controller"],
-    );
+    let tierd = tierd(work.path(), &config(&glob), &["--no-controller"]);
+    let sock = tierd.socket();
     let id = format!("qemu:{pid}");
-    let (mut client, mut s) = rt.block_on(tier_test_support::open_watch_stats(&sock));
+    let (mut client, mut s) = rt.block_on(tier_test_support::open_watch_stats(sock));
     rt.block_on(until(&mut s, &id, Duration::from_secs(60), |v| {
         v.tiers.len() == 2
     }));
@@ -366,7 +363,7 @@ fn kvm_qemu_counted_once() {
         "memfd backends mapped: {:?}",
         vms[0].tiers
     );
-    let text = std::fs::read_to_string(&log).unwrap();
+    let text = tierd.log();
     assert!(text.contains("QEMU VM discovered"), "{text}");
 }
 
@@ -384,15 +381,15 @@ fn hot_added_virtio_mem_6_12() {
             "pcie-root-port,id=hp0,chassis=1,bus=pcie.0".into(),
         ]);
     });
-    let (sock, log, _tierd) = tier_test_support::tierd_with_config(
-        Path::new(env!("CARGO_BIN_EXE_tierd")),
+    let tierd = tierd(
         work.path(),
         &config(""),
         &["--no-controller", "--qmp", qmp.to_str().unwrap()],
     );
+    let sock = tierd.socket();
     let id = format!("qemu:{}", bed.pid());
     let rt = rt();
-    let (mut client, mut s) = rt.block_on(tier_test_support::open_watch_stats(&sock));
+    let (mut client, mut s) = rt.block_on(tier_test_support::open_watch_stats(sock));
     let v = rt.block_on(until(&mut s, &id, Duration::from_secs(60), |v| {
         v.tiers.len() == 2
     }));
@@ -423,7 +420,7 @@ fn hot_added_virtio_mem_6_12() {
     assert_eq!(n0.size_bytes, 256 * M + 256 * M, "boot + the new region");
     assert_eq!(n0.hotplug.unwrap().region_bytes, 256 * M);
     assert!(n0.ranges.iter().all(|r| r.hva_start != 0), "{n0:?}");
-    let text = std::fs::read_to_string(&log).unwrap();
+    let text = tierd.log();
     assert!(text.contains("memory devices changed"), "{text}");
 }
 

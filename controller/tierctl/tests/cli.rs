@@ -12,7 +12,7 @@ mod cli_common;
 use std::os::unix::fs::PermissionsExt;
 use std::pin::Pin;
 
-use cli_common::{Tierd, run_tierctl};
+use cli_common::{Tierd, run_tierctl, start_tierd};
 use libtest_mimic::{Arguments, Completion, Failed, Trial};
 use tier_proto::v1::tier_service_server::{TierService, TierServiceServer};
 use tier_proto::v1::*;
@@ -189,7 +189,7 @@ fn completions() {
 }
 
 fn policy_get_and_set() {
-    let tierd = Tierd::start(&["--interval-ms", "200"]);
+    let tierd = start_tierd(&["--interval-ms", "200"]);
     let ep = tierd.endpoint();
     let get = || {
         let (out, stdout, err) = run_tierctl(&ep, &["policy", "get"]);
@@ -237,7 +237,7 @@ fn policy_get_and_set() {
     assert_eq!(get(), now);
 
     // From a file (what `policy get` prints, edited), then flags on top.
-    let file = tierd.dir.path().join("policy.json");
+    let file = tierd.dir().join("policy.json");
     std::fs::write(
         &file,
         r#"{"dry_run": true, "vms": [{"vm": "demo", "target": 0.7, "limits": [{"tier": "dram", "floor_bytes": 4096}]}]}"#,
@@ -275,7 +275,7 @@ fn policy_get_and_set() {
 fn demo_tierd() -> Tierd {
     // Every interval sampled (the default sampler budget would skip most
     // of the demo VM's at 200 ms; tier-profiler's daemon tests cover it).
-    Tierd::start(&["--demo-vm", "--interval-ms", "200", "--cpu-budget-pct", "0"])
+    start_tierd(&["--demo-vm", "--interval-ms", "200", "--cpu-budget-pct", "0"])
 }
 
 fn top_json_matches_the_schema_csv_has_a_header() {

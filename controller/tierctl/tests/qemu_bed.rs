@@ -10,12 +10,12 @@
 
 mod cli_common;
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use cli_common::run_tierctl;
 use libtest_mimic::Arguments;
 use tier_linux_bed::{Bed, Kernel};
-use tier_test_support::{gated, tierd_bin};
+use tier_test_support::{Tierd, gated};
 
 fn kernel() -> Result<Kernel, String> {
     tier_linux_bed::kernel::from_env("6.12")
@@ -34,26 +34,20 @@ fn vms_and_top_show_the_qemu_vm() {
         "backend = \"hostpte\"\ninterval_ms = 500\n[discovery]\nch_api_dir = \"\"\nkvm_fd = false\nqemu_qmp = [{:?}]\n[tier_kinds]\nnode0 = \"dram\"\nnode1 = \"cxl\"\n",
         qmp.display().to_string()
     );
-    let (socket, tierd_log, _tierd) =
-        tier_test_support::tierd_with_config(tierd_bin(), work.path(), &config, &[]);
-    let ep = format!("unix:{}", socket.display());
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let vms = loop {
+    let tierd = Tierd::builder()
+        .dir(work.path())
+        .config(config)
+        .discover()
+        .start();
+    let ep = tierd.endpoint();
+    let vms = tierd.wait_until("tierctl vms to list a VM", Duration::from_secs(60), || {
         let (out, stdout, err) = run_tierctl(&ep, &["vms", "--output", "json"]);
         assert!(out.status.success(), "{err}");
         let v: serde_json::Value = serde_json::from_str(&stdout).unwrap();
-        if v.as_array().is_some_and(|a| !a.is_empty())
-            || v["vms"].as_array().is_some_and(|a| !a.is_empty())
-        {
-            break v;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "tierctl vms listed nothing in 60 s; tierd log:\n{}",
-            std::fs::read_to_string(&tierd_log).unwrap_or_default()
-        );
-        std::thread::sleep(Duration::from_millis(500));
-    };
+        (v.as_array().is_some_and(|a| !a.is_empty())
+            || v["vms"].as_array().is_some_and(|a| !a.is_empty()))
+        .then_some(v)
+    });
     eprintln!("tierctl vms --output json: {vms}");
     let list = vms.as_array().or_else(|| vms["vms"].as_array()).unwrap();
     let vm = list

@@ -10,7 +10,7 @@ mod cli_common;
 
 use std::time::Duration;
 
-use cli_common::Tierd;
+use cli_common::start_tierd;
 use libtest_mimic::{Arguments, Completion, Failed, Trial};
 use tier_test_support::{Tmux, kvm_missing, tmux_missing};
 
@@ -60,7 +60,7 @@ fn has_all(s: &str, parts: &[&str]) -> bool {
 fn sort_filter_detail_help_pause_resize_quit() {
     // Every interval sampled, so the detail pane always shows the tiers'
     // source (the default sampler budget would skip most of them).
-    let tierd = Tierd::start(&["--demo-vm", "--interval-ms", "500", "--cpu-budget-pct", "0"]);
+    let tierd = start_tierd(&["--demo-vm", "--interval-ms", "500", "--cpu-budget-pct", "0"]);
     let tmux = Top::start("keys", &tierd.endpoint(), 160, 40);
 
     // The demo VM's row with both tiers, once host samples have arrived.
@@ -185,7 +185,7 @@ fn sort_filter_detail_help_pause_resize_quit() {
 }
 
 fn daemon_goes_away_and_comes_back() {
-    let mut tierd = Tierd::start(&["--demo-vm", "--interval-ms", "300"]);
+    let mut tierd = start_tierd(&["--demo-vm", "--interval-ms", "300"]);
     let tmux = Top::start("restart", &tierd.endpoint(), 160, 30);
     tmux.wait("the demo VM", |s| {
         demo_row(s).is_some() && s.contains("● connected")
@@ -215,7 +215,7 @@ fn daemon_goes_away_and_comes_back() {
     let last =
         update_no(&tmux.wait("five updates", |s| update_no(s).is_some_and(|n| n >= 5))).unwrap();
 
-    tierd.stop();
+    tierd.terminate();
     let s = tmux.wait("the disconnect", |s| {
         s.contains("disconnected, retrying in") && s.contains("tierd is not running")
     });
