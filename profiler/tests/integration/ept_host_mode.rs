@@ -4,8 +4,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly on purpose
 
-mod ept_common;
-use ept_common::stand_in;
+use crate::ept_common::stand_in;
 
 use std::path::Path;
 

@@ -9,12 +9,12 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly on purpose
 
-mod ept_common;
+use crate::ept_common;
 
 use std::path::Path;
 
 use ept_common::*;
-use libtest_mimic::Arguments;
+use libtest_mimic::Trial;
 use tier_profiler::sampler::ept::{
     EptPrograms, GfnRange, HostMode, HostModeError, SpteMasks, TierCount, current_tid,
 };
@@ -222,28 +222,35 @@ fn stand_in_sysfs_masks_count_the_host_ageing() {
     }
 }
 
-fn main() {
-    let args = Arguments::from_args();
-    tier_profiler::bpf::route_libbpf_logs();
+/// This file's trials, named `bpf_ept_modes::NAME`.
+pub fn trials() -> Vec<Trial> {
     let ready = capability();
     let tests = vec![
-        trial("ept_ad_ageing_is_counted", &ready, ept_ad_ageing_is_counted),
         trial(
-            "access_track_ageing_is_counted",
+            "bpf_ept_modes::ept_ad_ageing_is_counted",
+            &ready,
+            ept_ad_ageing_is_counted,
+        ),
+        trial(
+            "bpf_ept_modes::access_track_ageing_is_counted",
             &ready,
             access_track_ageing_is_counted,
         ),
-        trial("npt_ageing_is_counted", &ready, npt_ageing_is_counted),
         trial(
-            "masks_count_only_their_vendor",
+            "bpf_ept_modes::npt_ageing_is_counted",
+            &ready,
+            npt_ageing_is_counted,
+        ),
+        trial(
+            "bpf_ept_modes::masks_count_only_their_vendor",
             &ready,
             masks_count_only_their_vendor,
         ),
         trial(
-            "stand_in_sysfs_masks_count_the_host_ageing",
+            "bpf_ept_modes::stand_in_sysfs_masks_count_the_host_ageing",
             &ready,
             stand_in_sysfs_masks_count_the_host_ageing,
         ),
     ];
-    libtest_mimic::run(&args, tests).exit();
+    tests
 }

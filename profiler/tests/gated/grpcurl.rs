@@ -13,16 +13,12 @@ use std::path::Path;
 use std::process::{Command, Output};
 use std::time::Duration;
 
-use libtest_mimic::{Arguments, Completion, Failed, Trial};
+use libtest_mimic::{Completion, Failed, Trial};
 use tier_test_support::Tierd;
 
 /// tierd with `config`, no discovery, no metrics endpoint.
 fn start(config: &str, extra: &[&str]) -> Tierd {
-    Tierd::builder()
-        .bin(env!("CARGO_BIN_EXE_tierd"))
-        .config(config)
-        .args(extra)
-        .start()
+    crate::tierd().config(config).args(extra).start()
 }
 
 /// grpcurl against the unix socket: `args` then the socket, then `tail`.
@@ -207,8 +203,8 @@ fn without_a_sampler_tier_v1_is_not_serving_also_over_plain_tcp(bin: &Path) {
     assert!(!list.status.success(), "{list:?}");
 }
 
-fn main() {
-    let args = Arguments::from_args();
+/// This file's trials, named `grpcurl::NAME`.
+pub fn trials() -> Vec<Trial> {
     let grpcurl = tier_test_support::grpcurl();
     let kvm = tier_test_support::kvm_missing();
     let trial = |name: &'static str, needs_kvm: bool, f: fn(&Path)| {
@@ -229,15 +225,15 @@ fn main() {
     };
     let tests = vec![
         trial(
-            "lists_describes_and_calls_tier_v1_through_reflection",
+            "grpcurl::lists_describes_and_calls_tier_v1_through_reflection",
             true,
             lists_describes_and_calls_tier_v1_through_reflection,
         ),
         trial(
-            "without_a_sampler_tier_v1_is_not_serving_also_over_plain_tcp",
+            "grpcurl::without_a_sampler_tier_v1_is_not_serving_also_over_plain_tcp",
             false,
             without_a_sampler_tier_v1_is_not_serving_also_over_plain_tcp,
         ),
     ];
-    libtest_mimic::run(&args, tests).exit();
+    tests
 }

@@ -23,10 +23,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use libtest_mimic::{Arguments, Completion, Failed, Trial};
+use libtest_mimic::{Completion, Failed, Trial};
 use tier_controller::actuate::ChApi;
 use tier_proto::v1::*;
-use tier_test_support::{ChildGuard, Tierd, wait_until};
+use tier_test_support::{ChildGuard, wait_until};
 use tokio_stream::StreamExt;
 
 const M: u64 = 1 << 20;
@@ -261,8 +261,7 @@ async fn live(bin: PathBuf) {
             .then_some(())
     });
 
-    let tierd = Tierd::builder()
-        .bin(env!("CARGO_BIN_EXE_tierd"))
+    let tierd = crate::tierd()
         .dir(dir.path())
         .config(format!(
             "interval_ms = 250\nbackend = \"hostpte\"\n[tier_kinds]\nslow = \"cxl\"\n[metrics]\nlisten = \"\"\n[discovery]\nch_api_dir = \"{}\"\nch_timeout_ms = 1000\n",
@@ -454,11 +453,11 @@ async fn live(bin: PathBuf) {
     drop((stream, decisions, client, tierd, vm1));
 }
 
-fn main() {
-    let args = Arguments::from_args();
+/// This file's trials, named `ch_live::NAME`.
+pub fn trials() -> Vec<Trial> {
     let ready = capability();
     let trial = Trial::ignorable_test(
-        "tierd_discovers_and_drives_patched_cloud_hypervisor",
+        "ch_live::tierd_discovers_and_drives_patched_cloud_hypervisor",
         move || match ready {
             Err(reason) => Ok(Completion::ignored_with(reason)),
             Ok(bin) => {
@@ -472,5 +471,5 @@ fn main() {
             }
         },
     );
-    libtest_mimic::run(&args, vec![trial]).exit();
+    vec![trial]
 }

@@ -15,10 +15,7 @@ use tonic::transport::{Certificate, ClientTlsConfig, Endpoint};
 /// `tierd run` as an operator starts it: the config file and flags
 /// decide everything, discovery and the metrics endpoint included.
 fn tierd() -> TierdBuilder {
-    Tierd::builder()
-        .bin(env!("CARGO_BIN_EXE_tierd"))
-        .metrics_from_config()
-        .discover()
+    crate::tierd().metrics_from_config().discover()
 }
 
 /// Runs `tierd run` with a config file and flags; returns (status, stderr).
@@ -118,7 +115,7 @@ fn metrics_show_the_demo_vm_per_tier() {
     );
     assert!(body.starts_with("HTTP/1.1 200"), "{body}");
     // No Accept header: the classic text format (Prometheus itself asks
-    // for OpenMetrics, tests/prometheus.rs).
+    // for OpenMetrics, prometheus.rs here).
     assert!(body.contains("text/plain; version=0.0.4"), "{body}");
     let pid = d.pid();
     for want in [

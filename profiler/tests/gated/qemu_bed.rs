@@ -11,7 +11,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use libtest_mimic::Arguments;
+use libtest_mimic::Trial;
 use tier_linux_bed::{Bed, Kernel, checks};
 use tier_proto::v1::*;
 use tier_test_support::stream::Client;
@@ -58,13 +58,7 @@ fn config(qmp_glob: &str) -> String {
 
 /// tierd in `dir` with `config` and `extra`, discovery as the config says.
 fn tierd(dir: &Path, config: &str, extra: &[&str]) -> Tierd {
-    Tierd::builder()
-        .bin(env!("CARGO_BIN_EXE_tierd"))
-        .dir(dir)
-        .config(config)
-        .discover()
-        .args(extra)
-        .start()
+    crate::tierd_in(dir, config).args(extra).start()
 }
 
 fn rt() -> tokio::runtime::Runtime {
@@ -432,26 +426,26 @@ impl Drop for RemoveOnDrop {
     }
 }
 
-fn main() {
-    let args = Arguments::from_args();
+/// This file's trials, named `qemu_bed::NAME`.
+pub fn trials() -> Vec<Trial> {
     let trials = vec![
         gated(
-            "qmp_discovery_two_tiers_6_12",
+            "qemu_bed::qmp_discovery_two_tiers_6_12",
             needs(),
             qmp_discovery_two_tiers_6_12,
         ),
         gated(
-            "virtio_mem_resize_both_ways_6_12",
+            "qemu_bed::virtio_mem_resize_both_ways_6_12",
             needs(),
             virtio_mem_resize_both_ways_6_12,
         ),
         gated(
-            "hot_added_virtio_mem_6_12",
+            "qemu_bed::hot_added_virtio_mem_6_12",
             needs(),
             hot_added_virtio_mem_6_12,
         ),
         gated(
-            "kvm_qemu_counted_once",
+            "qemu_bed::kvm_qemu_counted_once",
             needs()
                 .into_iter()
                 .chain([tier_test_support::kvm_missing().map_or(Ok(()), Err)])
@@ -459,5 +453,5 @@ fn main() {
             kvm_qemu_counted_once,
         ),
     ];
-    libtest_mimic::run(&args, trials).exit();
+    trials
 }

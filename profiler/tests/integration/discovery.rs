@@ -6,7 +6,7 @@
 use std::process::Command;
 
 use tier_proto::v1::*;
-use tier_test_support::{ChildGuard, Tierd};
+use tier_test_support::ChildGuard;
 use tokio_stream::StreamExt;
 
 /// Starts tier-demo-vm; returns it and the touched pages it announces.
@@ -27,8 +27,7 @@ fn demo_vm() -> (ChildGuard, Vec<u64>) {
 async fn discovers_samples_and_drops_a_vm_process() {
     let (mut vm, touched) = demo_vm();
     let pid = vm.id();
-    let tierd = Tierd::builder()
-        .bin(env!("CARGO_BIN_EXE_tierd"))
+    let tierd = crate::tierd()
         .discover()
         .metrics("127.0.0.1:0")
         .args(["--interval-ms", "250", "--tier-kind", "slow=cxl"])

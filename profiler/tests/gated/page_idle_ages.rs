@@ -11,7 +11,7 @@ use std::fs::File;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use libtest_mimic::{Arguments, Completion, Failed, Trial};
+use libtest_mimic::{Completion, Failed, Trial};
 
 use tier_profiler::ages::recency::Recency;
 use tier_profiler::sampler::folio::PageFlags;
@@ -19,10 +19,10 @@ use tier_profiler::sampler::page_idle::{self, Bitmap};
 
 const PAGE: usize = 4096;
 
-fn main() {
-    let args = Arguments::from_args();
+/// This file's trials, named `page_idle_ages::NAME`.
+pub fn trials() -> Vec<Trial> {
     let trial = Trial::ignorable_test(
-        "idle_bitmap_passes_give_the_exact_working_set_per_horizon",
+        "page_idle_ages::idle_bitmap_passes_give_the_exact_working_set_per_horizon",
         || -> Result<Completion, Failed> {
             match Bitmap::open(Path::new(page_idle::BITMAP)) {
                 Ok(bitmap) => {
@@ -35,7 +35,7 @@ fn main() {
             }
         },
     );
-    libtest_mimic::run(&args, vec![trial]).exit();
+    vec![trial]
 }
 
 fn exact_working_set_per_horizon(bitmap: Bitmap) {

@@ -11,10 +11,10 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly on purpose
 
-mod ept_common;
+use crate::ept_common;
 
 use ept_common::*;
-use libtest_mimic::Arguments;
+use libtest_mimic::Trial;
 use tier_profiler::sampler::ept::{
     EptProgram, EptPrograms, GfnRange, SpteMasks, TierCount, VmCounts, current_tid,
 };
@@ -209,28 +209,35 @@ fn threads_owner_and_other() {
     assert_eq!(a.foreign, tc(1, 1, 1), "after learning");
 }
 
-fn main() {
-    let args = Arguments::from_args();
-    tier_profiler::bpf::route_libbpf_logs();
+/// This file's trials, named `bpf_ept_attribution::NAME`.
+pub fn trials() -> Vec<Trial> {
     let ready = capability();
     let tests = vec![
         trial(
-            "owner_teaches_the_kvm_others_are_foreign",
+            "bpf_ept_attribution::owner_teaches_the_kvm_others_are_foreign",
             &ready,
             owner_teaches_the_kvm_others_are_foreign,
         ),
         trial(
-            "persistent_owner_and_kvm_first",
+            "bpf_ept_attribution::persistent_owner_and_kvm_first",
             &ready,
             persistent_owner_and_kvm_first,
         ),
         trial(
-            "smm_empty_and_split_ranges",
+            "bpf_ept_attribution::smm_empty_and_split_ranges",
             &ready,
             smm_empty_and_split_ranges,
         ),
-        trial("clear_vm_forgets_the_kvm", &ready, clear_vm_forgets_the_kvm),
-        trial("threads_owner_and_other", &ready, threads_owner_and_other),
+        trial(
+            "bpf_ept_attribution::clear_vm_forgets_the_kvm",
+            &ready,
+            clear_vm_forgets_the_kvm,
+        ),
+        trial(
+            "bpf_ept_attribution::threads_owner_and_other",
+            &ready,
+            threads_owner_and_other,
+        ),
     ];
-    libtest_mimic::run(&args, tests).exit();
+    tests
 }

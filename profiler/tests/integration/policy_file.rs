@@ -10,8 +10,6 @@ use tier_proto::Endpoint;
 use tier_proto::v1::*;
 use tier_test_support::{Tierd, TierdBuilder};
 
-const TIERD: &str = env!("CARGO_BIN_EXE_tierd");
-
 struct Setup {
     dir: tempfile::TempDir,
     socket: PathBuf,
@@ -44,8 +42,7 @@ impl Setup {
 
     /// tierd in the setup's directory with its config file.
     fn tierd(&self) -> TierdBuilder {
-        Tierd::builder()
-            .bin(TIERD)
+        crate::tierd()
             .dir(self.dir.path())
             .config_file(&self.config)
             .metrics("127.0.0.1:0")

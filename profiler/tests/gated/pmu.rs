@@ -17,7 +17,7 @@
 use std::sync::{Arc, Barrier, Mutex, mpsc};
 use std::time::{Duration, Instant};
 
-use libtest_mimic::{Arguments, Completion, Failed, Trial};
+use libtest_mimic::{Completion, Failed, Trial};
 use tier_profiler::demo_vm::{DemoVm, DemoVmConfig};
 use tier_profiler::sampler::pmu::counting::TierReading;
 use tier_profiler::sampler::pmu::data_src::{self, MemSource};
@@ -814,9 +814,8 @@ fn kvm_run_watch_finds_an_unnamed_vcpu_thread() {
     assert!(progs.kvm_threads().unwrap().iter().all(|t| t.tid != tid));
 }
 
-fn main() {
-    let args = Arguments::from_args();
-    tier_profiler::bpf::route_libbpf_logs();
+/// This file's trials, named `pmu::NAME`.
+pub fn trials() -> Vec<Trial> {
     let ready = capability();
     let needs_bpf = |name: &'static str, f: fn()| {
         let ready = ready.clone();
@@ -850,33 +849,33 @@ fn main() {
     };
     let tests = vec![
         needs_bpf(
-            "vcpu_threads_attributed_per_vm_and_tier",
+            "pmu::vcpu_threads_attributed_per_vm_and_tier",
             vcpu_threads_attributed_per_vm_and_tier,
         ),
         needs_bpf_and_kvm(
-            "kvm_run_watch_finds_an_unnamed_vcpu_thread",
+            "pmu::kvm_run_watch_finds_an_unnamed_vcpu_thread",
             kvm_run_watch_finds_an_unnamed_vcpu_thread,
         ),
         needs_bpf(
-            "bpf_data_src_decoding_matches_rust",
+            "pmu::bpf_data_src_decoding_matches_rust",
             bpf_data_src_decoding_matches_rust,
         ),
         needs_bpf(
-            "data_src_samples_count_in_the_tier_of_their_kind",
+            "pmu::data_src_samples_count_in_the_tier_of_their_kind",
             data_src_samples_count_in_the_tier_of_their_kind,
         ),
         needs_bpf(
-            "pmu_source_follows_threads_and_vms",
+            "pmu::pmu_source_follows_threads_and_vms",
             pmu_source_follows_threads_and_vms,
         ),
         needs_bpf(
-            "placement_puts_local_and_remote_dram_in_the_tiers_of_their_nodes",
+            "pmu::placement_puts_local_and_remote_dram_in_the_tiers_of_their_nodes",
             placement_puts_local_and_remote_dram_in_the_tiers_of_their_nodes,
         ),
-        Trial::test("events_status_reports_each_selected_event", || {
+        Trial::test("pmu::events_status_reports_each_selected_event", || {
             events_status_reports_each_selected_event();
             Ok(())
         }),
     ];
-    libtest_mimic::run(&args, tests).exit();
+    tests
 }

@@ -54,8 +54,7 @@ fn ept_backends_count_the_demo_guests_pages() {
     ignore = "this host has page_idle: the backend can start here"
 )]
 fn forcing_an_ept_backend_without_page_idle_fails_with_the_reason() {
-    let out = tier_test_support::Tierd::builder()
-        .bin(env!("CARGO_BIN_EXE_tierd"))
+    let out = crate::tierd()
         .args(["--backend", "ept-tracepoint"])
         .output();
     assert!(!out.status.success());

@@ -13,7 +13,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use tier_proto::v1::StatsUpdate;
-use tier_test_support::{Check, ChildGuard, Tierd, http_get, try_wait_until, wait_until};
+use tier_test_support::{Check, ChildGuard, http_get, try_wait_until, wait_until};
 use tokio_stream::StreamExt;
 
 fn deploy(rel: &str) -> PathBuf {
@@ -169,8 +169,7 @@ fn watch(socket: PathBuf) -> std::sync::mpsc::Receiver<StatsUpdate> {
 #[cfg_attr(not(has_kvm), ignore = "needs a usable /dev/kvm for the demo VM")]
 fn a_real_prometheus_scrapes_tierd_and_agrees_with_the_stream() {
     let dir = tempfile::tempdir().unwrap();
-    let tierd = Tierd::builder()
-        .bin(env!("CARGO_BIN_EXE_tierd"))
+    let tierd = crate::tierd()
         .dir(dir.path())
         .metrics("127.0.0.1:0")
         .args(["--demo-vm", "--interval-ms", "500"])

@@ -19,7 +19,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-use libtest_mimic::Arguments;
+use libtest_mimic::Trial;
 use tier_profiler::sampler::pmu::events::{CpuId, EventTable};
 use tier_profiler::sampler::pmu::events_status;
 use tier_proto::v1::*;
@@ -33,11 +33,7 @@ const CPU_CLOCK_PERIOD: u64 = 2_000_000;
 
 /// tierd with `config`, discovery as the test asks, in `dir`.
 fn start(dir: &Path, config: &str, extra: &[&str]) -> Tierd {
-    Tierd::builder()
-        .bin(env!("CARGO_BIN_EXE_tierd"))
-        .dir(dir)
-        .config(config)
-        .discover()
+    crate::tierd_in(dir, config)
         .args(["--no-controller", "--interval-ms", "250"])
         .args(extra)
         .start()
@@ -254,16 +250,12 @@ fn tierd_refuses_a_guest_only_data_src_table_at_start() {
         "[[event]]\nname = \"MEM_TRANS_RETIRED.LOAD_LATENCY_GT_64\"\nvendor = \"GenuineIntel\"\nfamily = 6\nmodels = [0x8F]\nconfig = 0x01CD\nconfig1 = 64\ndata_src = true\nsource = \"user table\"\n",
     )
     .unwrap();
-    let out = Tierd::builder()
-        .bin(env!("CARGO_BIN_EXE_tierd"))
-        .dir(dir.path())
-        .config(format!(
-            "pmu = \"on\"\npmu_events = [\"{}\"]\n",
-            table.display()
-        ))
-        .discover()
-        .arg("--no-controller")
-        .output();
+    let out = crate::tierd_in(
+        dir.path(),
+        &format!("pmu = \"on\"\npmu_events = [\"{}\"]\n", table.display()),
+    )
+    .arg("--no-controller")
+    .output();
     let err = String::from_utf8_lossy(&out.stderr);
     println!("  exit {}; stderr: {}", out.status, err.trim());
     assert_eq!(out.status.code(), Some(2), "tierd must not start: {err}");
@@ -280,8 +272,8 @@ fn tierd_refuses_a_guest_only_data_src_table_at_start() {
     );
 }
 
-fn main() {
-    let args = Arguments::from_args();
+/// This file's trials, named `pmu_daemon::NAME`.
+pub fn trials() -> Vec<Trial> {
     // SAFETY: geteuid has no arguments and cannot fail.
     let root = if unsafe { libc::geteuid() } == 0 {
         Ok(())
@@ -313,20 +305,20 @@ fn main() {
     let trial = tier_test_support::gated;
     let tests = vec![
         trial(
-            "tierd_refuses_a_guest_only_data_src_table_at_start",
+            "pmu_daemon::tierd_refuses_a_guest_only_data_src_table_at_start",
             vec![],
             tierd_refuses_a_guest_only_data_src_table_at_start,
         ),
         trial(
-            "tierd_counts_per_tier_pmu_events_using_software_events_in_place_of_hardware_ones",
+            "pmu_daemon::tierd_counts_per_tier_pmu_events_using_software_events_in_place_of_hardware_ones",
             vec![root.clone(), kvm.clone()],
             tierd_counts_per_tier_pmu_events_using_software_events_in_place_of_hardware_ones,
         ),
         trial(
-            "tierd_with_the_real_event_table_logs_the_pmu_unavailable_and_keeps_serving_hostpte",
+            "pmu_daemon::tierd_with_the_real_event_table_logs_the_pmu_unavailable_and_keeps_serving_hostpte",
             vec![kvm, no_pmu],
             tierd_with_the_real_event_table_logs_the_pmu_unavailable_and_keeps_serving_hostpte,
         ),
     ];
-    libtest_mimic::run(&args, tests).exit();
+    tests
 }

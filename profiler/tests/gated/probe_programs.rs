@@ -14,7 +14,7 @@ use std::path::Path;
 use std::process::Command;
 
 use libbpf_rs::skel::{OpenSkel, SkelBuilder};
-use libtest_mimic::{Arguments, Completion, Trial};
+use libtest_mimic::{Completion, Trial};
 use tier_profiler::bpf::{ept::EptSkelBuilder, pmu::PmuSkelBuilder, probe::ProbeSkelBuilder};
 use tier_profiler::probe::programs::{Programs, Verdict};
 
@@ -182,8 +182,8 @@ fn agrees_with_tierd_probe() {
     }
 }
 
-fn main() {
-    let args = Arguments::from_args();
+/// This file's trials, named `probe_programs::NAME`.
+pub fn trials() -> Vec<Trial> {
     // SAFETY: geteuid has no preconditions.
     let root = unsafe { libc::geteuid() } == 0;
     let trial = |name: &'static str, f: fn()| {
@@ -199,14 +199,17 @@ fn main() {
     };
     let tests = vec![
         trial(
-            "every_program_of_every_object_is_listed",
+            "probe_programs::every_program_of_every_object_is_listed",
             every_program_of_every_object_is_listed,
         ),
         trial(
-            "every_entry_is_loaded_or_says_why",
+            "probe_programs::every_entry_is_loaded_or_says_why",
             every_entry_is_loaded_or_says_why,
         ),
-        trial("agrees_with_tierd_probe", agrees_with_tierd_probe),
+        trial(
+            "probe_programs::agrees_with_tierd_probe",
+            agrees_with_tierd_probe,
+        ),
     ];
-    libtest_mimic::run(&args, tests).exit();
+    tests
 }

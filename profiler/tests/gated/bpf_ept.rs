@@ -9,11 +9,11 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly on purpose
 
-mod ept_common;
+use crate::ept_common;
 
 use std::collections::BTreeMap;
 
-use libtest_mimic::{Arguments, Completion, Failed, Trial};
+use libtest_mimic::{Completion, Failed, Trial};
 use tier_profiler::sampler::ept::{
     EptError, EptOptions, EptProgram, EptPrograms, GfnRange, HEAT_GRANULE_PAGES, MAX_TIERS,
     ProgramStatus, TierCount, VmCounts, current_tid,
@@ -744,18 +744,15 @@ fn fexit_loads(program: EptProgram) -> Result<Completion, Failed> {
     }
 }
 
-fn main() {
-    let args = Arguments::from_args();
-    // libbpf's own messages (e.g. the EPERM of a refused fexit) go to
-    // tracing; each refusal is reported once, as the ignore reason.
-    tier_profiler::bpf::route_libbpf_logs();
+/// This file's trials, named `bpf_ept::NAME`.
+pub fn trials() -> Vec<Trial> {
     let ready = ept_common::capability();
 
     let raw_tp = |name: &'static str, f: fn()| ept_common::trial(name, &ready, f);
     let cpus = allowed_cpus();
     let per_cpu = {
         let ready = ready.clone();
-        Trial::ignorable_test("per_cpu_values_are_summed", move || {
+        Trial::ignorable_test("bpf_ept::per_cpu_values_are_summed", move || {
             if let Err(reason) = ready {
                 return Ok(Completion::ignored_with(reason));
             }
@@ -777,33 +774,51 @@ fn main() {
     };
 
     let tests = vec![
-        raw_tp("raw_tp_loads_and_attaches", raw_tp_loads_and_attaches),
         raw_tp(
-            "all_programs_load_what_they_can",
+            "bpf_ept::raw_tp_loads_and_attaches",
+            raw_tp_loads_and_attaches,
+        ),
+        raw_tp(
+            "bpf_ept::all_programs_load_what_they_can",
             all_programs_load_what_they_can,
         ),
-        fexit("fexit_kvm_age_gfn_loads", EptProgram::FexitAgeGfn),
-        raw_tp("two_vms_three_tiers", two_vms_three_tiers),
-        raw_tp("range_boundaries_start_in_end_out", range_boundaries),
-        raw_tp("unknown_vm_is_unattributed", unknown_vm_is_unattributed),
+        fexit("bpf_ept::fexit_kvm_age_gfn_loads", EptProgram::FexitAgeGfn),
+        raw_tp("bpf_ept::two_vms_three_tiers", two_vms_three_tiers),
         raw_tp(
-            "non_ageing_changes_are_not_counted",
+            "bpf_ept::range_boundaries_start_in_end_out",
+            range_boundaries,
+        ),
+        raw_tp(
+            "bpf_ept::unknown_vm_is_unattributed",
+            unknown_vm_is_unattributed,
+        ),
+        raw_tp(
+            "bpf_ept::non_ageing_changes_are_not_counted",
             non_ageing_changes_are_not_counted,
         ),
-        raw_tp("huge_sptes_count_their_pages", huge_sptes_count_their_pages),
-        raw_tp("heat_histogram_buckets", heat_histogram_buckets),
-        raw_tp("heat_overflow_is_counted", heat_overflow_is_counted),
-        raw_tp("scan_owner_cache_collisions", scan_owner_cache_collisions),
         raw_tp(
-            "heat_granules_follow_the_ranges",
+            "bpf_ept::huge_sptes_count_their_pages",
+            huge_sptes_count_their_pages,
+        ),
+        raw_tp("bpf_ept::heat_histogram_buckets", heat_histogram_buckets),
+        raw_tp(
+            "bpf_ept::heat_overflow_is_counted",
+            heat_overflow_is_counted,
+        ),
+        raw_tp(
+            "bpf_ept::scan_owner_cache_collisions",
+            scan_owner_cache_collisions,
+        ),
+        raw_tp(
+            "bpf_ept::heat_granules_follow_the_ranges",
             heat_granules_follow_the_ranges,
         ),
         per_cpu,
-        raw_tp("take_and_reset", take_and_reset),
+        raw_tp("bpf_ept::take_and_reset", take_and_reset),
         raw_tp(
-            "sixteen_ranges_and_slot_reuse",
+            "bpf_ept::sixteen_ranges_and_slot_reuse",
             sixteen_ranges_and_slot_reuse,
         ),
     ];
-    libtest_mimic::run(&args, tests).exit();
+    tests
 }

@@ -16,8 +16,7 @@ use tokio_stream::StreamExt;
 /// from tests running in parallel (no discovery, no config file), with an
 /// ephemeral metrics port.
 fn start(extra: &[&str]) -> Tierd {
-    Tierd::builder()
-        .bin(env!("CARGO_BIN_EXE_tierd"))
+    crate::tierd()
         .socket("run/tierd.sock")
         .metrics("127.0.0.1:0")
         .args(extra)
@@ -307,10 +306,7 @@ async fn bad_requests_get_clear_status_and_the_daemon_keeps_serving() {
 #[test]
 fn refuses_a_live_socket_and_a_non_socket_path() {
     let mut first = start(&[]);
-    let out = Tierd::builder()
-        .bin(env!("CARGO_BIN_EXE_tierd"))
-        .socket(first.socket())
-        .output();
+    let out = crate::tierd().socket(first.socket()).output();
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("already serving"), "{err}");
@@ -318,10 +314,7 @@ fn refuses_a_live_socket_and_a_non_socket_path() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("not-a-socket");
     std::fs::write(&file, "keep me").unwrap();
-    let out = Tierd::builder()
-        .bin(env!("CARGO_BIN_EXE_tierd"))
-        .socket(&file)
-        .output();
+    let out = crate::tierd().socket(&file).output();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("is not a socket"));
     assert_eq!(std::fs::read_to_string(&file).unwrap(), "keep me");

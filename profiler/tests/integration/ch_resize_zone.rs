@@ -33,7 +33,7 @@ use tier_test_support::fake_http::read_request;
 use tokio::io::AsyncWriteExt;
 use tokio::net::UnixListener;
 
-mod ch_common;
+use crate::ch_common;
 use ch_common::{Sunk, update, wait_sunk};
 
 const M: u64 = 1 << 20;
