@@ -2,14 +2,14 @@
 //! `top --output json` against controller/tierctl/schema/top.schema.json with the
 //! jsonschema crate, on synthetic updates (no daemon, no KVM): the schema
 //! accepts what tierctl prints, including nulls, and rejects drift. The
-//! same check runs on a real tierd's output in tests/cli.rs.
+//! same check runs on a real tierd's output in tests/gated/cli.rs.
 
 use tierctl::top::synthetic;
 use tierctl::view;
 
 fn validator() -> jsonschema::Validator {
     let schema: serde_json::Value =
-        serde_json::from_str(include_str!("../schema/top.schema.json")).unwrap();
+        serde_json::from_str(include_str!("../../schema/top.schema.json")).unwrap();
     jsonschema::validator_for(&schema).unwrap()
 }
 

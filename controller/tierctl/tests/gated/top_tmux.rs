@@ -6,12 +6,10 @@
 //! Custom harness (libtest-mimic): without tmux or a usable /dev/kvm the
 //! tests are reported as ignored with the reason, never as passed.
 
-mod cli_common;
-
 use std::time::Duration;
 
-use cli_common::start_tierd;
-use libtest_mimic::{Arguments, Completion, Failed, Trial};
+use crate::cli_common::start_tierd;
+use libtest_mimic::{Completion, Failed, Trial};
 use tier_test_support::{Tmux, kvm_missing, tmux_missing};
 
 /// `tierctl top` in a private tmux server's session (killed on drop);
@@ -237,8 +235,8 @@ fn daemon_goes_away_and_comes_back() {
     tmux.wait("tierctl to exit cleanly", |s| s.contains("TIERCTL-EXIT=0"));
 }
 
-fn main() {
-    let args = Arguments::from_args();
+/// This file's trials, named `top_tmux::NAME`.
+pub fn trials() -> Vec<Trial> {
     let missing = tmux_missing().or_else(kvm_missing);
     let trial = |name: &'static str, f: fn()| {
         let missing = missing.clone();
@@ -252,13 +250,13 @@ fn main() {
     };
     let tests = vec![
         trial(
-            "top_sort_filter_detail_help_pause_resize_quit",
+            "top_tmux::top_sort_filter_detail_help_pause_resize_quit",
             sort_filter_detail_help_pause_resize_quit,
         ),
         trial(
-            "top_daemon_goes_away_and_comes_back",
+            "top_tmux::top_daemon_goes_away_and_comes_back",
             daemon_goes_away_and_comes_back,
         ),
     ];
-    libtest_mimic::run(&args, tests).exit();
+    tests
 }

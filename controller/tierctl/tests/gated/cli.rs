@@ -7,20 +7,18 @@
 //! (/dev/kvm for the demo VM; root and setpriv to drop privileges) is
 //! reported as ignored with the reason, never as passed.
 
-mod cli_common;
-
 use std::os::unix::fs::PermissionsExt;
 use std::pin::Pin;
 
-use cli_common::{Tierd, run_tierctl, start_tierd};
-use libtest_mimic::{Arguments, Completion, Failed, Trial};
+use crate::cli_common::{Tierd, run_tierctl, start_tierd};
+use libtest_mimic::{Completion, Failed, Trial};
 use tier_proto::v1::tier_service_server::{TierService, TierServiceServer};
 use tier_proto::v1::*;
 use tier_test_support::kvm_missing;
 use tokio_stream::Stream;
 use tonic::{Request, Response, Status};
 
-const SCHEMA: &str = include_str!("../schema/top.schema.json");
+const SCHEMA: &str = include_str!("../../schema/top.schema.json");
 
 fn daemon_not_running() {
     let dir = tempfile::tempdir().unwrap();
@@ -426,8 +424,8 @@ fn vms_vm_and_balloon() {
     );
 }
 
-fn main() {
-    let args = Arguments::from_args();
+/// This file's trials, named `cli::NAME`.
+pub fn trials() -> Vec<Trial> {
     let kvm = kvm_missing();
     let plain = |name: &'static str, f: fn()| {
         Trial::test(name, move || {
@@ -446,19 +444,22 @@ fn main() {
         })
     };
     let tests = vec![
-        plain("cli_daemon_not_running", daemon_not_running),
+        plain("cli::cli_daemon_not_running", daemon_not_running),
         Trial::ignorable_test(
-            "cli_permission_denied_names_the_group",
+            "cli::cli_permission_denied_names_the_group",
             permission_denied_names_the_group,
         ),
-        plain("cli_protocol_version_mismatch", protocol_version_mismatch),
-        plain("cli_completions", completions),
-        plain("cli_policy_get_and_set", policy_get_and_set),
+        plain(
+            "cli::cli_protocol_version_mismatch",
+            protocol_version_mismatch,
+        ),
+        plain("cli::cli_completions", completions),
+        plain("cli::cli_policy_get_and_set", policy_get_and_set),
         demo(
-            "cli_top_json_matches_the_schema_csv_has_a_header",
+            "cli::cli_top_json_matches_the_schema_csv_has_a_header",
             top_json_matches_the_schema_csv_has_a_header,
         ),
-        demo("cli_vms_vm_and_balloon", vms_vm_and_balloon),
+        demo("cli::cli_vms_vm_and_balloon", vms_vm_and_balloon),
     ];
-    libtest_mimic::run(&args, tests).exit();
+    tests
 }

@@ -8,12 +8,10 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly on purpose
 
-mod cli_common;
-
 use std::time::Duration;
 
-use cli_common::run_tierctl;
-use libtest_mimic::Arguments;
+use crate::cli_common::run_tierctl;
+use libtest_mimic::Trial;
 use tier_linux_bed::{Bed, Kernel};
 use tier_test_support::{Tierd, gated};
 
@@ -84,19 +82,15 @@ fn vms_and_top_show_the_qemu_vm() {
     );
 }
 
-fn main() {
-    let args = Arguments::from_args();
+/// This file's trials, named `qemu_bed::NAME`.
+pub fn trials() -> Vec<Trial> {
     let needs = vec![
         tier_linux_bed::missing().map_or(Ok(()), Err),
         kernel().map(drop),
     ];
-    libtest_mimic::run(
-        &args,
-        vec![gated(
-            "tierctl_vms_and_top_show_a_qemu_vm_6_12",
-            needs,
-            vms_and_top_show_the_qemu_vm,
-        )],
-    )
-    .exit();
+    vec![gated(
+        "qemu_bed::tierctl_vms_and_top_show_a_qemu_vm_6_12",
+        needs,
+        vms_and_top_show_the_qemu_vm,
+    )]
 }
