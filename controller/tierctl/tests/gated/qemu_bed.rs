@@ -28,8 +28,10 @@ fn vms_and_top_show_the_qemu_vm() {
         format!("unix:{},server=on,wait=off", qmp.display()),
     ];
     let bed = Bed::start(&machine, &log, tier_linux_bed::BOOT_TIMEOUT).unwrap();
+    // Only this bed's QEMU: other VMMs on the host (another test's) are
+    // not looked up by their command line or their kvm-vm fd.
     let config = format!(
-        "backend = \"hostpte\"\ninterval_ms = 500\n[discovery]\nch_api_dir = \"\"\nkvm_fd = false\nqemu_qmp = [{:?}]\n[tier_kinds]\nnode0 = \"dram\"\nnode1 = \"cxl\"\n",
+        "backend = \"hostpte\"\ninterval_ms = 500\n[discovery]\nch_api_dir = \"\"\nch_cmdline = false\nkvm_fd = false\nqemu_qmp = [{:?}]\n[tier_kinds]\nnode0 = \"dram\"\nnode1 = \"cxl\"\n",
         qmp.display().to_string()
     );
     let tierd = Tierd::builder()
