@@ -365,28 +365,31 @@ impl Tierd {
         let mut exited = None;
         let child = &mut self.child;
         let socket = &self.socket;
+        // Some(Some(client)) once connected; Some(None) ends the wait when
+        // tierd has exited; None waits on.
         let r = try_wait_until_async("tierd's socket to answer", timeout, || {
             exited = child.try_wait().ok().flatten();
-            let up = exited.is_none() && socket.exists();
+            let (gone, up) = (exited.is_some(), socket.exists());
             let endpoint = &endpoint;
             async move {
-                if up {
-                    tier_proto::connect(endpoint).await.ok()
-                } else {
-                    // An exited tierd ends the wait at once, below.
-                    None
+                match (gone, up) {
+                    (true, _) => Some(None),
+                    (false, true) => tier_proto::connect(endpoint).await.ok().map(Some),
+                    (false, false) => None,
                 }
             }
         })
         .await;
-        if let Some(st) = exited {
-            return Err(TierdError(format!(
-                "tierd exited ({st}); its log ({}):\n{}",
+        match r {
+            Ok(Some(client)) => Ok(client),
+            Ok(None) => Err(TierdError(format!(
+                "tierd exited ({}); its log ({}):\n{}",
+                exited.map_or_else(|| "?".to_string(), |st| st.to_string()),
                 self.log.display(),
                 self.log()
-            )));
+            ))),
+            Err(e) => Err(TierdError(format!("{e} on {}", self.socket.display()))),
         }
-        r.map_err(|e| TierdError(format!("{e} on {}", self.socket.display())))
     }
 
     /// [`wait_until`](crate::wait_until) with tierd's log in the panic
@@ -511,6 +514,35 @@ mod tests {
             !args
                 .iter()
                 .any(|a| a == "--no-discover" || a == "--metrics-listen")
+        );
+    }
+
+    #[test]
+    fn a_tierd_that_exits_ends_the_waits_at_once_with_its_log() {
+        // sh stands in for a tierd that refuses to start: it exits at once,
+        // saying it cannot open the script `run` (its first argument).
+        let started = std::time::Instant::now();
+        let mut t = Tierd::builder().bin("/bin/sh").try_spawn().unwrap();
+        let e = t.try_wait_listening(Duration::from_secs(30)).unwrap_err();
+        assert!(
+            e.0.contains("exited early") && e.0.contains("cannot open run"),
+            "{e}"
+        );
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let e = rt
+            .block_on(t.try_client(Duration::from_secs(30)))
+            .unwrap_err();
+        assert!(
+            e.0.contains("tierd exited") && e.0.contains("cannot open run"),
+            "{e}"
+        );
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "{:?}",
+            started.elapsed()
         );
     }
 }
