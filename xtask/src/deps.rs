@@ -174,7 +174,7 @@ pub fn ensure(check_only: bool) -> anyhow::Result<()> {
 /// the same machine reuses it (the grpcurl test looks there too).
 pub const GOPATH: &str = "/root/go";
 
-/// grpcurl, the generic gRPC client of profiler/tests/grpcurl.rs, built
+/// grpcurl, the generic gRPC client of profiler/tests/gated/grpcurl.rs, built
 /// from its Go module through the Go module proxy (needs Go; without Go
 /// the test is reported as ignored with the reason, not failed).
 fn ensure_grpcurl(check_only: bool) -> anyhow::Result<()> {

@@ -7,7 +7,6 @@
 //! this one, and the table gives this tierd's CPU as a ratio of it.
 
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
@@ -15,6 +14,7 @@ use tier_benches::progress::Progress;
 use tier_benches::{Row, Summary, print_table, result_line};
 use tier_proto::Endpoint;
 use tier_proto::v1::WatchStatsRequest;
+use tier_test_support::Tierd;
 use tokio_stream::StreamExt;
 
 const VMS: u32 = 1000;
@@ -23,15 +23,6 @@ const WATCHERS: usize = 10;
 const RUNS: usize = 3;
 const WARMUP: Duration = Duration::from_secs(3);
 const WINDOW: Duration = Duration::from_secs(10);
-
-struct Tierd(Child);
-impl Drop for Tierd {
-    fn drop(&mut self) {
-        // SAFETY: kill(2) on the PID of our own unreaped child.
-        unsafe { libc::kill(self.0.id() as i32, libc::SIGTERM) };
-        let _ = self.0.wait();
-    }
-}
 
 /// CPU seconds (user + system) of a process so far.
 fn cpu_seconds(pid: u32) -> anyhow::Result<f64> {
@@ -58,40 +49,15 @@ struct Outcome {
 }
 
 async fn one_run(tierd: &PathBuf, watchers: usize) -> anyhow::Result<Outcome> {
-    let dir = tempfile::tempdir().context("tempdir")?;
-    let socket = dir.path().join("tierd.sock");
-    let child = Command::new(tierd)
-        .args([
-            "run",
-            "--config",
-            "/dev/null",
-            "--no-discover",
-            "--backend",
-            "none",
-            "--metrics-listen",
-            "",
-        ])
-        .args([
-            "--interval-ms",
-            "1000",
-            "--synthetic-vms",
-            &VMS.to_string(),
-            "--synthetic-tiers",
-            &TIERS.to_string(),
-        ])
-        .arg("--socket")
-        .arg(&socket)
-        .stderr(Stdio::null())
-        .spawn()
+    let mut d = Tierd::builder()
+        .bin(tierd)
+        .args(["--backend", "none", "--interval-ms", "1000"])
+        .args(["--synthetic-vms", &VMS.to_string()])
+        .args(["--synthetic-tiers", &TIERS.to_string()])
+        .try_spawn()
         .context("starting tierd")?;
-    let d = Tierd(child);
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while std::os::unix::net::UnixStream::connect(&socket).is_err() {
-        if Instant::now() > deadline {
-            bail!("tierd did not start");
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    d.try_wait_listening(Duration::from_secs(20))?;
+    let socket = d.socket().to_path_buf();
     let ep = Endpoint::Unix(socket.clone());
     let mut tasks = Vec::new();
     for _ in 0..watchers {
@@ -114,7 +80,7 @@ async fn one_run(tierd: &PathBuf, watchers: usize) -> anyhow::Result<Outcome> {
         }));
     }
     tokio::time::sleep(WARMUP).await;
-    let pid = d.0.id();
+    let pid = d.pid();
     let c0 = cpu_seconds(pid)?;
     let t0 = Instant::now();
     tokio::time::sleep(WINDOW).await;

@@ -121,3 +121,34 @@ pub fn gated(name: &'static str, needs: Vec<Result<(), String>>, f: fn()) -> lib
         }
     })
 }
+
+/// Runs each group's trials in turn, the trials of one group in parallel
+/// as [`libtest_mimic::run`] does: the groups share a binary but not the
+/// machine, as separate test binaries did. A group whose trials are all
+/// filtered out is not announced. One conclusion for all of them.
+pub fn run_in_turn(
+    args: &libtest_mimic::Arguments,
+    groups: impl IntoIterator<Item = fn() -> Vec<libtest_mimic::Trial>>,
+) -> libtest_mimic::Conclusion {
+    let mut all = libtest_mimic::Conclusion {
+        num_filtered_out: 0,
+        num_passed: 0,
+        num_failed: 0,
+        num_ignored: 0,
+        num_measured: 0,
+    };
+    for group in groups {
+        let trials = group();
+        if !args.list && trials.iter().all(|t| args.is_filtered_out(t)) {
+            all.num_filtered_out += trials.len() as u64;
+            continue;
+        }
+        let c = libtest_mimic::run(args, trials);
+        all.num_filtered_out += c.num_filtered_out;
+        all.num_passed += c.num_passed;
+        all.num_failed += c.num_failed;
+        all.num_ignored += c.num_ignored;
+        all.num_measured += c.num_measured;
+    }
+    all
+}

@@ -3,7 +3,7 @@
 //! and server are killed on drop.
 
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 #[derive(Debug)]
 pub struct Tmux {
@@ -77,18 +77,14 @@ impl Tmux {
 
     /// Polls the screen until `ok`; fails with the screen after `timeout`.
     pub fn wait(&self, what: &str, timeout: Duration, ok: impl Fn(&str) -> bool) -> String {
-        let deadline = Instant::now() + timeout;
-        loop {
+        crate::wait_until(what, timeout, || {
             let s = self.screen();
             if ok(&s) {
-                return s;
+                Ok(s)
+            } else {
+                Err(format!("screen:\n{s}"))
             }
-            assert!(
-                Instant::now() < deadline,
-                "timed out waiting for {what}; screen:\n{s}"
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
+        })
     }
 }
 

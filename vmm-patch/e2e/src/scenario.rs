@@ -13,7 +13,7 @@ use tier_proto::v1::{
 };
 use tokio_stream::StreamExt;
 
-use tier_e2e::tierd::Tierd;
+use tier_e2e::tierd;
 use tier_e2e::vmm::{ChVm, Hotplug, VmSpec};
 
 const MIB: u64 = 1 << 20;
@@ -383,7 +383,7 @@ pub async fn run(plan: &Plan, paths: &Paths) -> anyhow::Result<Outcome> {
         );
     }
 
-    let mut tierd = Tierd::start(
+    let mut tierd = tierd::start(
         &paths.tierd,
         &paths.work,
         &ch_dir,
@@ -392,8 +392,12 @@ pub async fn run(plan: &Plan, paths: &Paths) -> anyhow::Result<Outcome> {
         plan.passes,
         &format!("actuator = {:?}", plan.actuator.name()),
     )?;
-    let mut client = tierd.client(Duration::from_secs(30)).await?;
-    println!("tierd: pid {}, log {}", tierd.pid(), tierd.log.display());
+    let mut client = tierd.try_client(Duration::from_secs(30)).await?;
+    println!(
+        "tierd: pid {}, log {}",
+        tierd.pid(),
+        tierd.log_path().display()
+    );
     client
         .set_policy(SetPolicyRequest {
             policy: Some(plan.policy()),

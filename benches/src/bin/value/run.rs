@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use tier_benches::value::{Demand, Sample, oracle_split};
 use tier_e2e::bed::{self, BOOT_MIB, Guest, IDLE_MIB, MIB, PLUGGED_MIB, REGION_MIB};
-use tier_e2e::tierd::Tierd;
+use tier_e2e::tierd;
 use tier_linux_bed::Kernel;
 use tier_proto::v1::SetPolicyRequest;
 
@@ -235,13 +235,13 @@ pub async fn run(env: &Env, s: Schedule, policy: Policy, work: &Path) -> anyhow:
             if matches!(policy, Policy::RatioEager | Policy::WorkingSetEager) {
                 p.reclaim = tier_proto::v1::ReclaimMode::Eager as i32;
             }
-            let mut t = Tierd::with_config(&env.tierd, work, &bed::tierd_config(work, &qmp_dir))?;
-            let mut client = t.client(Duration::from_secs(30)).await?;
+            let mut t = tierd::with_config(&env.tierd, work, &bed::tierd_config(work, &qmp_dir))?;
+            let mut client = t.try_client(Duration::from_secs(30)).await?;
             client
                 .set_policy(SetPolicyRequest { policy: Some(p) })
                 .await
                 .context("SetPolicy")?;
-            println!("  tierd pid {}, log {}", t.pid(), t.log.display());
+            println!("  tierd pid {}, log {}", t.pid(), t.log_path().display());
             Some(t)
         }
         _ => None,

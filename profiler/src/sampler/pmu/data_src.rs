@@ -17,7 +17,7 @@
 //! | 43-45 | mem_hops   | HOPS_0 0x01 (other core, same node), HOPS_1 0x02 (other node, same socket), HOPS_2 0x03 (other socket), HOPS_3 0x04 (other board) |
 //!
 //! `bpf/pmu_data_src.h` decodes the same way in BPF; a unit test checks
-//! that its constants equal these, and `profiler/tests/pmu.rs` runs both
+//! that its constants equal these, and `profiler/tests/gated/pmu.rs` runs both
 //! decoders over a sweep of encodings.
 //!
 //! `PERF_MEM_LVLNUM_CXL` is 0x09 (Linux 6.2+; this machine's uapi header

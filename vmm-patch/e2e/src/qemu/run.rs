@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use tier_e2e::tierd::Tierd;
+use tier_e2e::tierd;
 use tier_linux_bed::Kernel;
 use tier_proto::v1::*;
 use tokio_stream::StreamExt;
@@ -113,9 +113,13 @@ pub async fn run(args: &Args) -> anyhow::Result<bool> {
     a.touch(args.grow_mib, Some((IDLE_MIB, args.phase_secs)))?;
     b.touch(IDLE_MIB, None)?;
 
-    let mut tierd = Tierd::with_config(&args.tierd, &work, &bed::tierd_config(&work, &qmp_dir))?;
-    let mut client = tierd.client(Duration::from_secs(30)).await?;
-    println!("tierd: pid {}, log {}", tierd.pid(), tierd.log.display());
+    let mut tierd = tierd::with_config(&args.tierd, &work, &bed::tierd_config(&work, &qmp_dir))?;
+    let mut client = tierd.try_client(Duration::from_secs(30)).await?;
+    println!(
+        "tierd: pid {}, log {}",
+        tierd.pid(),
+        tierd.log_path().display()
+    );
     client
         .set_policy(SetPolicyRequest {
             policy: Some(bed::policy(
@@ -152,7 +156,7 @@ pub async fn run(args: &Args) -> anyhow::Result<bool> {
         let update: StatsUpdate = tokio::select! {
             u = stats.next() => match u {
                 Some(u) => u.context("WatchStats stream")?,
-                None => anyhow::bail!("tierd closed the stats stream; log {}", tierd.log.display()),
+                None => anyhow::bail!("tierd closed the stats stream; log {}", tierd.log_path().display()),
             },
             d = decisions_stream.next() => {
                 if let Some(d) = d {

@@ -128,11 +128,11 @@ pub async fn inject(p: Planned, w: &mut World) -> Fault {
         }
         Kind::TierdFlood => {
             f.hold = Some(Hold::Sockets {
-                _open: flood(&w.tierd.socket, 100, 100),
+                _open: flood(w.tierd.socket(), 100, 100),
             })
         }
         Kind::StalledWatcher => {
-            let socket = w.tierd.socket.clone();
+            let socket = w.tierd.socket().to_path_buf();
             f.hold = Some(Hold::Watcher(tokio::spawn(stalled_watcher(socket))));
         }
         Kind::GuestDeaf | Kind::GuestLies => {}
@@ -424,7 +424,7 @@ fn vm_id_of(l: &watch::Log, pid: Option<u32>) -> Option<&str> {
 /// After a restart tierd must act on the policy it was given, not the
 /// default one.
 async fn check_policy(f: &mut Fault, w: &World) {
-    let Ok(mut c) = connect(&Endpoint::Unix(w.tierd.socket.clone())).await else {
+    let Ok(mut c) = connect(&Endpoint::Unix(w.tierd.socket().to_path_buf())).await else {
         f.violations.push("tierd socket gone after restart".into());
         return;
     };

@@ -115,7 +115,7 @@ async fn soak(
 ) -> anyhow::Result<bool> {
     let tick = Duration::from_millis(plan.interval_ms);
     let mut w = World::start(paths, plan).await?;
-    let log = watch::spawn(w.tierd.socket.clone());
+    let log = watch::spawn(w.tierd.socket().to_path_buf());
     let mut checker = checks::Checker::default();
     let mut faults: Vec<Fault> = Vec::new();
     let mut steady = Vec::new();

@@ -7,10 +7,10 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use anyhow::Context;
-use tier_e2e::tierd::Tierd;
+use tier_e2e::tierd::{self, Tierd};
 use tier_e2e::vmm::{ChVm, STOP_GRACE, VhostUser, VmSpec};
 use tier_proto::v1::{Policy, SetPolicyRequest};
-use tier_test_support::ChildGuard;
+use tier_test_support::{ChildGuard, try_wait_until};
 
 pub const MIB: u64 = 1 << 20;
 
@@ -115,7 +115,7 @@ impl World {
             tierd,
             policy_file,
         };
-        let mut client = w.tierd.client(Duration::from_secs(30)).await?;
+        let mut client = w.tierd.try_client(Duration::from_secs(30)).await?;
         client
             .set_policy(SetPolicyRequest {
                 policy: Some(w.plan.policy()),
@@ -173,7 +173,7 @@ fn start_tierd(
     ch_dir: &Path,
     policy_file: &Path,
 ) -> anyhow::Result<Tierd> {
-    Tierd::start(
+    tierd::start(
         &paths.tierd,
         &paths.work,
         ch_dir,
@@ -209,13 +209,11 @@ fn start_backend(paths: &Paths, spec: &VmSpec) -> anyhow::Result<ChildGuard> {
         .with_context(|| format!("starting {}", paths.balloon.display()))?;
     let child = ChildGuard::with_grace(child, STOP_GRACE);
     // The VMM connects at boot: wait for the socket.
-    for _ in 0..200 {
-        if v.socket.exists() && v.control.exists() {
-            return Ok(child);
-        }
-        std::thread::sleep(Duration::from_millis(25));
-    }
-    anyhow::bail!("tier-balloon did not create {}", v.socket.display())
+    try_wait_until("tier-balloon's sockets", Duration::from_secs(5), || {
+        (v.socket.exists() && v.control.exists()).then_some(())
+    })
+    .with_context(|| format!("tier-balloon did not create {}", v.socket.display()))?;
+    Ok(child)
 }
 
 /// Boots VM `i`, waits for its driver and sets its starting DRAM balloon.
