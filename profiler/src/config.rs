@@ -434,8 +434,57 @@ impl Config {
         })
     }
 
-    /// Checks every key; the first bad one is reported.
+    /// Checks every key, one section at a time; the first bad one is
+    /// reported.
     pub fn validate(&self) -> Result<Settings, ConfigError> {
+        let (socket_mode, socket_group) = self.check_socket()?;
+        self.check_sampling()?;
+        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let cpu_budget_pct = self.sampler.validate(cpus)?;
+        let fit_budget_pct = self.sampler.fit_budget()?;
+        let ages = self.sampler.ages(self.interval_ms)?;
+        let (tier_kinds, demo_slow_kind, demo_cycle) = self.check_kinds_and_demo()?;
+        let json_logs = self.check_log_format()?;
+        let (metrics, health, tcp) = self.check_listeners()?;
+        let ch = self.discovery.validate()?;
+        let pmu = self.check_pmu()?;
+        let policy_file = self.check_policy_file()?;
+        Ok(Settings {
+            socket: self.socket.clone(),
+            socket_mode,
+            socket_group,
+            interval: Duration::from_millis(self.interval_ms),
+            passes: self.passes_per_interval,
+            backend: self.backend.clone(),
+            ept_sample_stride: self.ept_sample_stride,
+            damon_sample: Duration::from_millis(self.damon_sample_ms),
+            cpu_budget_pct,
+            fit_budget_pct,
+            ages,
+            pmu,
+            pmu_events: self.pmu_events.clone(),
+            discover: self.discover,
+            tier_kinds,
+            demo_vm: self.demo_vm,
+            demo_slow_kind,
+            demo_cycle,
+            json_logs,
+            metrics,
+            health,
+            tcp,
+            controller: self.controller.enabled,
+            act_on: self.controller.act_on,
+            policy_file,
+            actuators: crate::actuator::Preferences {
+                default: self.controller.actuator,
+                per_vm: self.controller.actuators.clone(),
+            },
+            ch,
+        })
+    }
+
+    /// `socket`, `socket_mode`, `socket_group`.
+    fn check_socket(&self) -> Result<(u32, Option<(String, u32)>), ConfigError> {
         let socket_mode = u32::from_str_radix(self.socket_mode.trim_start_matches("0o"), 8)
             .ok()
             .filter(|m| *m <= 0o777)
@@ -459,6 +508,12 @@ impl Config {
                     .ok_or_else(|| invalid("socket_group", format!("no group named {g:?}")))?,
             )),
         };
+        Ok((socket_mode, socket_group))
+    }
+
+    /// `interval_ms`, `passes_per_interval`, `ept_sample_stride`,
+    /// `damon_sample_ms`, `backend`.
+    fn check_sampling(&self) -> Result<(), ConfigError> {
         if !(10..=3_600_000).contains(&self.interval_ms) {
             return Err(invalid(
                 "interval_ms",
@@ -500,16 +555,20 @@ impl Config {
                 format!("{} is not in [5, 10000]", self.damon_sample_ms),
             ));
         }
-        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
-        let cpu_budget_pct = self.sampler.validate(cpus)?;
-        let fit_budget_pct = self.sampler.fit_budget()?;
-        let ages = self.sampler.ages(self.interval_ms)?;
         if !BACKENDS.contains(&self.backend.as_str()) {
             return Err(invalid(
                 "backend",
                 format!("{:?} is not one of {}", self.backend, BACKENDS.join(", ")),
             ));
         }
+        Ok(())
+    }
+
+    /// `tier_kinds`, `demo_slow_kind`, `demo_cycle_s`.
+    #[allow(clippy::type_complexity)] // three settings of one section, named where used
+    fn check_kinds_and_demo(
+        &self,
+    ) -> Result<(BTreeMap<String, TierKind>, TierKind, Option<Duration>), ConfigError> {
         let kind = |key: &str, v: &str| {
             TierKind::from_short_name(v).ok_or_else(|| {
                 invalid(
@@ -531,6 +590,11 @@ impl Config {
         }
         let demo_cycle =
             (self.demo_cycle_s > 0).then(|| std::time::Duration::from_secs(self.demo_cycle_s));
+        Ok((tier_kinds, demo_slow_kind, demo_cycle))
+    }
+
+    /// `log_format`: whether logs are JSON.
+    fn check_log_format(&self) -> Result<bool, ConfigError> {
         let json_logs = match self.log_format.as_str() {
             "text" => false,
             "json" => true,
@@ -541,6 +605,14 @@ impl Config {
                 ));
             }
         };
+        Ok(json_logs)
+    }
+
+    /// `metrics.listen` (loopback only), `health.listen`, `tcp.*`.
+    #[allow(clippy::type_complexity)] // the three listeners, named where used
+    fn check_listeners(
+        &self,
+    ) -> Result<(Option<SocketAddr>, Option<SocketAddr>, Option<TcpSettings>), ConfigError> {
         let metrics = match self.metrics.listen.as_str() {
             "" => None,
             s => {
@@ -592,7 +664,11 @@ impl Config {
                     })
                 }
             };
-        let ch = self.discovery.validate()?;
+        Ok((metrics, health, tcp))
+    }
+
+    /// `pmu`, `pmu_events` (each file parsed).
+    fn check_pmu(&self) -> Result<PmuMode, ConfigError> {
         let pmu = PmuMode::parse(&self.pmu).ok_or_else(|| {
             invalid(
                 "pmu",
@@ -608,6 +684,11 @@ impl Config {
             }
             EventTable::from_file(p).map_err(|e| invalid("pmu_events", e.to_string()))?;
         }
+        Ok(pmu)
+    }
+
+    /// `controller.policy_file`: absolute, or empty for none.
+    fn check_policy_file(&self) -> Result<Option<PathBuf>, ConfigError> {
         let policy_file = match &self.controller.policy_file {
             p if p.as_os_str().is_empty() => None,
             p if !p.is_absolute() => {
@@ -618,38 +699,7 @@ impl Config {
             }
             p => Some(p.clone()),
         };
-        Ok(Settings {
-            socket: self.socket.clone(),
-            socket_mode,
-            socket_group,
-            interval: Duration::from_millis(self.interval_ms),
-            passes: self.passes_per_interval,
-            backend: self.backend.clone(),
-            ept_sample_stride: self.ept_sample_stride,
-            damon_sample: Duration::from_millis(self.damon_sample_ms),
-            cpu_budget_pct,
-            fit_budget_pct,
-            ages,
-            pmu,
-            pmu_events: self.pmu_events.clone(),
-            discover: self.discover,
-            tier_kinds,
-            demo_vm: self.demo_vm,
-            demo_slow_kind,
-            demo_cycle,
-            json_logs,
-            metrics,
-            health,
-            tcp,
-            controller: self.controller.enabled,
-            act_on: self.controller.act_on,
-            policy_file,
-            actuators: crate::actuator::Preferences {
-                default: self.controller.actuator,
-                per_vm: self.controller.actuators.clone(),
-            },
-            ch,
-        })
+        Ok(policy_file)
     }
 }
 
