@@ -39,50 +39,24 @@ fn band(t: f64, e: f64) -> String {
     format!("{:.1}-{:.1} %", (t - e) * 100.0, (t + e) * 100.0)
 }
 
-fn why_text(cfg: &Config, vm: &VmObs, w: &Work, pool: Pool) -> String {
-    let g = vm.dram.given();
-    let (t, e) = (w.target, cfg.hold_epsilon());
-    let hit = Hit::of(vm.hit, w.load.ratio());
-    let on = cfg.tuning.act_on;
-    let q = hit_text(cfg, vm, w);
-    let mut s = String::new();
-    if let Some(m) = w.resumed {
-        if m.why.is_working_set() {
-            let (bytes, granted) = match w.want {
-                Want::Need { bytes, .. } => (bytes, w.granted),
-                Want::Release { bytes, .. } => (bytes, 0),
-                Want::Hold => (0, 0),
-            };
-            s = working_set::continuing_text(w.view_for_want(), &m, bytes, granted);
-            if let Want::Need { .. } = w.want {
-                let _ = write!(s, "{}", pool_text(pool));
-            }
-        } else {
-            continuing(&mut s, cfg, vm, w, pool, &m);
-        }
-        return s;
+fn why_text(cfg: &Config, vm: &VmObs, work: &Work, pool: Pool) -> String {
+    if let Some(m) = work.resumed {
+        return continuing_text(cfg, vm, work, pool, &m);
     }
-    let ws_want = match w.want {
+    let ws_want = match work.want {
         Want::Need { why, .. } | Want::Release { why, .. } => why.is_working_set(),
         Want::Hold => false,
     };
-    if let (Some(v), true) = (w.view_for_want(), ws_want) {
-        s = working_set::why_text(cfg, vm, v, w.want, w.granted);
-        if let Want::Need { .. } = w.want {
-            s.push_str(&pool_text(pool));
-        }
-    }
-    let _ = match w.want {
-        _ if ws_want => Ok(()),
+    let mut out = match work.want {
+        _ if ws_want => working_set_text(cfg, vm, work, pool),
         Want::Release {
             why: Why::Ceiling,
             raw,
             bytes,
-        } => write!(
-            s,
+        } => format!(
             "dram given {} above ceiling {}: -{} of {}",
-            hb(g),
-            hb(w.hi),
+            hb(vm.dram.given()),
+            hb(work.hi),
             hb(bytes),
             hb(raw)
         ),
@@ -90,12 +64,11 @@ fn why_text(cfg: &Config, vm: &VmObs, w: &Work, pool: Pool) -> String {
             why: Why::Floor,
             raw,
             bytes,
-        } => write!(
-            s,
+        } => format!(
             "dram given {} below floor {}: +{} of {} (cap {})",
-            hb(g),
-            hb(w.lo),
-            hb(w.granted),
+            hb(vm.dram.given()),
+            hb(work.lo),
+            hb(work.granted),
             hb(raw),
             hb(bytes)
         ),
@@ -103,93 +76,154 @@ fn why_text(cfg: &Config, vm: &VmObs, w: &Work, pool: Pool) -> String {
             why: Why::Idle,
             raw,
             bytes,
-        } => {
-            let (held, idle) = (vm.dram.held(), vm.dram.idle_bytes);
-            let th = cfg.idle_threshold;
-            write!(
-                s,
-                "dram idle (cold beyond the longest horizon, low end) {} of {} held = {:.3} > {th:.3} ({q}, not below the band): reclaim ({} - {th:.3} x {}) / (1 - {th:.3}), at most what the dram given holds beyond the hot set: {} -> {}",
-                hb(idle),
-                hb(held),
-                idle as f64 / held.max(1) as f64,
-                hb(idle),
-                hb(held),
-                hb(raw),
-                hb(bytes)
-            )
-        }
-        Want::Release { why: _, raw, bytes } => write!(
-            s,
-            "{}: {}; {} can go (idle {} first) -> {}",
-            if hit.is_some_and(|h| h.above(t + e, on)) {
-                format!("{q} above the band {}", band(t, e))
-            } else {
-                format!(
-                    "{q} above the target {}, the last cut was cut short by the step",
-                    pc(t)
-                )
-            },
-            w.load.explain(t),
-            hb(raw),
-            hb(w.load.dram_idle),
-            hb(bytes)
-        ),
-        Want::Need { why: _, raw, bytes } => write!(
-            s,
-            "{}: {}; need {} (min step {}) cap {} -> granted {} of pool {} (budget {}, committed {})",
-            if hit.is_some_and(|h| h.below(t - e, on)) {
-                format!("{q} below the band {}", band(t, e))
-            } else {
-                format!(
-                    "{q} below the target {}, the last rise was cut short by the step",
-                    pc(t)
-                )
-            },
-            w.load.explain(t),
-            hb(raw),
-            hb(cfg.min_step()),
-            hb(bytes),
-            hb(w.granted),
-            hb(pool.size),
-            hb(pool.budget),
-            hb(pool.committed)
-        ),
-        Want::Hold => {
-            if let Some(dir) = w.unplaced {
-                let side = match dir {
-                    Dir::Up => "below",
-                    Dir::Down => "above",
-                };
-                let _ = write!(
-                    s,
-                    "{q} straddles the band {}: the point alone says {side}, the interval cannot place it {side} the band; held (a PMU count, or act_on protective, would decide)",
-                    band(t, e)
-                );
-            }
-            let g = vm.slow.given();
-            if g < w.slow_lo || g > w.slow_hi {
-                let sep = if s.is_empty() { "" } else { "; " };
-                let _ = write!(
-                    s,
-                    "{sep}slow given {} outside [{}, {}]",
-                    hb(g),
-                    hb(w.slow_lo),
-                    hb(w.slow_hi)
-                );
-            }
-            Ok(())
-        }
+        } => idle_text(cfg, vm, work, raw, bytes),
+        Want::Release { raw, bytes, .. } => cut_text(cfg, vm, work, raw, bytes),
+        Want::Need { raw, bytes, .. } => rise_text(cfg, vm, work, pool, raw, bytes),
+        Want::Hold => hold_text(cfg, vm, work),
     };
-    if w.forced > 0 {
+    if work.forced > 0 {
         let _ = write!(
-            s,
+            out,
             "; over budget (committed {} > budget {}): -{} more",
             hb(pool.committed),
             hb(pool.budget),
-            hb(w.forced)
+            hb(work.forced)
         );
     }
-    s
+    out
+}
+
+/// The next step of a move under way, in the words of the rule that
+/// planned it.
+fn continuing_text(cfg: &Config, vm: &VmObs, work: &Work, pool: Pool, m: &Move) -> String {
+    let mut out = String::new();
+    if m.why.is_working_set() {
+        let (bytes, granted) = match work.want {
+            Want::Need { bytes, .. } => (bytes, work.granted),
+            Want::Release { bytes, .. } => (bytes, 0),
+            Want::Hold => (0, 0),
+        };
+        out = working_set::continuing_text(work.view_for_want(), m, bytes, granted);
+        if let Want::Need { .. } = work.want {
+            out.push_str(&pool_text(pool));
+        }
+    } else {
+        continuing(&mut out, cfg, vm, work, pool, m);
+    }
+    out
+}
+
+/// A want of working_set mode's rules (or of ratio mode's hot-set
+/// evidence), in its view's words.
+fn working_set_text(cfg: &Config, vm: &VmObs, work: &Work, pool: Pool) -> String {
+    let Some(v) = work.view_for_want() else {
+        return String::new();
+    };
+    let mut out = working_set::why_text(cfg, vm, v, work.want, work.granted);
+    if let Want::Need { .. } = work.want {
+        out.push_str(&pool_text(pool));
+    }
+    out
+}
+
+/// An idle reclaim: the measured idle share against the threshold.
+fn idle_text(cfg: &Config, vm: &VmObs, work: &Work, raw: u64, bytes: u64) -> String {
+    let (held, idle) = (vm.dram.held(), vm.dram.idle_bytes);
+    let th = cfg.idle_threshold;
+    let quoted = hit_text(cfg, vm, work);
+    format!(
+        "dram idle (cold beyond the longest horizon, low end) {} of {} held = {:.3} > {th:.3} ({quoted}, not below the band): reclaim ({} - {th:.3} x {}) / (1 - {th:.3}), at most what the dram given holds beyond the hot set: {} -> {}",
+        hb(idle),
+        hb(held),
+        idle as f64 / held.max(1) as f64,
+        hb(idle),
+        hb(held),
+        hb(raw),
+        hb(bytes)
+    )
+}
+
+/// A cut on a ratio above the band (or above the target after a cut the
+/// step cut short): what the model says can go.
+fn cut_text(cfg: &Config, vm: &VmObs, work: &Work, raw: u64, bytes: u64) -> String {
+    let (target, eps) = (work.target, cfg.hold_epsilon());
+    let quoted = hit_text(cfg, vm, work);
+    let above = Hit::of(vm.hit, work.load.ratio())
+        .is_some_and(|h| h.above(target + eps, cfg.tuning.act_on));
+    format!(
+        "{}: {}; {} can go (idle {} first) -> {}",
+        if above {
+            format!("{quoted} above the band {}", band(target, eps))
+        } else {
+            format!(
+                "{quoted} above the target {}, the last cut was cut short by the step",
+                pc(target)
+            )
+        },
+        work.load.explain(target),
+        hb(raw),
+        hb(work.load.dram_idle),
+        hb(bytes)
+    )
+}
+
+/// A rise on a ratio below the band (or below the target after a rise
+/// the step cut short): what the model says reaches the target, and what
+/// the pool gave.
+fn rise_text(cfg: &Config, vm: &VmObs, work: &Work, pool: Pool, raw: u64, bytes: u64) -> String {
+    let (target, eps) = (work.target, cfg.hold_epsilon());
+    let quoted = hit_text(cfg, vm, work);
+    let below = Hit::of(vm.hit, work.load.ratio())
+        .is_some_and(|h| h.below(target - eps, cfg.tuning.act_on));
+    format!(
+        "{}: {}; need {} (min step {}) cap {} -> granted {} of pool {} (budget {}, committed {})",
+        if below {
+            format!("{quoted} below the band {}", band(target, eps))
+        } else {
+            format!(
+                "{quoted} below the target {}, the last rise was cut short by the step",
+                pc(target)
+            )
+        },
+        work.load.explain(target),
+        hb(raw),
+        hb(cfg.min_step()),
+        hb(bytes),
+        hb(work.granted),
+        hb(pool.size),
+        hb(pool.budget),
+        hb(pool.committed)
+    )
+}
+
+/// A hold worth a word: an interval that cannot place the ratio outside
+/// the band, a slow tier outside its limits.
+fn hold_text(cfg: &Config, vm: &VmObs, work: &Work) -> String {
+    let mut out = String::new();
+    if let Some(dir) = work.unplaced {
+        let side = match dir {
+            Dir::Up => "below",
+            Dir::Down => "above",
+        };
+        let _ = write!(
+            out,
+            "{} straddles the band {}: the point alone says {side}, the interval cannot place it {side} the band; held (a PMU count, or act_on protective, would decide)",
+            hit_text(cfg, vm, work),
+            band(work.target, cfg.hold_epsilon())
+        );
+    }
+    let slow = vm.slow.given();
+    if slow < work.slow_lo || slow > work.slow_hi {
+        let sep = if out.is_empty() { "" } else { "; " };
+        let _ = write!(
+            out,
+            "{sep}slow given {} outside [{}, {}]",
+            hb(slow),
+            hb(work.slow_lo),
+            hb(work.slow_hi)
+        );
+    }
+    out
 }
 
 /// Why a release was kept in part or whole (`Reclaim::OnDemand`).
