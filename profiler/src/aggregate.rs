@@ -465,31 +465,7 @@ impl Aggregator {
                     if let Some(r) = r.filter(|r| r.passes > 0)
                         && let Some(e) = fitted.get(i).copied()
                     {
-                        let pages = (t.size_bytes / PAGE).max(1);
-                        let scale = pages as f64 / r.sampled_pages as f64;
-                        sample.sampled_pages = r.sampled_pages;
-                        sample.young_pages = r.young_max;
-                        sample.coverage = (r.sampled_pages as f64 / pages as f64).min(1.0);
-                        sample.estimated_accessed_bytes =
-                            (r.young_max as f64 * scale) as u64 * PAGE;
-                        sample.estimated_accesses = e.accesses * scale;
-                        sample.saturation = e.saturation;
-                        if let Some(b) = e.bounds {
-                            sample.accesses_low = Some(b.low * scale);
-                            sample.accesses_high = b.high.map(|h| h * scale);
-                            sample.accesses_high_open = b.high.is_none();
-                            sample.saturated_pages = b.saturated * scale;
-                            // NaN: not computed (a deferred fit).
-                            sample.fit_misfit = Some(b.misfit).filter(|m| !m.is_nan());
-                        }
-                        sample.fit_age = e.fit_age;
-                        sample.fit_deferred = e.deferred;
-                        if r.fitted() {
-                            (sample.pass_seconds, sample.pass_young_pages) =
-                                r.timed.iter().map(|&(t, y)| (t, y as u64)).unzip();
-                        }
-                        sample.passes = r.passes;
-                        sample.source = backend;
+                        fill_estimate(&mut sample, t.size_bytes, r, e, backend);
                     }
                     sample
                 })
@@ -502,22 +478,15 @@ impl Aggregator {
                 .into_iter()
                 .map(str::to_string)
                 .collect();
-            let (ratio, has) = if unread.is_empty() {
-                hit_ratio(&tiers, &fast)
-            } else {
-                (0.0, false)
-            };
-            let error = if has { hit_error(&tiers, &fast) } else { 0.0 };
-            let interval = has.then(|| hit_interval(&tiers, &fast, ratio)).flatten();
+            let Hit {
+                ratio,
+                has,
+                error,
+                interval,
+                not_measured: dram_hit_not_measured,
+            } = vm_hit(&tiers, &fast, unread.is_empty(), backend);
             crate::hotset::mark_vacuous(&mut tiers, &vm.tiers);
             let hot_set_dram = crate::hotset::dram_share(&tiers, &fast);
-            let bounds = interval.map(|i| crate::hotset::Bounds {
-                low: i.low,
-                high: i.high,
-                low_open: i.low_open,
-                high_open: i.high_open,
-            });
-            let dram_hit_not_measured = crate::hotset::ratio_not_measured(backend, bounds);
             let quiet = quiet.or_else(|| {
                 (!unread.is_empty()).then(|| {
                     format!(
@@ -720,6 +689,75 @@ fn delta(now: &[u64], before: Option<&[u64]>) -> Vec<u64> {
 /// Tiers without a pass this interval while others of the VM had one
 /// (none when no tier had a pass): their accesses are unknown. A tier
 /// known to hold no resident page has none to touch and reads 0.
+/// One tier's estimate, scaled from the pages sampled to the tier, into
+/// its sample.
+fn fill_estimate(
+    sample: &mut TierSample,
+    size_bytes: u64,
+    r: &PassSum,
+    e: TierEstimate,
+    backend: i32,
+) {
+    let pages = (size_bytes / PAGE).max(1);
+    let scale = pages as f64 / r.sampled_pages as f64;
+    sample.sampled_pages = r.sampled_pages;
+    sample.young_pages = r.young_max;
+    sample.coverage = (r.sampled_pages as f64 / pages as f64).min(1.0);
+    sample.estimated_accessed_bytes = (r.young_max as f64 * scale) as u64 * PAGE;
+    sample.estimated_accesses = e.accesses * scale;
+    sample.saturation = e.saturation;
+    if let Some(b) = e.bounds {
+        sample.accesses_low = Some(b.low * scale);
+        sample.accesses_high = b.high.map(|h| h * scale);
+        sample.accesses_high_open = b.high.is_none();
+        sample.saturated_pages = b.saturated * scale;
+        // NaN: not computed (a deferred fit).
+        sample.fit_misfit = Some(b.misfit).filter(|m| !m.is_nan());
+    }
+    sample.fit_age = e.fit_age;
+    sample.fit_deferred = e.deferred;
+    if r.fitted() {
+        (sample.pass_seconds, sample.pass_young_pages) =
+            r.timed.iter().map(|&(t, y)| (t, y as u64)).unzip();
+    }
+    sample.passes = r.passes;
+    sample.source = backend;
+}
+
+/// A VM's DRAM-hit ratio over its tiers' estimates, its interval, and
+/// whether the backend measures it at all (`VmStats.dram_hit_not_measured`).
+struct Hit {
+    ratio: f64,
+    has: bool,
+    error: f64,
+    interval: Option<HitInterval>,
+    not_measured: String,
+}
+
+/// `read_all`: every tier was read (else the ratio is unknown, not 0).
+fn vm_hit(tiers: &[TierSample], fast: &[bool], read_all: bool, backend: i32) -> Hit {
+    let (ratio, has) = if read_all {
+        hit_ratio(tiers, fast)
+    } else {
+        (0.0, false)
+    };
+    let error = if has { hit_error(tiers, fast) } else { 0.0 };
+    let interval = has.then(|| hit_interval(tiers, fast, ratio)).flatten();
+    let bounds = interval.map(|i| crate::hotset::Bounds {
+        low: i.low,
+        high: i.high,
+        low_open: i.low_open,
+        high_open: i.high_open,
+    });
+    Hit {
+        ratio,
+        has,
+        error,
+        interval,
+        not_measured: crate::hotset::ratio_not_measured(backend, bounds),
+    }
+}
+
 fn unread_tiers<'a>(tiers: &'a [TierSample], resident: &[u64]) -> Vec<&'a str> {
     if tiers.iter().all(|t| t.passes == 0) {
         return Vec::new();
