@@ -19,8 +19,8 @@
 //!    binomial noise), for working_set mode;
 //! 3. the controller decides; its targets become the balloons' targets.
 
-pub mod ages;
-pub mod estimate;
+pub mod accessed_bits;
+pub mod age_readings;
 pub mod fleet;
 pub mod guest;
 pub mod metrics;
@@ -32,7 +32,7 @@ use std::time::Instant;
 
 use tier_proto::v1::Decision;
 
-use ages::AgeSampling;
+use age_readings::AgeSampling;
 use guest::SimVm;
 use passes::Passes;
 use rng::Rng;
@@ -188,9 +188,9 @@ impl Sim {
             // guest holds now (at most 1, so a mixed sample stays covered).
             let hit = match (cap, vm.phase(k)) {
                 (Some(cap), Some(p)) => {
-                    let seen = estimate::seen(p, dh, sh, cap);
+                    let seen = accessed_bits::seen(p, dh, sh, cap);
                     (dram_acc, slow_acc) = (dram_acc * seen[0].share, slow_acc * seen[1].share);
-                    estimate::interval([dram_acc, slow_acc], seen, self.config.noise)
+                    accessed_bits::interval([dram_acc, slow_acc], seen, self.config.noise)
                 }
                 _ => Default::default(),
             };
@@ -198,10 +198,10 @@ impl Sim {
                 (Some(a), Some(p)) => {
                     let iv = self.config.interval_s;
                     let history = (k + 1) as f64 * iv;
-                    let [td, ts] = ages::truth(p, &a, iv, dh, sh);
+                    let [td, ts] = age_readings::truth(p, &a, iv, dh, sh);
                     Some([
-                        ages::tier_ages(&mut self.rng, &td, dh, &a, iv, history),
-                        ages::tier_ages(&mut self.rng, &ts, sh, &a, iv, history),
+                        age_readings::tier_ages(&mut self.rng, &td, dh, &a, iv, history),
+                        age_readings::tier_ages(&mut self.rng, &ts, sh, &a, iv, history),
                     ])
                 }
                 _ => None,

@@ -2,12 +2,12 @@
 //! and the budget have their say. Checks in order: tier limits, above
 //! target, idle memory, below target. A move under way (`state::Move`)
 //! takes its next step instead (`resume`). The ratio is judged by its
-//! interval (`interval::Hit`, `Tuning::act_on`): while the interval
+//! interval (`hit_interval::Hit`, `Tuning::act_on`): while the interval
 //! straddles the band no ratio-driven move starts or continues.
 
 use super::config::{Config, PAGE};
+use super::hit_interval::{ActOn, Hit};
 use super::input::VmObs;
-use super::interval::{ActOn, Hit};
 use super::model::Load;
 use super::state::{Dir, Move, Why};
 

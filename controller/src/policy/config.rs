@@ -5,7 +5,7 @@ use std::collections::HashMap;
 
 use tier_proto::v1::{Policy, PolicyMode, ReclaimMode};
 
-use super::interval::ActOn;
+use super::hit_interval::ActOn;
 
 /// Balloon granularity; sizes, steps and limits are multiples of it.
 pub const PAGE: u64 = 4096;

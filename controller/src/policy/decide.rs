@@ -127,7 +127,7 @@ fn ws_view(
         }
         Err(e) => {
             let window = u64::from(cfg.tuning.hysteresis_window);
-            let counted = matches!(vm.hit, super::interval::HitEvidence::Counted(_));
+            let counted = matches!(vm.hit, super::hit_interval::HitEvidence::Counted(_));
             match last.as_ref() {
                 Some((r, v)) if !counted && round - r <= window => Ok(working_set::View {
                     stale: Some(*r),
@@ -154,7 +154,7 @@ fn look(
     // PMU count (the decision says why); with neither, nothing is measured
     // and the VM is held (`unmeasured`), never decided on a vacuous ratio.
     // In ratio mode the view is evidence for what the ratio cannot place.
-    let counted = matches!(vm.hit, super::interval::HitEvidence::Counted(_));
+    let counted = matches!(vm.hit, super::hit_interval::HitEvidence::Counted(_));
     let mode = cfg.mode_of(&vm.id, &vm.name);
     let (ws, fallback, unmeasured, evidence) =
         match (mode.resolve(counted), ws_view(cfg, vm, last_view, round)) {

@@ -4,7 +4,7 @@
 use tier_proto::v1::{TierKind, Vm, VmStats};
 
 use super::ages::TierAges;
-use super::interval::HitEvidence;
+use super::hit_interval::HitEvidence;
 
 /// One tier of one VM over one interval.
 #[derive(Debug, Clone, PartialEq, Default)]

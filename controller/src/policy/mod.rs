@@ -10,8 +10,8 @@ pub mod classify;
 pub mod config;
 mod decide;
 mod decision;
+pub mod hit_interval;
 pub mod input;
-pub mod interval;
 pub mod model;
 pub mod state;
 mod work;
@@ -25,8 +25,8 @@ pub use config::{
     Config, ConfigError, Limits, Mode, PAGE, Reclaim, Tuning, VmOverride, WorkingSet,
     default_policy,
 };
+pub use hit_interval::{ActOn, Hit, HitEvidence, HitKind};
 pub use input::{TierObs, VmObs};
-pub use interval::{ActOn, Hit, HitEvidence, HitKind};
 pub use work::signal_text;
 
 use state::VmState;

@@ -16,8 +16,8 @@
 //! each byte moved carries its tier's average access density.
 
 use super::config::PAGE;
+use super::hit_interval::HitEvidence;
 use super::input::VmObs;
-use super::interval::HitEvidence;
 
 /// The per-tier load of one VM, as the model needs it.
 #[derive(Debug, Clone, Copy, PartialEq)]

@@ -30,8 +30,8 @@ use tier_proto::human_bytes as hb;
 use super::ages::{Est, TierAges};
 use super::classify::{Ctx, HotSet, Want, flips_back, limit_want, whole};
 use super::config::{Config, PAGE};
+use super::hit_interval::HitEvidence;
 use super::input::{TierObs, VmObs};
-use super::interval::HitEvidence;
 use super::state::{Dir, Move, Why};
 
 /// What working_set mode reads of one VM in one interval.

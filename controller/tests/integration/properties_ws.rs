@@ -10,7 +10,7 @@ use proptest::prelude::*;
 use tier_controller::policy::working_set::view;
 use tier_controller::policy::{Config, Controller, HitEvidence, Mode, PAGE, Tuning, WorkingSet};
 use tier_proto::v1::DecisionReason;
-use tier_sim::ages::AgeSampling;
+use tier_sim::age_readings::AgeSampling;
 use tier_sim::fleet::{FleetSpec, fleet};
 use tier_sim::guest::{Balloon, Guest, SimVm};
 use tier_sim::metrics::{assessed_while_moving, directions, flip_backs, flip_backs_within};

@@ -9,7 +9,7 @@ use tier_controller::policy::{
     Config, Controller, HitEvidence, Mode, Reclaim, TierObs, Tuning, VmObs, VmOverride, WorkingSet,
 };
 use tier_proto::v1::{DecisionOutcome, DecisionReason};
-use tier_sim::ages::AgeSampling;
+use tier_sim::age_readings::AgeSampling;
 use tier_sim::guest::{Balloon, Guest, SimVm};
 use tier_sim::metrics::{converge, directions};
 use tier_sim::workload::Phase;

@@ -13,7 +13,7 @@
 
 use tier_benches::{Row, Summary, print_table};
 use tier_controller::policy::{Config, Mode};
-use tier_sim::ages::AgeSampling;
+use tier_sim::age_readings::AgeSampling;
 use tier_sim::fleet::{FleetSpec, fleet};
 use tier_sim::metrics::{converge_slack, cooperative, dram_moved, oscillations, wrong_way};
 use tier_sim::{Sim, SimConfig};
