@@ -1,6 +1,6 @@
 //! What `cargo xtask bench fidelity -- --source linux` hands the bench:
 //! Debian's kernels, the truth plugin and the guest's skewed key-value
-//! program (vmm-patch/linux-bed/guest/kv_zipf.c), as environment
+//! program (vmm-patch/harness/linux-bed/guest/kv_zipf.c), as environment
 //! variables; each one already set in the environment is kept.
 
 use std::path::{Path, PathBuf};
@@ -10,7 +10,7 @@ use anyhow::Context;
 
 use crate::run;
 
-const KV_SOURCE: &str = "vmm-patch/linux-bed/guest/kv_zipf.c";
+const KV_SOURCE: &str = "vmm-patch/harness/linux-bed/guest/kv_zipf.c";
 
 /// Whether the bench's arguments ask for the Linux source.
 pub fn wanted(args: &[String]) -> bool {

@@ -1,5 +1,5 @@
 //! Builds the Linux bed's exact-truth TCG plugin
-//! (vmm-patch/linux-bed/plugin/tier_truth.c) against the `qemu-plugin.h` of
+//! (vmm-patch/harness/linux-bed/plugin/tier_truth.c) against the `qemu-plugin.h` of
 //! the installed QEMU's own Debian source, fetched at build time into a
 //! cache (never committed) through a private apt configuration: the
 //! system's sources and lists are left alone.
@@ -11,7 +11,7 @@ use anyhow::{Context, bail};
 
 use crate::run;
 
-const SOURCE: &str = "vmm-patch/linux-bed/plugin/tier_truth.c";
+const SOURCE: &str = "vmm-patch/harness/linux-bed/plugin/tier_truth.c";
 const HEADER: &str = "include/qemu/qemu-plugin.h";
 /// deb-src for the suites that carry bookworm's QEMU builds.
 const SOURCES: &str = "\

@@ -1,4 +1,4 @@
-//! `cargo xtask linux-driver`: builds `tier_balloon.ko` (vmm-patch/linux-driver)
+//! `cargo xtask linux-driver`: builds `tier_balloon.ko` (vmm-patch/guests/linux-driver)
 //! from Debian's kernel sources, never committed: the .debs are fetched into
 //! `<target>/linux-driver/debs`, virtio_balloon.c is copied out of
 //! linux-source and patched in a build directory.
@@ -36,7 +36,7 @@ pub fn out_dir() -> anyhow::Result<PathBuf> {
     Ok(run::target_dir()?.join("linux-driver"))
 }
 
-/// Build tier_balloon.ko (vmm-patch/linux-driver) from Debian's kernel
+/// Build tier_balloon.ko (vmm-patch/guests/linux-driver) from Debian's kernel
 /// sources: for Debian's UML 6.1 kernel, and compile-tested against the
 /// cloud-amd64 6.1 and 6.12 headers.
 #[derive(Debug, PartialEq, clap::Args)]
@@ -289,7 +289,7 @@ fn balloon_c_of(deb: &Path, cached: &Path) -> anyhow::Result<Vec<u8>> {
 /// A fresh build dir: the patched virtio_balloon.c as tier_balloon.c, and
 /// our own files beside it.
 fn stage(balloon_c: &[u8], series: &str, build: &Path) -> anyhow::Result<()> {
-    let ours = run::workspace_root()?.join("vmm-patch/linux-driver");
+    let ours = run::workspace_root()?.join("vmm-patch/guests/linux-driver");
     if build.exists() {
         std::fs::remove_dir_all(build).with_context(|| format!("removing {}", build.display()))?;
     }

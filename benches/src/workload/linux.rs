@@ -84,7 +84,7 @@ pub fn workloads() -> Vec<LinuxWorkload> {
         },
         LinuxWorkload {
             name: "kv-zipf",
-            what: "kv_zipf: 200k keys, 128 B values, Zipf 0.99 GET/SET 9:1 (vmm-patch/linux-bed/guest/kv_zipf.c)".into(),
+            what: "kv_zipf: 200k keys, 128 B values, Zipf 0.99 GET/SET 9:1 (vmm-patch/harness/linux-bed/guest/kv_zipf.c)".into(),
             placement: "numactl --interleave=0,1",
             start: bg(
                 "numactl --interleave=0,1 kv_zipf 200000 0.99 100000 128",

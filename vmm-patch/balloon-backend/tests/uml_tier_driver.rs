@@ -1,5 +1,5 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly on purpose
-//! Our Linux driver, tier_balloon.ko (vmm-patch/linux-driver, built by
+//! Our Linux driver, tier_balloon.ko (vmm-patch/guests/linux-driver, built by
 //! `cargo xtask linux-driver`), in Debian's user-mode-linux 6.1 against
 //! tier-balloon offering F_TIERS with two tiers over UML's guest-physical
 //! memory: per-tier targets are honoured, no PFN is rejected, and a smaller

@@ -21,7 +21,7 @@ fn crate_file(rel: &str) -> String {
 }
 
 fn spec() -> String {
-    crate_file("../SPEC.md")
+    crate_file("../../SPEC.md")
 }
 
 /// The part of SPEC.md from heading `start` up to the next `## ` heading.
