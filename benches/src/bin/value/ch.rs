@@ -268,6 +268,12 @@ pub async fn run(
     let mut prev_held: Vec<Option<u64>> = vec![None; n];
     let (mut moved, mut resizes) = (0u64, 0usize);
     let mut changed_at: Vec<Option<f64>> = vec![None; n];
+    // The balloon targets this bench set (all but tierd's runs): another
+    // tierd on the host that finds these VMs by their command line could
+    // move them; such a change is reported and undone.
+    let owned = !matches!(policy, Policy::Ratio | Policy::WorkingSet);
+    let mut want: Vec<u64> = vec![start_balloon; n];
+    let mut foreign = 0usize;
     let mut next = Instant::now();
     let mut done = false;
     while !done && ready.elapsed().as_secs_f64() < deadline {
@@ -282,7 +288,20 @@ pub async fn run(
             if let Some(st) = vm.exited() {
                 anyhow::bail!("{}: the VMM exited ({st})", vm.name);
             }
-            let (_, ballooned) = dram_balloon(vm).await?;
+            let (target, ballooned) = dram_balloon(vm).await?;
+            if owned && target != want[i] {
+                foreign += 1;
+                println!(
+                    "  {}: DRAM balloon target {} KiB set by someone else (this bench set {} KiB): set back",
+                    vm.name,
+                    target >> 10,
+                    want[i] >> 10
+                );
+                vm.api
+                    .set_tier_targets(&[("dram".into(), want[i])])
+                    .await
+                    .with_context(|| format!("{}: vm.resize", vm.name))?;
+            }
             let h = zone.saturating_sub(ballooned);
             if let Some(p) = prev_held[i] {
                 moved += p.abs_diff(h);
@@ -330,8 +349,12 @@ pub async fn run(
         }
         println!("{row}");
         if policy == Policy::Oracle {
-            resizes += oracle_step(&vms, &s, &phases, &window, &overheads, &held).await?;
+            resizes +=
+                oracle_step(&vms, &s, &phases, &window, &overheads, &held, &mut want).await?;
         }
+    }
+    if foreign > 0 {
+        println!("  balloon targets changed by someone else and set back: {foreign}");
     }
     if !done {
         println!(
@@ -380,6 +403,7 @@ async fn oracle_step(
     window: &[VecDeque<(f64, u64)>],
     overheads: &[u64],
     held: &[u64],
+    want: &mut [u64],
 ) -> anyhow::Result<usize> {
     let zone = DRAM_MIB * MIB;
     let mut demands = Vec::new();
@@ -398,10 +422,7 @@ async fn oracle_step(
         ));
     }
     let split = oracle_split(&demands, BUDGET, ORACLE_BLOCK)?;
-    let mut targets = Vec::new();
-    for vm in vms {
-        targets.push(dram_balloon(vm).await?.0);
-    }
+    let targets = want.to_vec();
     let plan = vch::balloon_plan(&split, held, zone);
     // Only when some target moves by a block or more.
     if !plan
@@ -418,6 +439,7 @@ async fn oracle_step(
                 .set_tier_targets(&[("dram".into(), balloon)])
                 .await
                 .with_context(|| format!("{}: vm.resize", vms[g].name))?;
+            want[g] = balloon;
             n += 1;
         }
     }
