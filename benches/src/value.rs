@@ -265,6 +265,22 @@ pub fn summarise(model: &CostModel, samples: &[Sample], guests: usize, moved: u6
     }
 }
 
+/// Modelled time over all-DRAM time of all guests together, per second
+/// of a run: `(t, sample)` grouped by `t` rounded to the second; seconds
+/// with no work are left out.
+pub fn per_second(model: &CostModel, ticks: &[(f64, Sample)]) -> Vec<f64> {
+    let mut by: std::collections::BTreeMap<i64, (f64, f64)> = std::collections::BTreeMap::new();
+    for (t, s) in ticks {
+        let e = by.entry(t.round() as i64).or_default();
+        e.0 += model.time_ns(s.instructions, s.misses);
+        e.1 += model.reference_ns(s.instructions, s.misses);
+    }
+    by.values()
+        .filter(|v| v.1 > 0.0)
+        .map(|v| v.0 / v.1)
+        .collect()
+}
+
 /// The cloud-hypervisor test guests (docs/value.md, "The cloud-hypervisor
 /// test guests"): their schedule, how their exact per-tier counts are
 /// costed, and what the oracle knows of them.
@@ -594,6 +610,29 @@ mod tests {
         assert!((r.slow_share - 0.5).abs() < 1e-12);
         assert!((r.dram_mean - 200.0).abs() < 1e-12);
         assert_eq!(r.moved, 7);
+    }
+
+    #[test]
+    fn per_second_sums_the_guests_of_each_second() {
+        let m = CostModel::default();
+        let s = |guest, misses| Sample {
+            guest,
+            misses,
+            ..Default::default()
+        };
+        let v = per_second(
+            &m,
+            &[
+                (1.0, s(0, [10, 0])),
+                (1.2, s(1, [0, 10])),
+                (2.0, s(0, [0, 0])),
+                (3.0, s(1, [0, 4])),
+            ],
+        );
+        // Second 1: (800 + 2500) / 1600; second 2 did nothing.
+        assert_eq!(v.len(), 2);
+        assert!((v[0] - 3300.0 / 1600.0).abs() < 1e-12);
+        assert!((v[1] - 250.0 / 80.0).abs() < 1e-12);
     }
 
     #[test]

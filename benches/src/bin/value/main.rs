@@ -14,7 +14,7 @@ use std::io::Write;
 use std::path::PathBuf;
 
 use anyhow::Context;
-use tier_benches::value::{CostModel, Summary, gain_share, summarise};
+use tier_benches::value::{CostModel, Sample, Summary, gain_share, per_second, summarise};
 use tier_benches::{Row, Summary as Mmm, print_table, result_line};
 
 use run::{Policy, RunOut, Schedule};
@@ -448,7 +448,8 @@ fn report(
     let rows: Vec<Row> = rows
         .into_iter()
         .chain(runs.iter().filter_map(|r| {
-            let v: Vec<f64> = per_second(model, &r.ticks).into_iter().map(pct).collect();
+            let ticks: Vec<(f64, Sample)> = r.ticks.iter().map(|t| (t.t, t.sample)).collect();
+            let v: Vec<f64> = per_second(model, &ticks).into_iter().map(pct).collect();
             Some(Row {
                 name: format!("agg/s {}", r.policy.name()),
                 unit: "%",
@@ -513,22 +514,6 @@ fn report(
         ])
     );
     Ok(())
-}
-
-/// Modelled time over all-DRAM time of all guests together, per second
-/// of the run (ticks grouped by their second).
-fn per_second(model: &CostModel, ticks: &[run::Tick]) -> Vec<f64> {
-    let mut by: std::collections::BTreeMap<i64, (f64, f64)> = std::collections::BTreeMap::new();
-    for t in ticks {
-        let s = &t.sample;
-        let e = by.entry(t.t.round() as i64).or_default();
-        e.0 += model.time_ns(s.instructions, s.misses);
-        e.1 += model.reference_ns(s.instructions, s.misses);
-    }
-    by.values()
-        .filter(|v| v.1 > 0.0)
-        .map(|v| v.0 / v.1)
-        .collect()
 }
 
 fn write_csv(
