@@ -13,9 +13,11 @@ use anyhow::Context;
 use tier_benches::value::ch::{self as vch, Schedule};
 use tier_benches::value::oracle_split;
 use tier_controller::actuate::Vmm as _;
-use tier_e2e::tierd::Tierd;
+use tier_e2e::tierd;
 use tier_e2e::vmm::{ChVm, VmSpec};
-use tier_proto::v1::{Policy as TierPolicy, PolicyMode, SetPolicyRequest, TierLimits, VmPolicy};
+use tier_proto::v1::{
+    Policy as TierPolicy, PolicyMode, ReclaimMode, SetPolicyRequest, TierLimits, VmPolicy,
+};
 
 use crate::run::{Policy, RunOut, Tick};
 
@@ -82,8 +84,8 @@ impl Env {
 /// The policy tierd's controller gets, as the closed loop sets it
 /// (`vmm-patch/e2e/src/scenario.rs`, `Plan::policy`): target 0.85 +- 0.05,
 /// 8 MiB steps, idle DRAM above 0.3 reclaimed first, a 4 MiB DRAM floor,
-/// hot horizon 5 s.
-fn tierd_policy(mode: PolicyMode) -> TierPolicy {
+/// hot horizon 5 s; reclaim as given (tierd's default is on demand).
+fn tierd_policy(mode: PolicyMode, reclaim: ReclaimMode) -> TierPolicy {
     TierPolicy {
         enabled: true,
         dry_run: false,
@@ -108,6 +110,7 @@ fn tierd_policy(mode: PolicyMode) -> TierPolicy {
         mode: mode as i32,
         hot_horizon_seconds: 5.0,
         promotion_slo: 0.0,
+        reclaim: reclaim as i32,
     }
 }
 
@@ -118,10 +121,14 @@ pub fn what(p: Policy) -> &'static str {
             "equal static split (10 MiB DRAM each; the guests are the same size, so also the proportional one)"
         }
         Policy::GuestTiering => "n/a (the test guest has no tiering of its own)",
-        Policy::Ratio => "tierd's controller, ratio mode (target 0.85), as the e2e runs it",
-        Policy::WorkingSet => {
-            "tierd's controller, working_set mode (hot horizon 5 s), as the e2e runs it"
+        Policy::Ratio => {
+            "tierd's controller, ratio mode (target 0.85), reclaim on demand, as the e2e runs it"
         }
+        Policy::WorkingSet => {
+            "tierd's controller, working_set mode (hot horizon 5 s), reclaim on demand, as the e2e runs it"
+        }
+        Policy::RatioEager => "as ratio, with reclaim eager",
+        Policy::WorkingSetEager => "as working-set, with reclaim eager",
         Policy::Oracle => {
             "greedy split of the budget by the last 5 s's exact accesses over the known hot sets, every 1 s, through the DRAM balloons"
         }
@@ -229,14 +236,19 @@ pub async fn run(
         },
         overheads.iter().map(|o| o >> 10).collect::<Vec<_>>()
     );
-    let mut tierd = match policy {
-        Policy::Ratio | Policy::WorkingSet => {
-            let mode = if policy == Policy::Ratio {
+    let mut daemon = match policy {
+        p if p.tierd() => {
+            let mode = if matches!(p, Policy::Ratio | Policy::RatioEager) {
                 PolicyMode::Ratio
             } else {
                 PolicyMode::WorkingSet
             };
-            let mut t = Tierd::start(
+            let reclaim = if matches!(p, Policy::RatioEager | Policy::WorkingSetEager) {
+                ReclaimMode::Eager
+            } else {
+                ReclaimMode::OnDemand
+            };
+            let mut t = tierd::start(
                 &env.tierd,
                 work,
                 &ch_dir,
@@ -245,14 +257,14 @@ pub async fn run(
                 20,
                 "actuator = \"balloon\"",
             )?;
-            let mut client = t.client(Duration::from_secs(30)).await?;
+            let mut client = t.try_client(Duration::from_secs(30)).await?;
             client
                 .set_policy(SetPolicyRequest {
-                    policy: Some(tierd_policy(mode)),
+                    policy: Some(tierd_policy(mode, reclaim)),
                 })
                 .await
                 .context("SetPolicy")?;
-            println!("  tierd pid {}, log {}", t.pid(), t.log.display());
+            println!("  tierd pid {}, log {}", t.pid(), t.log_path().display());
             Some(t)
         }
         _ => None,
@@ -271,7 +283,7 @@ pub async fn run(
     // The balloon targets this bench set (all but tierd's runs): another
     // tierd on the host that finds these VMs by their command line could
     // move them; such a change is reported and undone.
-    let owned = !matches!(policy, Policy::Ratio | Policy::WorkingSet);
+    let owned = !policy.tierd();
     let mut want: Vec<u64> = vec![start_balloon; n];
     let mut foreign = 0usize;
     let mut next = Instant::now();
@@ -366,7 +378,7 @@ pub async fn run(
     for vm in &mut vms {
         alive &= vm.exited().is_none() && !vm.lines().iter().any(|l| l.kind == "error");
     }
-    if let Some(t) = tierd.as_mut() {
+    if let Some(t) = daemon.as_mut() {
         t.stop();
     }
     for vm in &mut vms {
@@ -379,7 +391,7 @@ pub async fn run(
             .map(|c| c.map_or("-".into(), |t| format!("{t:.0}")))
             .collect::<Vec<_>>()
     );
-    if matches!(policy, Policy::Ratio | Policy::WorkingSet) {
+    if policy.tierd() {
         resizes = crate::run::count_requests(&ticks);
     }
     Ok(RunOut {
