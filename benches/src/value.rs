@@ -265,6 +265,191 @@ pub fn summarise(model: &CostModel, samples: &[Sample], guests: usize, moved: u6
     }
 }
 
+/// Modelled time over all-DRAM time of all guests together, per second
+/// of a run: `(t, sample)` grouped by `t` rounded to the second; seconds
+/// with no work are left out.
+pub fn per_second(model: &CostModel, ticks: &[(f64, Sample)]) -> Vec<f64> {
+    let mut by: std::collections::BTreeMap<i64, (f64, f64)> = std::collections::BTreeMap::new();
+    for (t, s) in ticks {
+        let e = by.entry(t.round() as i64).or_default();
+        e.0 += model.time_ns(s.instructions, s.misses);
+        e.1 += model.reference_ns(s.instructions, s.misses);
+    }
+    by.values()
+        .filter(|v| v.1 > 0.0)
+        .map(|v| v.0 / v.1)
+        .collect()
+}
+
+/// The cloud-hypervisor test guests (docs/value.md, "The cloud-hypervisor
+/// test guests"): their schedule, how their exact per-tier counts are
+/// costed, and what the oracle knows of them.
+pub mod ch {
+    use super::{Demand, PAGE, Sample};
+
+    /// One test guest of the schedule: its hot set (hot set 0, which
+    /// prefers the DRAM tier) and the pages of it each phase touches.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub struct GuestPlan {
+        pub name: &'static str,
+        /// Pages of the hot set.
+        pub hot: u32,
+        /// Pages touched before and after the phase change (its first ones).
+        pub active: [u32; 2],
+    }
+
+    /// The schedule, on the guests' own clocks (seconds since their
+    /// workload started): `settle_s` for the guests to reach the starting
+    /// split (unrecorded), then `phase_s` recorded before a's hot set grows
+    /// past its DRAM and b's shrinks, then `after_s`; c idles (a hot set of
+    /// `idle` pages) all along.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub struct Schedule {
+        pub settle_s: u64,
+        pub phase_s: u64,
+        pub after_s: u64,
+        /// The large hot set, pages (a's after the change, b's before).
+        pub big: u32,
+        /// The small one (a's before, b's after).
+        pub small: u32,
+        /// The idle guest's.
+        pub idle: u32,
+    }
+
+    impl Default for Schedule {
+        fn default() -> Self {
+            // 6000 pages (23.4 MiB) of a 32 MiB DRAM zone; 1500 (5.9 MiB).
+            Schedule {
+                settle_s: 20,
+                phase_s: 40,
+                after_s: 60,
+                big: 6000,
+                small: 1500,
+                idle: 64,
+            }
+        }
+    }
+
+    impl Schedule {
+        /// The guests in sample order: a grows, b shrinks, c idles.
+        pub fn guests(&self) -> [GuestPlan; 3] {
+            [
+                GuestPlan {
+                    name: "a",
+                    hot: self.big,
+                    active: [self.small, self.big],
+                },
+                GuestPlan {
+                    name: "b",
+                    hot: self.big,
+                    active: [self.big, self.small],
+                },
+                GuestPlan {
+                    name: "c",
+                    hot: self.idle,
+                    active: [self.idle, self.idle],
+                },
+            ]
+        }
+
+        /// Pages the guest's workload touches in `phase` (0 or 1; later
+        /// phases as 1).
+        pub fn active(&self, guest: usize, phase: u64) -> Option<u32> {
+            let g = self.guests().get(guest).copied()?;
+            Some(g.active[usize::from(phase > 0)])
+        }
+
+        /// The guest's command line (docs/testguest.md): one hot set, all
+        /// of it DRAM-preferring, touched uniformly; a tick line a second.
+        pub fn cmdline(&self, guest: usize) -> Option<String> {
+            let g = self.guests().get(guest).copied()?;
+            Some(format!(
+                "hot={} phases=100@{}s:{},100@0:{} report=1s",
+                g.hot,
+                self.settle_s + self.phase_s,
+                g.active[0],
+                g.active[1]
+            ))
+        }
+
+        /// Whether the guest-second ending at `s` of the guest's clock is
+        /// recorded: after the settling, up to the end of the watch.
+        pub fn recorded(&self, s: u64) -> bool {
+            s > self.settle_s && s <= self.end_s()
+        }
+
+        /// The guest second the run ends at.
+        pub fn end_s(&self) -> u64 {
+            self.settle_s + self.phase_s + self.after_s
+        }
+    }
+
+    /// One guest-interval of a test guest, costed as the fleet is: each
+    /// access an LLC miss to the tier its page is on (`acc`: DRAM, slow),
+    /// `insns_per_miss` instructions per access; `res` the workload's pages
+    /// resident on each tier, `dram_bytes` the DRAM the guest held.
+    pub fn sample(
+        guest: usize,
+        acc: [u64; 2],
+        res: [u64; 2],
+        insns_per_miss: f64,
+        dram_bytes: u64,
+    ) -> Sample {
+        Sample {
+            guest,
+            instructions: (insns_per_miss.max(0.0) * (acc[0] + acc[1]) as f64).round() as u64,
+            misses: acc,
+            pages: res,
+            dram_bytes,
+        }
+    }
+
+    /// `now - before` per tier; a counter that went back (a restarted
+    /// guest) counts from 0.
+    pub fn delta(now: &[u64], before: &[u64]) -> [u64; 2] {
+        let at = |v: &[u64], i: usize| v.get(i).copied().unwrap_or(0);
+        std::array::from_fn(|i| {
+            let (n, b) = (at(now, i), at(before, i));
+            if n >= b { n - b } else { n }
+        })
+    }
+
+    /// What the oracle knows of a test guest: its hot set's `active` pages
+    /// (the schedule's), touched uniformly, shared the window's `accesses`
+    /// (the exact count over both tiers); `overhead` the guest's own pages
+    /// in its DRAM zone.
+    pub fn demand(active: u32, accesses: u64, overhead: u64, floor: u64, ceiling: u64) -> Demand {
+        let n = u64::from(active);
+        let page_misses = (0..n)
+            .map(|k| accesses / n + u64::from(k < accesses % n))
+            .collect();
+        Demand {
+            page_misses,
+            overhead,
+            floor,
+            ceiling,
+        }
+    }
+
+    /// The balloon targets (bytes ballooned out of each DRAM zone of
+    /// `zone` bytes) that leave each guest the DRAM of `split`, and the
+    /// order to set them in: guests that give DRAM up first, so that the
+    /// DRAM held never sums above the budget on the way.
+    pub fn balloon_plan(split: &[u64], held: &[u64], zone: u64) -> Vec<(usize, u64)> {
+        let mut order: Vec<usize> = (0..split.len()).collect();
+        order.sort_by_key(|&g| (split[g] >= held.get(g).copied().unwrap_or(0), g));
+        order
+            .into_iter()
+            .map(|g| (g, zone.saturating_sub(split[g].min(zone))))
+            .collect()
+    }
+
+    /// Pages of `bytes`, rounded down.
+    pub fn pages(bytes: u64) -> u64 {
+        bytes / PAGE
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -425,5 +610,109 @@ mod tests {
         assert!((r.slow_share - 0.5).abs() < 1e-12);
         assert!((r.dram_mean - 200.0).abs() < 1e-12);
         assert_eq!(r.moved, 7);
+    }
+
+    #[test]
+    fn per_second_sums_the_guests_of_each_second() {
+        let m = CostModel::default();
+        let s = |guest, misses| Sample {
+            guest,
+            misses,
+            ..Default::default()
+        };
+        let v = per_second(
+            &m,
+            &[
+                (1.0, s(0, [10, 0])),
+                (1.2, s(1, [0, 10])),
+                (2.0, s(0, [0, 0])),
+                (3.0, s(1, [0, 4])),
+            ],
+        );
+        // Second 1: (800 + 2500) / 1600; second 2 did nothing.
+        assert_eq!(v.len(), 2);
+        assert!((v[0] - 3300.0 / 1600.0).abs() < 1e-12);
+        assert!((v[1] - 250.0 / 80.0).abs() < 1e-12);
+    }
+
+    #[test]
+    fn ch_schedule_grows_a_shrinks_b_and_idles_c() {
+        let s = ch::Schedule::default();
+        let g = s.guests();
+        assert_eq!(g.map(|g| g.name), ["a", "b", "c"]);
+        assert_eq!(s.active(0, 0), Some(1500));
+        assert_eq!(s.active(0, 1), Some(6000));
+        assert_eq!(s.active(1, 0), Some(6000));
+        assert_eq!(s.active(1, 3), Some(1500));
+        assert_eq!(s.active(2, 1), Some(64));
+        assert_eq!(s.active(3, 0), None);
+        assert_eq!(
+            s.cmdline(0).unwrap(),
+            "hot=6000 phases=100@60s:1500,100@0:6000 report=1s"
+        );
+        assert!(!s.recorded(20) && s.recorded(21) && s.recorded(120) && !s.recorded(121));
+        assert_eq!(s.end_s(), 120);
+        // The guest's own parser takes every line.
+        for i in 0..3 {
+            let line = s.cmdline(i).unwrap();
+            tier_testguest::params::Params::parse(&line).unwrap_or_else(|e| panic!("{line}: {e}"));
+        }
+    }
+
+    #[test]
+    fn ch_accesses_are_misses_and_instructions_scale_with_them() {
+        let s = ch::sample(2, [300, 100], [50, 10], 2.5, 7);
+        assert_eq!(s.guest, 2);
+        assert_eq!(s.misses, [300, 100]);
+        assert_eq!(s.instructions, 1000);
+        assert_eq!(s.pages, [50, 10]);
+        assert_eq!(s.dram_bytes, 7);
+        // All on DRAM: no slowdown; all on slow with no instructions: the
+        // latency ratio.
+        let m = CostModel::default();
+        assert_eq!(
+            m.slowdown(ch::sample(0, [10, 0], [1, 0], 2.8, 0).instructions, [10, 0]),
+            Some(1.0)
+        );
+        let x = ch::sample(0, [0, 10], [0, 1], 0.0, 0);
+        assert!((m.slowdown(x.instructions, x.misses).unwrap() - 250.0 / 80.0).abs() < 1e-12);
+        assert_eq!(ch::delta(&[10, 20], &[4, 5]), [6, 15]);
+        // A counter that went back counts from 0; a missing tier is 0.
+        assert_eq!(ch::delta(&[3, 20], &[4, 5]), [3, 15]);
+        assert_eq!(ch::delta(&[7], &[]), [7, 0]);
+    }
+
+    #[test]
+    fn ch_oracle_favours_the_hotter_pages_of_a_smaller_set() {
+        // After the change: a touches 6000 pages, b 1500, c 64, at equal
+        // rates; 1.5 MiB of each zone is the guest's own.
+        let over = 1536 * 1024;
+        let d: Vec<Demand> = [(6000, 30_000), (1500, 30_000), (64, 30_000)]
+            .iter()
+            .map(|&(p, a)| ch::demand(p, a, over, 4 * MIB, 32 * MIB))
+            .collect();
+        assert_eq!(d[1].page_misses.len(), 1500);
+        assert_eq!(d[1].page_misses.iter().sum::<u64>(), 30_000);
+        let s = oracle_split(&d, 30 * MIB, MIB).unwrap();
+        assert_eq!(s.iter().sum::<u64>(), 30 * MIB);
+        // c needs less than its floor, b its whole set, a the rest.
+        assert_eq!(s[2], 4 * MIB);
+        assert!(s[1] >= over + 1500 * PAGE, "{s:?}");
+        assert!(s[1] < over + 1500 * PAGE + 2 * MIB, "{s:?}");
+        assert_eq!(s[0], 30 * MIB - s[1] - s[2]);
+        // Uneven shares of accesses still sum exactly.
+        let u = ch::demand(3, 10, 0, 0, 0);
+        assert_eq!(u.page_misses, vec![4, 3, 3]);
+    }
+
+    #[test]
+    fn ch_balloon_plan_gives_up_dram_before_taking_it() {
+        let zone = 32 * MIB;
+        // a grows 10 -> 18, b shrinks 10 -> 8, c 10 -> 4.
+        let plan = ch::balloon_plan(&[18 * MIB, 8 * MIB, 4 * MIB], &[10 * MIB; 3], zone);
+        assert_eq!(plan, vec![(1, 24 * MIB), (2, 28 * MIB), (0, 14 * MIB)]);
+        // Never a negative balloon.
+        assert_eq!(ch::balloon_plan(&[40 * MIB], &[0], zone), vec![(0, 0)]);
+        assert_eq!(ch::pages(MIB), 256);
     }
 }

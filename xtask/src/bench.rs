@@ -68,7 +68,7 @@ const BENCHES: &[(&str, &str)] = &[
     ),
     (
         "value",
-        "modelled guest slowdown vs slow-tier share under all-DRAM, static, guest tiering, tierd (ratio, working_set) and an oracle, on the Linux bed; --fleet: 1000 simulated VMs per backend",
+        "modelled guest slowdown vs slow-tier share under all-DRAM, static, guest tiering, tierd (ratio, working_set) and an oracle, on the Linux bed; --source ch: 3 test guests under the patched cloud-hypervisor; --fleet: 1000 simulated VMs per backend",
     ),
     (
         "fuzz",
@@ -107,6 +107,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             "preparing the Linux bed (kernels, truth plugin, kv_zipf)",
         );
         linux_bed_fidelity::env()?
+    } else if name == "value" && value_source_ch(args) {
+        run::step("bench", "the patched cloud-hypervisor for the test guests");
+        value_ch_env()?
     } else if name == "value" && !args.iter().any(|a| a == "--fleet" || a == "--from-csv") {
         run::step(
             "bench",
@@ -128,6 +131,30 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     ];
     cmd.extend(args.iter().map(String::as_str));
     run::cargo_env(&cmd, &env)
+}
+
+/// `value -- --source ch` that boots guests (not a re-costing).
+fn value_source_ch(args: &[String]) -> bool {
+    args.windows(2).any(|w| w[0] == "--source" && w[1] == "ch")
+        && !args.iter().any(|a| a == "--fleet" || a == "--from-csv")
+}
+
+/// The value bench's cloud-hypervisor source: `TIERD_CH_BIN` as given,
+/// else the patched VMM built from the vendored tarballs into the cache
+/// (docs/ci.md), as `cargo xtask test` finds it.
+fn value_ch_env() -> anyhow::Result<Vec<(String, String)>> {
+    if let Some(bin) = std::env::var_os("TIERD_CH_BIN").filter(|v| !v.is_empty()) {
+        return Ok(vec![(
+            "TIERD_CH_BIN".into(),
+            PathBuf::from(bin).display().to_string(),
+        )]);
+    }
+    let vendor = crate::ci::vendor_dir()?;
+    let (ch, mh) = crate::ci::tarballs(&vendor).map_err(|why| {
+        anyhow::anyhow!("no patched cloud-hypervisor: {why}; or set TIERD_CH_BIN")
+    })?;
+    let vmm = crate::ci::build_vendored(&ch, &mh).context("the patched cloud-hypervisor")?;
+    Ok(vec![("TIERD_CH_BIN".into(), vmm.bin.display().to_string())])
 }
 
 /// The bed's environment for the value bench; a variable already set is
@@ -208,5 +235,15 @@ mod tests {
         .unwrap_err()
         .to_string();
         assert!(err.contains("no bench named \"no-such-bench\""), "{err}");
+    }
+
+    #[test]
+    fn value_boots_test_guests_only_for_source_ch() {
+        let v = |a: &[&str]| value_source_ch(&a.iter().map(|s| s.to_string()).collect::<Vec<_>>());
+        assert!(v(&["--source", "ch"]));
+        assert!(v(&["--", "--source", "ch", "--phase-s", "30"]));
+        assert!(!v(&[]));
+        assert!(!v(&["--source", "linux"]));
+        assert!(!v(&["--source", "ch", "--from-csv", "x.csv"]));
     }
 }

@@ -4,15 +4,17 @@
 //! static split, the guests' own tiering, tierd's controller in both
 //! modes, an oracle) and each guest's time is modelled from its exact
 //! counts. Prints the policy table, writes a CSV of every interval and an
-//! SVG, ends with one RESULT line.
+//! SVG, ends with one RESULT line. `--source ch`: three test guests under
+//! the patched cloud-hypervisor instead (`ch.rs`).
 
+mod ch;
 mod run;
 
 use std::io::Write;
 use std::path::PathBuf;
 
 use anyhow::Context;
-use tier_benches::value::{CostModel, Summary, gain_share, summarise};
+use tier_benches::value::{CostModel, Sample, Summary, gain_share, per_second, summarise};
 use tier_benches::{Row, Summary as Mmm, print_table, result_line};
 
 use run::{Policy, RunOut, Schedule};
@@ -54,15 +56,37 @@ fn main() -> anyhow::Result<()> {
             num("--insns-per-miss", 2.8)?,
         );
     }
+    let source = match val("--source").map(String::as_str) {
+        None | Some("linux") => Source::Linux,
+        Some("ch") => Source::Ch,
+        Some(v) => anyhow::bail!("--source {v:?}: known: linux, ch"),
+    };
     if let Some(csv) = val("--from-csv") {
         // Re-cost a recorded run under this model: no guest is booted.
         println!(
             "value: re-costing {csv}: time = insns x {} CPI / {} GHz + (dram misses x {} ns + slow misses x {} ns) / MLP {}",
             model.cpi, model.ghz, model.dram_ns, model.slow_ns, model.mlp
         );
-        let runs = read_csv(std::path::Path::new(csv))?;
-        let sums = summaries(&model, &runs);
-        return report(&sums, &runs, &model);
+        let runs = read_csv(std::path::Path::new(csv), source)?;
+        let sums = summaries(&model, &runs, source);
+        return report(&sums, &runs, &model, source);
+    }
+    if source == Source::Ch {
+        let ch_sched = tier_benches::value::ch::Schedule {
+            settle_s: num("--settle-s", 20.0)? as u64,
+            phase_s: num("--phase-s", 40.0)? as u64,
+            after_s: num("--after-s", 60.0)? as u64,
+            ..Default::default()
+        };
+        let ipm = num("--insns-per-miss", 2.8)?;
+        return run_ch(
+            &model,
+            ch_sched,
+            ipm,
+            &policies,
+            &out,
+            val("--ch-bin").map(String::as_str),
+        );
     }
     let env = run::Env::from_env()?;
     println!(
@@ -115,29 +139,153 @@ fn main() -> anyhow::Result<()> {
         );
         runs.push(r);
         // Each policy's counts are kept as soon as it ends.
-        write_csv(&out.join("value.csv"), &model, &runs)?;
+        write_csv(&out.join("value.csv"), &model, &runs, Source::Linux)?;
     }
     if !failed.is_empty() {
         println!("policies that failed twice: {}", failed.join(","));
     }
-    let sums = summaries(&model, &runs);
-    report(&sums, &runs, &model)?;
-    plot(&out, &sums, &runs, &model)?;
+    let sums = summaries(&model, &runs, Source::Linux);
+    report(&sums, &runs, &model, Source::Linux)?;
+    plot(&out, &sums, &runs, &model, Source::Linux)?;
     Ok(())
 }
 
-fn summaries(model: &CostModel, runs: &[RunOut]) -> Vec<(Policy, Summary)> {
+/// Where the guests run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Source {
+    /// Two Debian guests on the Linux bed.
+    Linux,
+    /// Three test guests under the patched cloud-hypervisor.
+    Ch,
+}
+
+impl Source {
+    fn name(self) -> &'static str {
+        match self {
+            Source::Linux => "linux",
+            Source::Ch => "ch",
+        }
+    }
+
+    fn guests(self) -> &'static [&'static str] {
+        match self {
+            Source::Linux => &run::GUESTS,
+            Source::Ch => &ch::GUESTS,
+        }
+    }
+}
+
+/// The cloud-hypervisor source: each policy on three fresh test guests.
+fn run_ch(
+    model: &CostModel,
+    sched: tier_benches::value::ch::Schedule,
+    insns_per_miss: f64,
+    policies: &[Policy],
+    out: &std::path::Path,
+    ch_bin: Option<&str>,
+) -> anyhow::Result<()> {
+    let env = ch::Env::from_env(ch_bin)?;
+    let started = std::time::Instant::now();
+    let g = sched.guests();
+    println!(
+        "value: source ch: 3 PVH test guests under the patched cloud-hypervisor ({}); each: DRAM zone {} MiB, slow zone {} MiB, per-tier balloon; host DRAM budget {} MiB ({} MiB each at the start)",
+        env.ch_bin.display(),
+        ch::DRAM_MIB,
+        ch::SLOW_MIB,
+        ch::BUDGET >> 20,
+        ch::SHARE_MIB
+    );
+    println!(
+        "  schedule (guest clocks): {} s to settle at the starting split (not recorded), then a's hot set grows from {} to {} pages at {} s (past its DRAM), b's shrinks from {} to {}, c idles on {}; one hot set each, DRAM-preferring, touched uniformly; recorded {} s",
+        sched.settle_s,
+        g[0].active[0],
+        g[0].active[1],
+        sched.settle_s + sched.phase_s,
+        g[1].active[0],
+        g[1].active[1],
+        g[2].active[0],
+        sched.phase_s + sched.after_s
+    );
+    println!(
+        "  cost model: every access an LLC miss to its page's tier (exact per-tier counts), {insns_per_miss} instructions per access; time = insns x {} CPI / {} GHz + (dram misses x {} ns + slow misses x {} ns) / MLP {}",
+        model.cpi, model.ghz, model.dram_ns, model.slow_ns, model.mlp
+    );
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("tokio")?;
+    let mut runs = Vec::new();
+    let mut failed = Vec::new();
+    for p in policies {
+        println!("policy {}: {}", p.name(), ch::what(*p));
+        if *p == Policy::GuestTiering {
+            continue;
+        }
+        let t0 = std::time::Instant::now();
+        let mut r = None;
+        for attempt in 1..=2 {
+            let tmp = tempfile::tempdir().context("work dir")?;
+            match rt.block_on(ch::run(&env, sched, insns_per_miss, *p, tmp.path())) {
+                Ok(out) => {
+                    r = Some(out);
+                    break;
+                }
+                Err(e) => {
+                    println!("  policy {} attempt {attempt} failed: {e:#}", p.name());
+                    // Kept for a look: the guests' serial logs and tierd's.
+                    let keep = out.join(format!("failed-{}-{attempt}", p.name()));
+                    let _ = std::fs::remove_dir_all(&keep);
+                    let _ = std::process::Command::new("cp")
+                        .arg("-r")
+                        .arg(tmp.path())
+                        .arg(&keep)
+                        .status();
+                }
+            }
+        }
+        let Some(r) = r else {
+            failed.push(p.name());
+            continue;
+        };
+        println!(
+            "  done in {:.0} s: {} intervals, guests alive {}, DRAM moved {} MiB",
+            t0.elapsed().as_secs_f64(),
+            r.ticks.len() / ch::GUESTS.len(),
+            r.alive.map_or("-".into(), |a| a.to_string()),
+            r.moved >> 20
+        );
+        runs.push(r);
+        write_csv(&out.join("value.csv"), model, &runs, Source::Ch)?;
+    }
+    if !failed.is_empty() {
+        println!("policies that failed twice: {}", failed.join(","));
+    }
+    let sums = summaries(model, &runs, Source::Ch);
+    report(&sums, &runs, model, Source::Ch)?;
+    plot(out, &sums, &runs, model, Source::Ch)?;
+    println!(
+        "value --source ch: {:.1} min in all",
+        started.elapsed().as_secs_f64() / 60.0
+    );
+    Ok(())
+}
+
+fn summaries(model: &CostModel, runs: &[RunOut], source: Source) -> Vec<(Policy, Summary)> {
     runs.iter()
         .map(|r| {
             let s: Vec<_> = r.ticks.iter().map(|t| t.sample).collect();
-            (r.policy, summarise(model, &s, run::GUESTS.len(), r.moved))
+            (
+                r.policy,
+                summarise(model, &s, source.guests().len(), r.moved),
+            )
         })
         .collect()
 }
 
 /// Runs back from [`write_csv`]'s file: DRAM moved from each guest's
 /// changes of DRAM held, resizes as those changes.
-fn read_csv(path: &std::path::Path) -> anyhow::Result<Vec<RunOut>> {
+fn read_csv(path: &std::path::Path, source: Source) -> anyhow::Result<Vec<RunOut>> {
     let text =
         std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
     let mut runs: Vec<RunOut> = Vec::new();
@@ -155,7 +303,8 @@ fn read_csv(path: &std::path::Path) -> anyhow::Result<Vec<RunOut>> {
                 .with_context(|| format!("{}:{}: field {}", path.display(), n + 1, i + 1))
         };
         let policy = Policy::parse(f[0])?;
-        let guest = run::GUESTS
+        let guest = source
+            .guests()
             .iter()
             .position(|g| *g == f[2])
             .with_context(|| format!("{}:{}: guest {:?}", path.display(), n + 1, f[2]))?;
@@ -199,7 +348,13 @@ fn pct(x: f64) -> f64 {
     (x - 1.0) * 100.0
 }
 
-fn report(sums: &[(Policy, Summary)], runs: &[RunOut], model: &CostModel) -> anyhow::Result<()> {
+fn report(
+    sums: &[(Policy, Summary)],
+    runs: &[RunOut],
+    model: &CostModel,
+    source: Source,
+) -> anyhow::Result<()> {
+    let names = source.guests();
     let find = |p: Policy| sums.iter().find(|s| s.0 == p).map(|s| &s.1);
     let (st, or) = (find(Policy::Static), find(Policy::Oracle));
     let share = |s: &Summary| match (st, or) {
@@ -208,18 +363,25 @@ fn report(sums: &[(Policy, Summary)], runs: &[RunOut], model: &CostModel) -> any
     };
     println!();
     println!(
-        "policies (slowdown % = modelled time over all-DRAM time: agg = summed over guest-intervals, mean/p95/max = per guest-interval; slow share = touched pages on the slow node; DRAM = mean held per guest; oracle share = (static - p) / (static - oracle) on agg):"
+        "policies (slowdown % = modelled time over all-DRAM time: agg = summed over guest-intervals, mean/p95/max = per guest-interval; slow share = {}; DRAM = mean held per guest; oracle share = (static - p) / (static - oracle) on agg):",
+        match source {
+            Source::Linux => "touched pages on the slow node",
+            Source::Ch => "the workloads' resident pages on the slow tier",
+        }
     );
+    let guest_cols: String = names
+        .iter()
+        .map(|n| format!(" {:>8}", format!("{n} mean")))
+        .collect();
     println!(
-        "{:<14} {:>6} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>10} {:>10} {:>10} {:>8} {:>7} {:>6}",
+        "{:<14} {:>6} {:>8} {:>8} {:>8} {:>8}{} {:>10} {:>10} {:>10} {:>8} {:>7} {:>6}",
         "policy",
         "n",
         "agg %",
         "mean %",
         "p95 %",
         "max %",
-        "a mean",
-        "b mean",
+        guest_cols,
         "slow shr",
         "DRAM MiB",
         "moved MiB",
@@ -228,22 +390,35 @@ fn report(sums: &[(Policy, Summary)], runs: &[RunOut], model: &CostModel) -> any
         "alive"
     );
     for ((p, s), r) in sums.iter().zip(runs) {
+        let guest_cols: String = (0..names.len())
+            .map(|g| {
+                format!(
+                    " {:>8.2}",
+                    pct(s.per_guest.get(g).copied().unwrap_or(f64::NAN))
+                )
+            })
+            .collect();
         println!(
-            "{:<14} {:>6} {:>8.2} {:>8.2} {:>8.2} {:>8.2} {:>8.2} {:>8.2} {:>9.1}% {:>10.0} {:>10} {:>8} {:>7} {:>6}",
+            "{:<14} {:>6} {:>8.2} {:>8.2} {:>8.2} {:>8.2}{} {:>9.1}% {:>10.0} {:>10} {:>8} {:>7} {:>6}",
             p.name(),
             s.samples,
             pct(s.aggregate),
             pct(s.mean),
             pct(s.p95),
             pct(s.max),
-            pct(s.per_guest.first().copied().unwrap_or(f64::NAN)),
-            pct(s.per_guest.get(1).copied().unwrap_or(f64::NAN)),
+            guest_cols,
             s.slow_share * 100.0,
             s.dram_mean / (1u64 << 20) as f64,
             s.moved >> 20,
             r.resizes,
             share(s).map_or("-".into(), |x| format!("{x:.2}")),
             r.alive.map_or("-".into(), |a| a.to_string())
+        );
+    }
+    if source == Source::Ch {
+        println!(
+            "{:<14} n/a (the test guest has no tiering of its own)",
+            Policy::GuestTiering.name()
         );
     }
     // The benches' standard table: slowdown per guest-interval, ratio of
@@ -268,20 +443,42 @@ fn report(sums: &[(Policy, Summary)], runs: &[RunOut], model: &CostModel) -> any
             ratio: None,
         })
         .collect();
-    let base = rows
-        .iter()
-        .find(|r| r.name == "slowdown static")
-        .map(|r| r.summary.median);
+    // The guests' work as a whole, per second: medians per guest-interval
+    // are 0 where most intervals miss only in DRAM.
+    let rows: Vec<Row> = rows
+        .into_iter()
+        .chain(runs.iter().filter_map(|r| {
+            let ticks: Vec<(f64, Sample)> = r.ticks.iter().map(|t| (t.t, t.sample)).collect();
+            let v: Vec<f64> = per_second(model, &ticks).into_iter().map(pct).collect();
+            Some(Row {
+                name: format!("agg/s {}", r.policy.name()),
+                unit: "%",
+                summary: Mmm::of(&v)?,
+                ratio: None,
+            })
+        }))
+        .collect();
+    let base_of = |name: &str| {
+        rows.iter()
+            .find(|r| r.name == name)
+            .map(|r| r.summary.median)
+    };
+    let (base, base_agg) = (base_of("slowdown static"), base_of("agg/s static"));
     let rows: Vec<Row> = rows
         .into_iter()
         .map(|mut r| {
-            r.ratio = base.filter(|b| *b > 0.0).map(|b| r.summary.median / b);
+            let b = if r.name.starts_with("agg/s") {
+                base_agg
+            } else {
+                base
+            };
+            r.ratio = b.filter(|b| *b > 0.0).map(|b| r.summary.median / b);
             r
         })
         .collect();
     println!();
     print_table(
-        "slowdown per guest-interval (ratio: median over the static split's)",
+        "slowdown % per guest-interval, and of all guests together per second (agg/s); ratio: median over the static split's",
         &rows,
     );
     let best = [Policy::Ratio, Policy::WorkingSet]
@@ -302,7 +499,7 @@ fn report(sums: &[(Policy, Summary)], runs: &[RunOut], model: &CostModel) -> any
         "{}",
         result_line(&[
             ("bench", "value".into()),
-            ("source", "linux".into()),
+            ("source", source.name().into()),
             ("policies", names.join(",")),
             (
                 "oracle_share",
@@ -319,7 +516,12 @@ fn report(sums: &[(Policy, Summary)], runs: &[RunOut], model: &CostModel) -> any
     Ok(())
 }
 
-fn write_csv(path: &std::path::Path, model: &CostModel, runs: &[RunOut]) -> anyhow::Result<()> {
+fn write_csv(
+    path: &std::path::Path,
+    model: &CostModel,
+    runs: &[RunOut],
+    source: Source,
+) -> anyhow::Result<()> {
     let mut f = std::io::BufWriter::new(
         std::fs::File::create(path).with_context(|| format!("creating {}", path.display()))?,
     );
@@ -335,7 +537,7 @@ fn write_csv(path: &std::path::Path, model: &CostModel, runs: &[RunOut]) -> anyh
                 "{},{:.1},{},{},{},{},{},{},{},{}",
                 r.policy.name(),
                 t.t,
-                run::GUESTS[s.guest],
+                source.guests().get(s.guest).copied().unwrap_or("?"),
                 s.instructions,
                 s.misses[0],
                 s.misses[1],
@@ -359,13 +561,14 @@ fn plot(
     sums: &[(Policy, Summary)],
     runs: &[RunOut],
     model: &CostModel,
+    source: Source,
 ) -> anyhow::Result<()> {
     use tier_benches::plot::{Panel, Series, grid, scatter};
     let panels: Vec<Panel> = runs
         .iter()
         .map(|r| {
             let mut series = Vec::new();
-            for (g, name) in run::GUESTS.iter().enumerate() {
+            for (g, name) in source.guests().iter().enumerate() {
                 let ticks = r.ticks.iter().filter(|t| t.sample.guest == g);
                 series.push(Series {
                     name: format!("{name} slowdown %"),
