@@ -7,9 +7,9 @@
 //! costs (`cost`), and the tables, CSV and plots (`report`).
 //! docs/twin.md says what it found.
 
-pub mod ages;
 pub mod cost;
 pub mod ept;
+pub mod ept_ages;
 pub mod feed;
 pub mod fleet;
 pub mod hostpte;

@@ -357,7 +357,7 @@ pub fn age_scores(
     outcomes: &[Outcome],
     model: usize,
 ) -> Vec<(f64, Option<f64>, Option<f64>, usize)> {
-    super::ages::HORIZONS
+    super::ept_ages::HORIZONS
         .iter()
         .map(|&h| {
             let pts: Vec<(f64, (f64, f64, f64))> = outcomes
@@ -388,7 +388,7 @@ pub fn age_scores(
 /// One ept model's working-set verdict per horizon, over the points
 /// [`age_scores`] takes (tiers with a non-zero truth: widths are % of it).
 pub fn age_verdicts(outcomes: &[Outcome], model: usize) -> Vec<(f64, Verdict)> {
-    super::ages::HORIZONS
+    super::ept_ages::HORIZONS
         .iter()
         .map(|&h| {
             let pairs: Vec<Pair> = outcomes

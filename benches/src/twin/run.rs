@@ -10,8 +10,8 @@ use std::time::Duration;
 use tier_profiler::estimate::pass_ends;
 use tier_proto::v1::VmStats;
 
-use super::ages::{AgeRec, Ages, HORIZONS};
 use super::ept::EptBits;
+use super::ept_ages::{AgeRec, Ages, HORIZONS};
 use super::feed::{Feed, ModelVm, annotate_pmu, two_tier_vm};
 use super::hostpte::HostPteBits;
 use super::llc::Cache;
@@ -455,7 +455,7 @@ pub fn run(w: &Workload, cfg: &Config) -> Outcome {
         });
         let read = [ages[0].read(&population), ages[1].read(&population)];
         for (j, &h) in HORIZONS.iter().enumerate() {
-            let tr = super::ages::truth(&m.last_touch, &m.tier_of, tiers, t1 - h, scale);
+            let tr = super::ept_ages::truth(&m.last_touch, &m.tier_of, tiers, t1 - h, scale);
             for (tier, &truth) in tr.iter().enumerate() {
                 let est = [read[0][tier][j], read[1][tier][j]];
                 if est.iter().any(Option::is_some) {

@@ -6,7 +6,7 @@
 //! virtio-mem zones and the actuator in `hotplug`,
 //! the process series in `process`.
 
-mod ages;
+mod age_series;
 mod bounds;
 mod budget;
 mod control;
@@ -72,7 +72,7 @@ pub struct Metrics {
     hit_error: FGauge<VmLabels>,
     bounds: bounds::Bounds,
     budget: budget::Budget,
-    ages: ages::Ages,
+    ages: age_series::Ages,
     control: control::Control,
     hotplug: hotplug::Hotplug,
     hot_set: hotset::HotSet,
@@ -139,7 +139,7 @@ impl Metrics {
             hit_error: Family::default(),
             bounds: bounds::Bounds::default(),
             budget: budget::Budget::default(),
-            ages: ages::Ages::default(),
+            ages: age_series::Ages::default(),
             control: control::Control::default(),
             hotplug: hotplug::Hotplug::default(),
             hot_set: hotset::HotSet::default(),

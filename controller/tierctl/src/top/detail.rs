@@ -10,9 +10,9 @@ use ratatui::widgets::{Block, Paragraph};
 use tier_proto::human_bytes;
 use tier_proto::v1::{DecisionOutcome, TierKind};
 
-use super::ages::age_line;
+use super::age_bars::age_line;
 use super::app::App;
-use super::estimate::{estimate_line, hot_set_line, tier_estimate};
+use super::evidence::{estimate_line, hot_set_line, tier_estimate};
 use super::format::{action, ago, delta, delta_style, pct, spark};
 use super::model::{VmView, WINDOW_NS};
 

@@ -7,10 +7,10 @@
 //! of these and calls `detail`, which takes nothing from `render`. The
 //! terminal and network loop lives in the tierctl binary.
 
-mod ages;
+mod age_bars;
 pub mod app;
 mod detail;
-mod estimate;
+mod evidence;
 pub mod format;
 pub mod input;
 pub mod layout;
