@@ -22,6 +22,9 @@ use tier_controller::policy::default_policy as auto_policy;
 fn default_policy() -> tier_proto::v1::Policy {
     tier_proto::v1::Policy {
         mode: tier_proto::v1::PolicyMode::Ratio as i32,
+        // These tests drive a lone VM's moves (its idle reclaim among
+        // them), which on-demand reclaim keeps for a VM that needs them.
+        reclaim: tier_proto::v1::ReclaimMode::Eager as i32,
         ..auto_policy()
     }
 }
