@@ -369,7 +369,7 @@ pub fn default_policy() -> Policy {
         mode: tier_proto::v1::PolicyMode::Auto as i32,
         hot_horizon_seconds: 0.0,
         promotion_slo: 0.0,
-        reclaim: ReclaimMode::OnDemand as i32,
+        reclaim: ReclaimMode::Eager as i32,
     }
 }
 
@@ -496,9 +496,14 @@ mod tests {
     }
 
     #[test]
-    fn reclaim_is_on_demand_by_default_and_eager_when_unset() {
+    fn reclaim_is_eager_by_default_and_when_unset() {
         let c = Config::try_from(&default_policy()).unwrap();
-        assert_eq!(c.reclaim, Reclaim::OnDemand);
+        assert_eq!(c.reclaim, Reclaim::Eager);
+        let p = Policy {
+            reclaim: ReclaimMode::OnDemand as i32,
+            ..default_policy()
+        };
+        assert_eq!(Config::try_from(&p).unwrap().reclaim, Reclaim::OnDemand);
         // An older sender's complete policy lacks the field: as before.
         let p = Policy {
             reclaim: 0,

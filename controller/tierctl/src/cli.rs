@@ -150,7 +150,7 @@ pub struct PolicySetArgs {
     #[arg(long)]
     pub promotion_slo: Option<f64>,
     /// When DRAM a VM does not need is taken back: `on-demand` (only for a
-    /// VM short of DRAM; tierd's default) or `eager` (as soon as found).
+    /// VM short of DRAM) or `eager` (as soon as found; tierd's default).
     #[arg(long, value_enum)]
     pub reclaim: Option<ReclaimArg>,
 }

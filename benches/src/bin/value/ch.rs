@@ -84,7 +84,7 @@ impl Env {
 /// The policy tierd's controller gets, as the closed loop sets it
 /// (`vmm-patch/harness/e2e/src/scenario.rs`, `Plan::policy`): target 0.85 +- 0.05,
 /// 8 MiB steps, idle DRAM above 0.3 reclaimed first, a 4 MiB DRAM floor,
-/// hot horizon 5 s; reclaim as given (tierd's default is on demand).
+/// hot horizon 5 s; reclaim as given (tierd's default is eager).
 fn tierd_policy(mode: PolicyMode, reclaim: ReclaimMode) -> TierPolicy {
     TierPolicy {
         enabled: true,

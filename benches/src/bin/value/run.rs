@@ -232,9 +232,11 @@ pub async fn run(env: &Env, s: Schedule, policy: Policy, work: &Path) -> anyhow:
                 "working-set"
             };
             let mut p = bed::policy(mode, &GUESTS, BUDGET)?;
-            if matches!(policy, Policy::RatioEager | Policy::WorkingSetEager) {
-                p.reclaim = tier_proto::v1::ReclaimMode::Eager as i32;
-            }
+            p.reclaim = if matches!(policy, Policy::RatioEager | Policy::WorkingSetEager) {
+                tier_proto::v1::ReclaimMode::Eager
+            } else {
+                tier_proto::v1::ReclaimMode::OnDemand
+            } as i32;
             let mut t = tierd::with_config(&env.tierd, work, &bed::tierd_config(work, &qmp_dir))?;
             let mut client = t.try_client(Duration::from_secs(30)).await?;
             client

@@ -323,7 +323,8 @@ pub fn policy(mode: &str, vms: &[&str], budget: u64) -> anyhow::Result<Policy> {
         mode: mode as i32,
         hot_horizon_seconds: HOT_HORIZON_S,
         promotion_slo: 0.0,
-        // tierd's default (docs/controller.md, "Reclaim on demand").
-        reclaim: ReclaimMode::OnDemand as i32,
+        // tierd's default (docs/controller.md, "Reclaim on demand"); the
+        // value bench sets it per policy.
+        reclaim: ReclaimMode::Eager as i32,
     })
 }

@@ -252,7 +252,7 @@ impl Plan {
             hot_horizon_seconds: HOT_HORIZON_S,
             promotion_slo: 0.0,
             // tierd's default (docs/controller.md, "Reclaim on demand").
-            reclaim: ReclaimMode::OnDemand as i32,
+            reclaim: ReclaimMode::Eager as i32,
         }
     }
 }
