@@ -174,37 +174,7 @@ pub struct RunOut {
 
 pub async fn run(env: &Env, s: Schedule, policy: Policy, work: &Path) -> anyhow::Result<RunOut> {
     let qmp_dir = work.join("qmp");
-    std::fs::create_dir_all(&qmp_dir).context("creating the QMP directory")?;
-    let boot = |name: &'static str| {
-        let qmp = qmp_dir.join(format!("{name}.qmp"));
-        Guest::boot(
-            name,
-            &env.kernel,
-            &env.agent,
-            &env.plugin,
-            &work.join(name),
-            |m| {
-                for node in &mut m.nodes {
-                    node.mib = BOOT_MIB;
-                    node.vmem_max_mib = REGION_MIB;
-                    node.vmem_mib = PLUGGED_MIB;
-                }
-                m.extra_args = vec![
-                    "-qmp".into(),
-                    format!("unix:{},server=on,wait=off", qmp.display()),
-                ];
-            },
-        )
-    };
-    let (a, b) = std::thread::scope(|sc| {
-        let b = sc.spawn(|| boot("b"));
-        let a = boot("a");
-        (
-            a,
-            b.join().map_err(|_| anyhow::anyhow!("booting b panicked")),
-        )
-    });
-    let mut guests = vec![a?, b??];
+    let mut guests = bed::boot_pair(&env.kernel, &env.agent, &env.plugin, work)?;
     let mut overhead = Vec::new();
     for g in &mut guests {
         if policy.guest_tiering() {

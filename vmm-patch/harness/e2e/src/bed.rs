@@ -69,6 +69,44 @@ pub struct Guest {
     window: Option<Snapshot>,
 }
 
+/// Guests "a" and "b" as the closed loop and the value bench run them:
+/// each node `BOOT_MIB` of boot memory and a virtio-mem device plugging
+/// `PLUGGED_MIB` of `REGION_MIB`, a QMP socket for tierd in `work/qmp`.
+/// Both boot at once: TCG boots take 20 s each here.
+pub fn boot_pair(
+    kernel: &Kernel,
+    agent: &Path,
+    plugin: &Path,
+    work: &Path,
+) -> anyhow::Result<Vec<Guest>> {
+    let qmp_dir = work.join("qmp");
+    std::fs::create_dir_all(&qmp_dir).context("creating the QMP directory")?;
+    let boot = |name: &'static str| {
+        let qmp = qmp_dir.join(format!("{name}.qmp"));
+        Guest::boot(name, kernel, agent, plugin, &work.join(name), |m| {
+            for node in &mut m.nodes {
+                node.mib = BOOT_MIB;
+                node.vmem_max_mib = REGION_MIB;
+                node.vmem_mib = PLUGGED_MIB;
+            }
+            // tierd's own QMP socket (the bed keeps its own connection).
+            m.extra_args = vec![
+                "-qmp".into(),
+                format!("unix:{},server=on,wait=off", qmp.display()),
+            ];
+        })
+    };
+    let (a, b) = std::thread::scope(|s| {
+        let b = s.spawn(|| boot("b"));
+        let a = boot("a");
+        (
+            a,
+            b.join().map_err(|_| anyhow::anyhow!("booting b panicked")),
+        )
+    });
+    Ok(vec![a?, b??])
+}
+
 impl Guest {
     /// Boots `kernel` with tier-bed-agent and the truth plugin; `machine`
     /// edits the bed's default machine first.

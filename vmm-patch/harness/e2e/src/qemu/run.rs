@@ -14,7 +14,7 @@ use crate::checks;
 use tier_e2e::bed::{self, Guest, Split};
 
 pub use tier_e2e::bed::MIB;
-use tier_e2e::bed::{BOOT_MIB, HOT_HORIZON_S, IDLE_MIB, PLUGGED_MIB, REGION_MIB};
+use tier_e2e::bed::{BOOT_MIB, HOT_HORIZON_S, IDLE_MIB, PLUGGED_MIB};
 
 /// One guest in one interval.
 #[derive(Debug, Clone, Default)]
@@ -59,39 +59,7 @@ pub async fn run(args: &Args) -> anyhow::Result<bool> {
     let kernel = Kernel::unpacked(&args.kernel).context("--kernel")?;
     let (work, _tmp) = tier_e2e::run::work_dir(args.work_dir.as_deref())?;
     let qmp_dir = work.join("qmp");
-    std::fs::create_dir_all(&qmp_dir).context("creating the QMP directory")?;
-    // Both boot at once: TCG boots take 20 s each here.
-    let boot = |name: &'static str| {
-        let qmp = qmp_dir.join(format!("{name}.qmp"));
-        Guest::boot(
-            name,
-            &kernel,
-            &args.agent,
-            &args.plugin,
-            &work.join(name),
-            |m| {
-                for node in &mut m.nodes {
-                    node.mib = BOOT_MIB;
-                    node.vmem_max_mib = REGION_MIB;
-                    node.vmem_mib = PLUGGED_MIB;
-                }
-                // tierd's own QMP socket (the bed keeps its own connection).
-                m.extra_args = vec![
-                    "-qmp".into(),
-                    format!("unix:{},server=on,wait=off", qmp.display()),
-                ];
-            },
-        )
-    };
-    let (a, b) = std::thread::scope(|s| {
-        let b = s.spawn(|| boot("b"));
-        let a = boot("a");
-        (
-            a,
-            b.join().map_err(|_| anyhow::anyhow!("booting b panicked")),
-        )
-    });
-    let guests = vec![a?, b??];
+    let guests = bed::boot_pair(&kernel, &args.agent, &args.plugin, &work)?;
     for g in &guests {
         println!(
             "{}: QEMU pid {} booted in {:.1?}",
