@@ -73,7 +73,10 @@ async fn live(bin: PathBuf, kernel: PathBuf) {
     let state = loop {
         match api.tier_state().await {
             Ok(s) => break s,
-            Err(ActuateError::NotTiered { .. }) if start.elapsed() < Duration::from_secs(20) => {
+            // The API answers before the VM is created from the command line (404).
+            Err(ActuateError::NotTiered { .. } | ActuateError::Rejected { status: 404, .. })
+                if start.elapsed() < Duration::from_secs(20) =>
+            {
                 tokio::time::sleep(Duration::from_millis(100)).await
             }
             Err(e) => panic!("vm.info: {e}"),
