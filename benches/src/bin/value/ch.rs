@@ -401,6 +401,7 @@ pub async fn run(
         resizes,
         alive: Some(alive),
         vmstat: Vec::new(),
+        repeat: 0,
     })
 }
 

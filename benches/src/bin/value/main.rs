@@ -47,6 +47,8 @@ fn main() -> anyhow::Result<()> {
         Some(v) => v.split(',').map(Policy::parse).collect::<Result<_, _>>()?,
         None => Policy::DEFAULT.to_vec(),
     };
+    let repeats = num("--repeats", 1.0)? as u32;
+    anyhow::ensure!(repeats >= 1, "--repeats {repeats}: at least 1");
     let out = PathBuf::from(val("--out").map_or("target/value", String::as_str));
     std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
     if args.iter().any(|a| a == "--fleet") {
@@ -84,6 +86,7 @@ fn main() -> anyhow::Result<()> {
             ch_sched,
             ipm,
             &policies,
+            repeats,
             &out,
             val("--ch-bin").map(String::as_str),
         );
@@ -108,42 +111,14 @@ fn main() -> anyhow::Result<()> {
         .enable_all()
         .build()
         .context("tokio")?;
-    let mut runs = Vec::new();
-    let mut failed = Vec::new();
-    for p in &policies {
-        println!("policy {}: {}", p.name(), p.what());
-        // A TCG guest now and then fails to boot here (a kernel oops under
-        // load): one more try, then the policy is reported missing.
-        let mut r = None;
-        for attempt in 1..=2 {
-            let tmp = tempfile::tempdir().context("work dir")?;
-            match rt.block_on(run::run(&env, sched, *p, tmp.path())) {
-                Ok(out) => {
-                    r = Some(out);
-                    break;
-                }
-                Err(e) => println!("  policy {} attempt {attempt} failed: {e:#}", p.name()),
-            }
-        }
-        let Some(r) = r else {
-            failed.push(p.name());
-            continue;
-        };
-        println!(
-            "  done: {} intervals, workloads alive {}, DRAM moved {} MiB; vmstat a {:?} b {:?}",
-            r.ticks.len() / run::GUESTS.len(),
-            r.alive.map_or("-".into(), |a| a.to_string()),
-            r.moved >> 20,
-            r.vmstat.first(),
-            r.vmstat.get(1)
-        );
-        runs.push(r);
-        // Each policy's counts are kept as soon as it ends.
-        write_csv(&out.join("value.csv"), &model, &runs, Source::Linux)?;
-    }
-    if !failed.is_empty() {
-        println!("policies that failed twice: {}", failed.join(","));
-    }
+    let runs = run_all(
+        &policies,
+        repeats,
+        &out,
+        &model,
+        Source::Linux,
+        |p, work| rt.block_on(run::run(&env, sched, p, work)),
+    )?;
     let sums = summaries(&model, &runs, Source::Linux);
     report(&sums, &runs, &model, Source::Linux)?;
     plot(&out, &sums, &runs, &model, Source::Linux)?;
@@ -181,6 +156,7 @@ fn run_ch(
     sched: tier_benches::value::ch::Schedule,
     insns_per_miss: f64,
     policies: &[Policy],
+    repeats: u32,
     out: &std::path::Path,
     ch_bin: Option<&str>,
 ) -> anyhow::Result<()> {
@@ -215,52 +191,9 @@ fn run_ch(
         .enable_all()
         .build()
         .context("tokio")?;
-    let mut runs = Vec::new();
-    let mut failed = Vec::new();
-    for p in policies {
-        println!("policy {}: {}", p.name(), ch::what(*p));
-        if *p == Policy::GuestTiering {
-            continue;
-        }
-        let t0 = std::time::Instant::now();
-        let mut r = None;
-        for attempt in 1..=2 {
-            let tmp = tempfile::tempdir().context("work dir")?;
-            match rt.block_on(ch::run(&env, sched, insns_per_miss, *p, tmp.path())) {
-                Ok(out) => {
-                    r = Some(out);
-                    break;
-                }
-                Err(e) => {
-                    println!("  policy {} attempt {attempt} failed: {e:#}", p.name());
-                    // Kept for a look: the guests' serial logs and tierd's.
-                    let keep = out.join(format!("failed-{}-{attempt}", p.name()));
-                    let _ = std::fs::remove_dir_all(&keep);
-                    let _ = std::process::Command::new("cp")
-                        .arg("-r")
-                        .arg(tmp.path())
-                        .arg(&keep)
-                        .status();
-                }
-            }
-        }
-        let Some(r) = r else {
-            failed.push(p.name());
-            continue;
-        };
-        println!(
-            "  done in {:.0} s: {} intervals, guests alive {}, DRAM moved {} MiB",
-            t0.elapsed().as_secs_f64(),
-            r.ticks.len() / ch::GUESTS.len(),
-            r.alive.map_or("-".into(), |a| a.to_string()),
-            r.moved >> 20
-        );
-        runs.push(r);
-        write_csv(&out.join("value.csv"), model, &runs, Source::Ch)?;
-    }
-    if !failed.is_empty() {
-        println!("policies that failed twice: {}", failed.join(","));
-    }
+    let runs = run_all(policies, repeats, out, model, Source::Ch, |p, work| {
+        rt.block_on(ch::run(&env, sched, insns_per_miss, p, work))
+    })?;
     let sums = summaries(model, &runs, Source::Ch);
     report(&sums, &runs, model, Source::Ch)?;
     plot(out, &sums, &runs, model, Source::Ch)?;
@@ -269,6 +202,87 @@ fn run_ch(
         started.elapsed().as_secs_f64() / 60.0
     );
     Ok(())
+}
+
+/// Each policy `repeats` times, the order rotated each round so that no
+/// policy always runs first on a cold host. A run that fails (a TCG guest
+/// now and then oopses at boot under load) gets one more try, its work
+/// dir kept under `out`; a policy failing twice is reported missing.
+fn run_all(
+    policies: &[Policy],
+    repeats: u32,
+    out: &std::path::Path,
+    model: &CostModel,
+    source: Source,
+    mut one: impl FnMut(Policy, &std::path::Path) -> anyhow::Result<RunOut>,
+) -> anyhow::Result<Vec<RunOut>> {
+    let mut runs = Vec::new();
+    let mut failed = Vec::new();
+    for rep in 0..repeats {
+        let mut order = policies.to_vec();
+        let n = order.len().max(1);
+        order.rotate_left(rep as usize % n);
+        for p in order {
+            let what = match source {
+                Source::Linux => p.what(),
+                Source::Ch => ch::what(p),
+            };
+            println!(
+                "policy {} (round {} of {repeats}): {what}",
+                p.name(),
+                rep + 1
+            );
+            if source == Source::Ch && p == Policy::GuestTiering {
+                continue;
+            }
+            let t0 = std::time::Instant::now();
+            let mut r = None;
+            for attempt in 1..=2 {
+                let tmp = tempfile::tempdir().context("work dir")?;
+                match one(p, tmp.path()) {
+                    Ok(out) => {
+                        r = Some(out);
+                        break;
+                    }
+                    Err(e) => {
+                        println!("  policy {} attempt {attempt} failed: {e:#}", p.name());
+                        // Kept for a look: the guests' serial logs and tierd's.
+                        let keep = out.join(format!("failed-{}-{}-{attempt}", p.name(), rep + 1));
+                        let _ = std::fs::remove_dir_all(&keep);
+                        let _ = std::process::Command::new("cp")
+                            .arg("-r")
+                            .arg(tmp.path())
+                            .arg(&keep)
+                            .status();
+                    }
+                }
+            }
+            let Some(mut r) = r else {
+                failed.push(format!("{}#{}", p.name(), rep + 1));
+                continue;
+            };
+            r.repeat = rep;
+            println!(
+                "  done in {:.0} s: {} intervals, workloads alive {}, DRAM moved {} MiB{}",
+                t0.elapsed().as_secs_f64(),
+                r.ticks.len() / source.guests().len(),
+                r.alive.map_or("-".into(), |a| a.to_string()),
+                r.moved >> 20,
+                r.vmstat
+                    .iter()
+                    .zip(source.guests())
+                    .map(|(v, g)| format!("; vmstat {g} {v:?}"))
+                    .collect::<String>()
+            );
+            runs.push(r);
+            // Each run's counts are kept as soon as it ends.
+            write_csv(&out.join("value.csv"), model, &runs, source)?;
+        }
+    }
+    if !failed.is_empty() {
+        println!("runs that failed twice: {}", failed.join(","));
+    }
+    Ok(runs)
 }
 
 fn summaries(model: &CostModel, runs: &[RunOut], source: Source) -> Vec<(Policy, Summary)> {
@@ -318,7 +332,17 @@ fn read_csv(path: &std::path::Path, source: Source) -> anyhow::Result<Vec<RunOut
                 dram_bytes: num(8)?,
             },
         };
-        if runs.last().is_none_or(|r| r.policy != policy) {
+        // Older files have no repeat column: one round.
+        let repeat: u32 = match f.get(10) {
+            Some(v) => v
+                .parse()
+                .with_context(|| format!("{}:{}: repeat {v:?}", path.display(), n + 1))?,
+            None => 0,
+        };
+        if runs
+            .last()
+            .is_none_or(|r| r.policy != policy || r.repeat != repeat)
+        {
             runs.push(RunOut {
                 policy,
                 ticks: Vec::new(),
@@ -326,6 +350,7 @@ fn read_csv(path: &std::path::Path, source: Source) -> anyhow::Result<Vec<RunOut
                 resizes: 0,
                 alive: None,
                 vmstat: Vec::new(),
+                repeat,
             });
         }
         if let Some(r) = runs.last_mut() {
@@ -355,18 +380,45 @@ fn report(
     source: Source,
 ) -> anyhow::Result<()> {
     let names = source.guests();
-    let find = |p: Policy| sums.iter().find(|s| s.0 == p).map(|s| &s.1);
-    let (st, or) = (find(Policy::Static), find(Policy::Oracle));
-    let share = |s: &Summary| match (st, or) {
+    let rounds = runs.iter().map(|r| r.repeat + 1).max().unwrap_or(1);
+    // Policies in the order they first ran.
+    let mut policies: Vec<Policy> = Vec::new();
+    for r in runs {
+        if !policies.contains(&r.policy) {
+            policies.push(r.policy);
+        }
+    }
+    let find = |p: Policy, rep: u32| {
+        sums.iter()
+            .zip(runs)
+            .find(|(s, r)| s.0 == p && r.repeat == rep)
+            .map(|(s, _)| &s.1)
+    };
+    // Against the static split and the oracle of the same round: rounds
+    // differ by more than policies do on the bed.
+    let share = |s: &Summary, rep: u32| match (find(Policy::Static, rep), find(Policy::Oracle, rep))
+    {
         (Some(st), Some(or)) => gain_share(st.aggregate, s.aggregate, or.aggregate),
         _ => None,
     };
+    let label = |r: &RunOut| {
+        if rounds > 1 {
+            format!("{}#{}", r.policy.name(), r.repeat + 1)
+        } else {
+            r.policy.name().to_string()
+        }
+    };
     println!();
     println!(
-        "policies (slowdown % = modelled time over all-DRAM time: agg = summed over guest-intervals, mean/p95/max = per guest-interval; slow share = {}; DRAM = mean held per guest; oracle share = (static - p) / (static - oracle) on agg):",
+        "policies (slowdown % = modelled time over all-DRAM time: agg = summed over guest-intervals, mean/p95/max = per guest-interval; slow share = {}; DRAM = mean held per guest; oracle share = (static - p) / (static - oracle) on agg{}):",
         match source {
             Source::Linux => "touched pages on the slow node",
             Source::Ch => "the workloads' resident pages on the slow tier",
+        },
+        if rounds > 1 {
+            ", within the round; #k = round k"
+        } else {
+            ""
         }
     );
     let guest_cols: String = names
@@ -374,7 +426,7 @@ fn report(
         .map(|n| format!(" {:>8}", format!("{n} mean")))
         .collect();
     println!(
-        "{:<14} {:>6} {:>8} {:>8} {:>8} {:>8}{} {:>10} {:>10} {:>10} {:>8} {:>7} {:>6}",
+        "{:<20} {:>6} {:>8} {:>8} {:>8} {:>8}{} {:>10} {:>10} {:>10} {:>8} {:>7} {:>6}",
         "policy",
         "n",
         "agg %",
@@ -389,7 +441,7 @@ fn report(
         "oracle",
         "alive"
     );
-    for ((p, s), r) in sums.iter().zip(runs) {
+    for ((_, s), r) in sums.iter().zip(runs) {
         let guest_cols: String = (0..names.len())
             .map(|g| {
                 format!(
@@ -399,8 +451,8 @@ fn report(
             })
             .collect();
         println!(
-            "{:<14} {:>6} {:>8.2} {:>8.2} {:>8.2} {:>8.2}{} {:>9.1}% {:>10.0} {:>10} {:>8} {:>7} {:>6}",
-            p.name(),
+            "{:<20} {:>6} {:>8.2} {:>8.2} {:>8.2} {:>8.2}{} {:>9.1}% {:>10.0} {:>10} {:>8} {:>7} {:>6}",
+            label(r),
             s.samples,
             pct(s.aggregate),
             pct(s.mean),
@@ -411,109 +463,200 @@ fn report(
             s.dram_mean / (1u64 << 20) as f64,
             s.moved >> 20,
             r.resizes,
-            share(s).map_or("-".into(), |x| format!("{x:.2}")),
+            share(s, r.repeat).map_or("-".into(), |x| format!("{x:.2}")),
             r.alive.map_or("-".into(), |a| a.to_string())
         );
     }
     if source == Source::Ch {
         println!(
-            "{:<14} n/a (the test guest has no tiering of its own)",
+            "{:<20} n/a (the test guest has no tiering of its own)",
             Policy::GuestTiering.name()
         );
     }
-    // The benches' standard table: slowdown per guest-interval, ratio of
-    // medians against the static split.
-    let rows: Vec<Row> = runs
-        .iter()
-        .filter_map(|r| {
-            let v: Vec<f64> = r
-                .ticks
-                .iter()
-                .filter_map(|t| model.slowdown(t.sample.instructions, t.sample.misses))
-                .map(pct)
-                .collect();
-            Some((r.policy, Mmm::of(&v)?))
-        })
-        .collect::<Vec<_>>()
-        .iter()
-        .map(|(p, m)| Row {
-            name: format!("slowdown {}", p.name()),
-            unit: "%",
-            summary: *m,
-            ratio: None,
-        })
-        .collect();
-    // The guests' work as a whole, per second: medians per guest-interval
-    // are 0 where most intervals miss only in DRAM.
-    let rows: Vec<Row> = rows
-        .into_iter()
-        .chain(runs.iter().filter_map(|r| {
-            let ticks: Vec<(f64, Sample)> = r.ticks.iter().map(|t| (t.t, t.sample)).collect();
-            let v: Vec<f64> = per_second(model, &ticks).into_iter().map(pct).collect();
-            Some(Row {
-                name: format!("agg/s {}", r.policy.name()),
-                unit: "%",
-                summary: Mmm::of(&v)?,
-                ratio: None,
-            })
-        }))
-        .collect();
-    let base_of = |name: &str| {
-        rows.iter()
-            .find(|r| r.name == name)
-            .map(|r| r.summary.median)
+    interval_table(runs, &policies, model);
+    // Per policy over the rounds: each value is one round's.
+    let over_rounds = |p: Policy, f: &dyn Fn(&Summary, u32) -> Option<f64>| -> Vec<f64> {
+        sums.iter()
+            .zip(runs)
+            .filter(|(s, _)| s.0 == p)
+            .filter_map(|(s, r)| f(&s.1, r.repeat))
+            .collect()
     };
-    let (base, base_agg) = (base_of("slowdown static"), base_of("agg/s static"));
-    let rows: Vec<Row> = rows
-        .into_iter()
-        .map(|mut r| {
-            let b = if r.name.starts_with("agg/s") {
-                base_agg
-            } else {
-                base
-            };
-            r.ratio = b.filter(|b| *b > 0.0).map(|b| r.summary.median / b);
-            r
+    if rounds > 1 {
+        let base = Mmm::of(&over_rounds(Policy::Static, &|s, _| Some(pct(s.aggregate))));
+        let mut rows = Vec::new();
+        for &p in &policies {
+            if let Some(m) = Mmm::of(&over_rounds(p, &|s, _| Some(pct(s.aggregate)))) {
+                rows.push(Row {
+                    name: format!("agg {}", p.name()),
+                    unit: "%",
+                    summary: m,
+                    ratio: base.filter(|b| b.median > 0.0).map(|b| m.median / b.median),
+                });
+            }
+        }
+        for p in [
+            Policy::Ratio,
+            Policy::WorkingSet,
+            Policy::RatioEager,
+            Policy::WorkingSetEager,
+        ] {
+            if let Some(m) = Mmm::of(&over_rounds(p, &share)) {
+                rows.push(Row {
+                    name: format!("oracle share {}", p.name()),
+                    unit: "x",
+                    summary: m,
+                    ratio: None,
+                });
+            }
+        }
+        println!();
+        print_table(
+            &format!(
+                "over {rounds} rounds: agg slowdown % (ratio: median over the static split's) and tierd's share of the oracle's gain (within each round); a spread wider than the gaps between policies means one round decides nothing"
+            ),
+            &rows,
+        );
+    }
+    // The yardstick of every share: small gains make large shares of noise.
+    let gain = Mmm::of(&over_rounds(Policy::Oracle, &|or, rep| {
+        Some(pct(find(Policy::Static, rep)?.aggregate) - pct(or.aggregate))
+    }));
+    if let Some(g) = gain {
+        println!();
+        println!(
+            "the oracle's gain over the static split (agg, pp): {:.1} (min {:.1}, max {:.1} over {rounds} round(s)); each share divides by it",
+            g.median, g.min, g.max
+        );
+    }
+    let beat: Vec<String> = sums
+        .iter()
+        .zip(runs)
+        .filter(|(s, r)| {
+            !matches!(s.0, Policy::Oracle | Policy::AllDram)
+                && share(&s.1, r.repeat).is_some_and(|x| x > 1.0)
         })
+        .map(|(_, r)| label(r))
         .collect();
-    println!();
-    print_table(
-        "slowdown % per guest-interval, and of all guests together per second (agg/s); ratio: median over the static split's",
-        &rows,
-    );
-    let best = [Policy::Ratio, Policy::WorkingSet]
-        .into_iter()
-        .filter_map(|p| Some((p, share(find(p)?)?)))
-        .max_by(|a, b| a.1.total_cmp(&b.1));
-    let names: Vec<&str> = sums.iter().map(|s| s.0.name()).collect();
-    let p95: Vec<String> = sums
-        .iter()
-        .map(|(p, s)| format!("{}:{:.1}", p.name(), pct(s.p95)))
-        .collect();
-    let agg: Vec<String> = sums
-        .iter()
-        .map(|(p, s)| format!("{}:{:.1}", p.name(), pct(s.aggregate)))
-        .collect();
+    if !beat.is_empty() {
+        println!(
+            "{} beat the oracle: it splits the budget by the last window's misses and leaves page placement to the guests, so it bounds nothing there; read those shares as ranks",
+            beat.join(", ")
+        );
+    }
+    let median = |v: Vec<f64>| Mmm::of(&v);
+    let best = [
+        Policy::Ratio,
+        Policy::WorkingSet,
+        Policy::RatioEager,
+        Policy::WorkingSetEager,
+    ]
+    .into_iter()
+    .filter_map(|p| Some((p, median(over_rounds(p, &share))?)))
+    .max_by(|a, b| a.1.median.total_cmp(&b.1.median));
+    let per_policy = |f: &dyn Fn(&Summary, u32) -> Option<f64>| -> String {
+        policies
+            .iter()
+            .filter_map(|&p| {
+                Some(format!(
+                    "{}:{:.1}",
+                    p.name(),
+                    median(over_rounds(p, f))?.median
+                ))
+            })
+            .collect::<Vec<_>>()
+            .join(",")
+    };
+    let names: Vec<&str> = policies.iter().map(|p| p.name()).collect();
+    let f2 = |x: Option<f64>| x.map_or("none".into(), |x| format!("{x:.2}"));
     println!();
     println!(
         "{}",
         result_line(&[
             ("bench", "value".into()),
             ("source", source.name().into()),
+            ("repeats", rounds.to_string()),
             ("policies", names.join(",")),
-            (
-                "oracle_share",
-                best.map_or("none".into(), |b| format!("{:.2}", b.1))
-            ),
+            ("oracle_share", f2(best.map(|b| b.1.median))),
             (
                 "oracle_share_mode",
                 best.map_or("none".into(), |b| b.0.name().into())
             ),
-            ("p95_slowdown_pct", p95.join(",")),
-            ("agg_slowdown_pct", agg.join(",")),
+            ("oracle_share_min", f2(best.map(|b| b.1.min))),
+            ("oracle_share_max", f2(best.map(|b| b.1.max))),
+            (
+                "oracle_gain_pp",
+                gain.map_or("none".into(), |g| format!("{:.1}", g.median))
+            ),
+            ("p95_slowdown_pct", per_policy(&|s, _| Some(pct(s.p95)))),
+            (
+                "agg_slowdown_pct",
+                per_policy(&|s, _| Some(pct(s.aggregate)))
+            ),
         ])
     );
     Ok(())
+}
+
+/// The benches' standard table: slowdown per guest-interval and of all
+/// guests together per second, each policy's rounds pooled; ratio of
+/// medians against the static split.
+fn interval_table(runs: &[RunOut], policies: &[Policy], model: &CostModel) {
+    let of = |p: Policy| runs.iter().filter(move |r| r.policy == p);
+    let mut rows: Vec<Row> = Vec::new();
+    for &p in policies {
+        let v: Vec<f64> = of(p)
+            .flat_map(|r| &r.ticks)
+            .filter_map(|t| model.slowdown(t.sample.instructions, t.sample.misses))
+            .map(pct)
+            .collect();
+        if let Some(m) = Mmm::of(&v) {
+            rows.push(Row {
+                name: format!("slowdown {}", p.name()),
+                unit: "%",
+                summary: m,
+                ratio: None,
+            });
+        }
+    }
+    // The guests' work as a whole, per second: medians per guest-interval
+    // are 0 where most intervals miss only in DRAM.
+    for &p in policies {
+        let v: Vec<f64> = of(p)
+            .flat_map(|r| {
+                let ticks: Vec<(f64, Sample)> = r.ticks.iter().map(|t| (t.t, t.sample)).collect();
+                per_second(model, &ticks)
+            })
+            .map(pct)
+            .collect();
+        if let Some(m) = Mmm::of(&v) {
+            rows.push(Row {
+                name: format!("agg/s {}", p.name()),
+                unit: "%",
+                summary: m,
+                ratio: None,
+            });
+        }
+    }
+    let base_of = |name: &str| {
+        rows.iter()
+            .find(|r| r.name == name)
+            .map(|r| r.summary.median)
+    };
+    let (base, base_agg) = (base_of("slowdown static"), base_of("agg/s static"));
+    for r in &mut rows {
+        let b = if r.name.starts_with("agg/s") {
+            base_agg
+        } else {
+            base
+        };
+        r.ratio = b.filter(|b| *b > 0.0).map(|b| r.summary.median / b);
+    }
+    println!();
+    print_table(
+        "slowdown % per guest-interval, and of all guests together per second (agg/s); ratio: median over the static split's",
+        &rows,
+    );
 }
 
 fn write_csv(
@@ -527,14 +670,14 @@ fn write_csv(
     );
     writeln!(
         f,
-        "policy,t_s,guest,instructions,misses_dram,misses_slow,pages_dram,pages_slow,dram_bytes,slowdown"
+        "policy,t_s,guest,instructions,misses_dram,misses_slow,pages_dram,pages_slow,dram_bytes,slowdown,repeat"
     )?;
     for r in runs {
         for t in &r.ticks {
             let s = &t.sample;
             writeln!(
                 f,
-                "{},{:.1},{},{},{},{},{},{},{},{}",
+                "{},{:.1},{},{},{},{},{},{},{},{},{}",
                 r.policy.name(),
                 t.t,
                 source.guests().get(s.guest).copied().unwrap_or("?"),
@@ -546,7 +689,8 @@ fn write_csv(
                 s.dram_bytes,
                 model
                     .slowdown(s.instructions, s.misses)
-                    .map_or(String::new(), |x| format!("{x:.4}"))
+                    .map_or(String::new(), |x| format!("{x:.4}")),
+                r.repeat
             )?;
         }
     }
@@ -739,4 +883,99 @@ fn fleet(model: &CostModel, vms: usize, insns_per_access: f64) -> anyhow::Result
         ])
     );
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tick(guest: usize, insns: u64) -> run::Tick {
+        run::Tick {
+            t: 1.0,
+            sample: Sample {
+                guest,
+                instructions: insns,
+                misses: [10, 5],
+                pages: [3, 1],
+                dram_bytes: 1 << 20,
+            },
+        }
+    }
+
+    #[test]
+    fn rounds_rotate_the_order_and_survive_the_csv() {
+        let dir = tempfile::tempdir().unwrap();
+        let ps = [Policy::Static, Policy::Ratio, Policy::Oracle];
+        let mut order = Vec::new();
+        let runs = run_all(
+            &ps,
+            2,
+            dir.path(),
+            &CostModel::default(),
+            Source::Linux,
+            |p, _| {
+                order.push(p);
+                Ok(RunOut {
+                    policy: p,
+                    ticks: vec![tick(0, 100), tick(1, 200)],
+                    moved: 0,
+                    resizes: 0,
+                    alive: Some(true),
+                    vmstat: Vec::new(),
+                    repeat: 0,
+                })
+            },
+        )
+        .unwrap();
+        use Policy::*;
+        assert_eq!(order, [Static, Ratio, Oracle, Ratio, Oracle, Static]);
+        let back = read_csv(&dir.path().join("value.csv"), Source::Linux).unwrap();
+        let got: Vec<(Policy, u32, usize)> = back
+            .iter()
+            .map(|r| (r.policy, r.repeat, r.ticks.len()))
+            .collect();
+        let want: Vec<(Policy, u32, usize)> =
+            runs.iter().map(|r| (r.policy, r.repeat, 2)).collect();
+        assert_eq!(got, want);
+        assert_eq!(want[3], (Ratio, 1, 2));
+    }
+
+    #[test]
+    fn a_csv_without_a_repeat_column_is_one_round() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("old.csv");
+        std::fs::write(
+            &path,
+            "policy,t_s,guest,instructions,misses_dram,misses_slow,pages_dram,pages_slow,dram_bytes,slowdown\n\
+             static,1.0,a,100,10,5,3,1,1048576,1.5\n\
+             static,1.0,b,100,10,5,3,1,1048576,1.5\n\
+             oracle,1.0,a,100,10,5,3,1,1048576,1.5\n",
+        )
+        .unwrap();
+        let runs = read_csv(&path, Source::Linux).unwrap();
+        assert_eq!(runs.len(), 2);
+        assert!(runs.iter().all(|r| r.repeat == 0));
+        assert_eq!(runs[0].ticks.len(), 2);
+    }
+
+    #[test]
+    fn a_failing_run_is_tried_twice_then_reported_missing() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut tries = 0;
+        let runs = run_all(
+            &[Policy::Static],
+            1,
+            dir.path(),
+            &CostModel::default(),
+            Source::Linux,
+            |_, _| {
+                tries += 1;
+                anyhow::bail!("guest oopsed")
+            },
+        )
+        .unwrap();
+        assert_eq!(tries, 2);
+        assert!(runs.is_empty());
+        assert!(dir.path().join("failed-static-1-2").is_dir());
+    }
 }

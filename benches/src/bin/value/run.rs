@@ -30,8 +30,9 @@ pub enum Policy {
     Ratio,
     WorkingSet,
     Oracle,
-    /// tierd's modes with `reclaim = EAGER` (the default is on demand,
-    /// docs/controller.md): run on request, for the comparison.
+    /// tierd's modes with `reclaim = EAGER`, tierd's own default
+    /// (docs/controller.md, "Reclaim on demand"); `Ratio` and `WorkingSet`
+    /// here reclaim on demand. Run on request, for the comparison.
     RatioEager,
     WorkingSetEager,
 }
@@ -170,6 +171,8 @@ pub struct RunOut {
     pub alive: Option<bool>,
     /// The guests' tiering counters at the end.
     pub vmstat: Vec<std::collections::BTreeMap<String, u64>>,
+    /// Which round of `--repeats` (0-based).
+    pub repeat: u32,
 }
 
 pub async fn run(env: &Env, s: Schedule, policy: Policy, work: &Path) -> anyhow::Result<RunOut> {
@@ -283,6 +286,7 @@ pub async fn run(env: &Env, s: Schedule, policy: Policy, work: &Path) -> anyhow:
         resizes,
         alive: Some(alive),
         vmstat,
+        repeat: 0,
     })
 }
 
