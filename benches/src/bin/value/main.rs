@@ -54,6 +54,10 @@ fn main() -> anyhow::Result<()> {
         None => 1,
     };
     anyhow::ensure!(repeats >= 1, "--repeats {repeats}: at least 1");
+    let rounds = Rounds {
+        n: repeats,
+        keep: args.iter().any(|a| a == "--keep-work"),
+    };
     let out = PathBuf::from(val("--out").map_or("target/value", String::as_str));
     std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
     if args.iter().any(|a| a == "--fleet") {
@@ -91,7 +95,7 @@ fn main() -> anyhow::Result<()> {
             ch_sched,
             ipm,
             &policies,
-            repeats,
+            rounds,
             &out,
             val("--ch-bin").map(String::as_str),
         );
@@ -116,18 +120,22 @@ fn main() -> anyhow::Result<()> {
         .enable_all()
         .build()
         .context("tokio")?;
-    let runs = run_all(
-        &policies,
-        repeats,
-        &out,
-        &model,
-        Source::Linux,
-        |p, work| rt.block_on(run::run(&env, sched, p, work)),
-    )?;
+    let runs = run_all(&policies, rounds, &out, &model, Source::Linux, |p, work| {
+        rt.block_on(run::run(&env, sched, p, work))
+    })?;
     let sums = summaries(&model, &runs, Source::Linux);
     report(&sums, &runs, &model, Source::Linux)?;
     plot(&out, &sums, &runs, &model, Source::Linux)?;
     Ok(())
+}
+
+/// How often each policy runs, and what is kept of its runs.
+#[derive(Debug, Clone, Copy)]
+struct Rounds {
+    /// `--repeats`.
+    n: u32,
+    /// `--keep-work`: every run's work dir under `--out`.
+    keep: bool,
 }
 
 /// Where the guests run.
@@ -161,7 +169,7 @@ fn run_ch(
     sched: tier_benches::value::ch::Schedule,
     insns_per_miss: f64,
     policies: &[Policy],
-    repeats: u32,
+    rounds: Rounds,
     out: &std::path::Path,
     ch_bin: Option<&str>,
 ) -> anyhow::Result<()> {
@@ -196,7 +204,7 @@ fn run_ch(
         .enable_all()
         .build()
         .context("tokio")?;
-    let runs = run_all(policies, repeats, out, model, Source::Ch, |p, work| {
+    let runs = run_all(policies, rounds, out, model, Source::Ch, |p, work| {
         rt.block_on(ch::run(&env, sched, insns_per_miss, p, work))
     })?;
     let sums = summaries(model, &runs, Source::Ch);
@@ -213,9 +221,11 @@ fn run_ch(
 /// policy always runs first on a cold host. A run that fails (a TCG guest
 /// now and then oopses at boot under load) gets one more try, its work
 /// dir kept under `out`; a policy failing twice is reported missing.
+/// `rounds.keep`: every run's work dir is kept (`work-POLICY-ROUND`: tierd's log
+/// and decisions, the guests' serial logs).
 fn run_all(
     policies: &[Policy],
-    repeats: u32,
+    rounds: Rounds,
     out: &std::path::Path,
     model: &CostModel,
     source: Source,
@@ -223,6 +233,7 @@ fn run_all(
 ) -> anyhow::Result<Vec<RunOut>> {
     let mut runs = Vec::new();
     let mut failed = Vec::new();
+    let (repeats, keep) = (rounds.n, rounds.keep);
     for rep in 0..repeats {
         let mut order = policies.to_vec();
         let n = order.len().max(1);
@@ -244,22 +255,28 @@ fn run_all(
             let mut r = None;
             for attempt in 1..=2 {
                 let tmp = tempfile::tempdir().context("work dir")?;
-                match one(p, tmp.path()) {
-                    Ok(out) => {
-                        r = Some(out);
-                        break;
-                    }
+                let res = one(p, tmp.path());
+                let name = match &res {
+                    Ok(_) if keep => Some(format!("work-{}-{}", p.name(), rep + 1)),
+                    Ok(_) => None,
                     Err(e) => {
                         println!("  policy {} attempt {attempt} failed: {e:#}", p.name());
                         // Kept for a look: the guests' serial logs and tierd's.
-                        let keep = out.join(format!("failed-{}-{}-{attempt}", p.name(), rep + 1));
-                        let _ = std::fs::remove_dir_all(&keep);
-                        let _ = std::process::Command::new("cp")
-                            .arg("-r")
-                            .arg(tmp.path())
-                            .arg(&keep)
-                            .status();
+                        Some(format!("failed-{}-{}-{attempt}", p.name(), rep + 1))
                     }
+                };
+                if let Some(name) = name {
+                    let dst = out.join(name);
+                    let _ = std::fs::remove_dir_all(&dst);
+                    let _ = std::process::Command::new("cp")
+                        .arg("-r")
+                        .arg(tmp.path())
+                        .arg(&dst)
+                        .status();
+                }
+                if let Ok(o) = res {
+                    r = Some(o);
+                    break;
                 }
             }
             let Some(mut r) = r else {
@@ -962,11 +979,12 @@ mod tests {
         let mut order = Vec::new();
         let runs = run_all(
             &ps,
-            2,
+            Rounds { n: 2, keep: true },
             dir.path(),
             &CostModel::default(),
             Source::Linux,
-            |p, _| {
+            |p, work| {
+                std::fs::write(work.join("tierd.log"), p.name()).unwrap();
                 order.push(p);
                 Ok(RunOut {
                     policy: p,
@@ -982,6 +1000,8 @@ mod tests {
         .unwrap();
         use Policy::*;
         assert_eq!(order, [Static, Ratio, Oracle, Ratio, Oracle, Static]);
+        let kept = std::fs::read_to_string(dir.path().join("work-ratio-2/tierd.log")).unwrap();
+        assert_eq!(kept, "ratio");
         let back = read_csv(&dir.path().join("value.csv"), Source::Linux).unwrap();
         let got: Vec<(Policy, u32, usize)> = back
             .iter()
@@ -1017,7 +1037,7 @@ mod tests {
         let mut tries = 0;
         let runs = run_all(
             &[Policy::Static],
-            1,
+            Rounds { n: 1, keep: false },
             dir.path(),
             &CostModel::default(),
             Source::Linux,
@@ -1030,5 +1050,6 @@ mod tests {
         assert_eq!(tries, 2);
         assert!(runs.is_empty());
         assert!(dir.path().join("failed-static-1-2").is_dir());
+        assert!(!dir.path().join("work-static-1").exists());
     }
 }
