@@ -9,7 +9,7 @@ use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::registry::Registry;
 use tier_proto::v1::TierSample;
 
-use super::{FGauge, TierLabels};
+use super::{FGauge, TierLabels, set};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub(super) struct HorizonLabels {
@@ -27,17 +27,6 @@ pub(super) struct Ages {
     history: FGauge<TierLabels>,
     /// Horizon labels exported per tier, to remove them.
     horizons: HashMap<TierLabels, Vec<HorizonLabels>>,
-}
-
-fn set<L: Clone + std::hash::Hash + Eq>(f: &FGauge<L>, l: &L, v: Option<f64>) {
-    match v.filter(|v| v.is_finite()) {
-        Some(v) => {
-            f.get_or_create(l).set(v);
-        }
-        None => {
-            f.remove(l);
-        }
-    }
 }
 
 impl Ages {

@@ -17,7 +17,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 use tier_proto::v1::{TierSample, VmStats};
 
-use super::{FGauge, TierLabels, VmLabels};
+use super::{FGauge, TierLabels, VmLabels, set};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub(super) struct EndLabels {
@@ -32,18 +32,6 @@ fn ends(vl: &VmLabels) -> [EndLabels; 2] {
         name: vl.name.clone(),
         end: e.into(),
     })
-}
-
-/// Sets `f` to `v` where there is a value, removes the series otherwise.
-fn set<L: Clone + std::hash::Hash + Eq>(f: &FGauge<L>, l: &L, v: Option<f64>) {
-    match v.filter(|v| v.is_finite()) {
-        Some(v) => {
-            f.get_or_create(l).set(v);
-        }
-        None => {
-            f.remove(l);
-        }
-    }
 }
 
 #[derive(Debug, Default)]

@@ -53,6 +53,18 @@ struct BackendLabels {
 
 type FGauge<L> = Family<L, Gauge<f64, AtomicU64>>;
 
+/// Sets `f` to `v` where there is a value, removes the series otherwise.
+fn set<L: Clone + std::hash::Hash + Eq>(f: &FGauge<L>, l: &L, v: Option<f64>) {
+    match v.filter(|v| v.is_finite()) {
+        Some(v) => {
+            f.get_or_create(l).set(v);
+        }
+        None => {
+            f.remove(l);
+        }
+    }
+}
+
 /// Every family tierd exports, and the label sets live per VM (removed when
 /// the VM goes away, so dashboards do not show ghosts).
 #[derive(Debug)]
