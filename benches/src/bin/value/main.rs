@@ -115,11 +115,7 @@ fn main() -> anyhow::Result<()> {
         "  cost model: time = insns x {} CPI / {} GHz + (dram misses x {} ns + slow misses x {} ns) / MLP {}; slowdown = time / time with every miss in DRAM",
         model.cpi, model.ghz, model.dram_ns, model.slow_ns, model.mlp
     );
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .context("tokio")?;
+    let rt = runtime()?;
     let runs = run_all(&policies, rounds, &out, &model, Source::Linux, |p, work| {
         rt.block_on(run::run(&env, sched, p, work))
     })?;
@@ -127,6 +123,15 @@ fn main() -> anyhow::Result<()> {
     report(&sums, &runs, &model, Source::Linux)?;
     plot(&out, &sums, &runs, &model, Source::Linux)?;
     Ok(())
+}
+
+/// The runtime both sources drive their guests and tierd from.
+fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("tokio")
 }
 
 /// How often each policy runs, and what is kept of its runs.
@@ -199,11 +204,7 @@ fn run_ch(
         "  cost model: every access an LLC miss to its page's tier (exact per-tier counts), {insns_per_miss} instructions per access; time = insns x {} CPI / {} GHz + (dram misses x {} ns + slow misses x {} ns) / MLP {}",
         model.cpi, model.ghz, model.dram_ns, model.slow_ns, model.mlp
     );
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .context("tokio")?;
+    let rt = runtime()?;
     let runs = run_all(policies, rounds, out, model, Source::Ch, |p, work| {
         rt.block_on(ch::run(&env, sched, insns_per_miss, p, work))
     })?;
